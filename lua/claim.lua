@@ -1,0 +1,108 @@
+-- claim: decide whether the caller runs a slot of a job (the lease flowchart).
+-- KEYS[1] state (hash)   KEYS[2] active (set)   KEYS[3] slots (sorted set)
+-- KEYS[4] runs (stream)  KEYS[5] results (sorted set)
+-- ARGV: slot, slot_score, token, runner, lease_ms, max_attempts, allow_overlap (0/1),
+--       trigger, keep_ms, history_size, history_ttl_ms
+-- Replies:
+--   {'won', attempt, fence, lease_ms_left, trigger}  the caller runs this attempt
+--   {'running', ms}   the run is in progress (or waits for its retry): be a backup, ask again in ms
+--   {'overlap', ms}   another slot of the job holds a live lease; this new run does not start
+--   {'done', status}  the run is settled
+local state_key, active_key, slots_key, runs_key, results_key =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local slot = ARGV[1]
+local slot_score = tonumber(ARGV[2])
+local token = ARGV[3]
+local runner = ARGV[4]
+local lease_ms = tonumber(ARGV[5])
+local max_attempts = tonumber(ARGV[6])
+local allow_overlap = ARGV[7] == '1'
+local trigger = ARGV[8]
+local keep_ms = tonumber(ARGV[9])
+local history_size = tonumber(ARGV[10])
+local history_ttl_ms = tonumber(ARGV[11])
+
+local now = server_now_ms()
+
+-- The time left on a live lease held by another slot of this job, or nil.
+local function live_lease_elsewhere()
+  if allow_overlap then return nil end
+  for _, other in ipairs(redis.call('SMEMBERS', active_key)) do
+    if other ~= slot then
+      local o = decode_state(redis.call('HGET', state_key, other))
+      if o and o.status == 'running' and o.until_ms > now then
+        return o.until_ms - now
+      end
+    end
+  end
+  return nil
+end
+
+-- Forget settled runs that no late or catch-up claim can ask for any more.
+-- Active runs are never forgotten. A few per call keep the script short.
+local function trim_old_state()
+  local old = redis.call('ZRANGEBYSCORE', slots_key, '-inf', '(' .. int(now - keep_ms),
+    'LIMIT', 0, 32)
+  for _, other in ipairs(old) do
+    if other ~= slot and redis.call('SISMEMBER', active_key, other) == 0 then
+      redis.call('HDEL', state_key, other)
+      redis.call('ZREM', slots_key, other)
+    end
+  end
+end
+
+local function win(attempt, win_trigger)
+  local fence = redis.call('HINCRBY', state_key, FENCE_FIELD, 1)
+  local s = {
+    status = 'running', attempt = attempt, token = token, until_ms = now + lease_ms,
+    fence = fence, trigger = win_trigger, started_ms = now, runner = runner,
+  }
+  redis.call('HSET', state_key, slot, encode_state(s))
+  redis.call('SADD', active_key, slot)
+  redis.call('ZADD', slots_key, slot_score, slot)
+  redis.call('XADD', runs_key, 'MAXLEN', '~', history_size, '*',
+    'slot', slot, 'attempt', attempt, 'token', token, 'runner', runner,
+    'trigger', win_trigger, 'fence', fence)
+  return {'won', attempt, fence, lease_ms, win_trigger}
+end
+
+local s = decode_state(redis.call('HGET', state_key, slot))
+
+-- No state: nobody has claimed this run yet.
+if not s then
+  trim_old_state()
+  local blocked_ms = live_lease_elsewhere()
+  if blocked_ms then return {'overlap', blocked_ms} end
+  return win(1, trigger)
+end
+
+-- The caller already holds this attempt (a claim repeated after a lost reply).
+if s.status == 'running' and s.token == token then
+  return {'won', s.attempt, s.fence, s.until_ms - now, s.trigger}
+end
+
+if s.status == 'running' then
+  if s.until_ms > now then return {'running', s.until_ms - now} end
+  -- The lease expired: its runner vanished, and that attempt is over.
+  record_result(results_key, slot, slot_score, s, 'interrupted', now, 'lease expired',
+    history_size, history_ttl_ms)
+  if s.attempt >= max_attempts then
+    s.status, s.until_ms = 'interrupted', now
+    redis.call('HSET', state_key, slot, encode_state(s))
+    redis.call('SREM', active_key, slot)
+    return {'done', 'interrupted'}
+  end
+  -- Attempts are left: the run now waits for its next attempt, which starts at once.
+  s.status, s.until_ms = 'retry', now
+  redis.call('HSET', state_key, slot, encode_state(s))
+end
+
+if s.status == 'retry' then
+  if s.until_ms > now then return {'running', s.until_ms - now} end
+  local blocked_ms = live_lease_elsewhere()
+  if blocked_ms then return {'running', blocked_ms} end
+  return win(s.attempt + 1, 'retry')
+end
+
+-- ok, failed, interrupted or cancelled.
+return {'done', s.status}

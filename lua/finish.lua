@@ -1,0 +1,41 @@
+-- finish: end the caller's attempt and record its result.
+-- KEYS[1] state (hash)   KEYS[2] active (set)   KEYS[3] results (sorted set)
+-- ARGV: slot, slot_score, token, outcome (ok|failed|cancelled), max_attempts,
+--       retry_delay_ms, error, history_size, history_ttl_ms
+-- Replies {'settled', status, ms} where status is the run's state afterwards
+-- (retry: the next attempt may start in ms), or {'lost', status} when the
+-- caller's token no longer holds the run: then nothing changes.
+local state_key, active_key, results_key = KEYS[1], KEYS[2], KEYS[3]
+local slot = ARGV[1]
+local slot_score = tonumber(ARGV[2])
+local token = ARGV[3]
+local outcome = ARGV[4]
+local max_attempts = tonumber(ARGV[5])
+local retry_delay_ms = tonumber(ARGV[6])
+local err = ARGV[7]
+local history_size = tonumber(ARGV[8])
+local history_ttl_ms = tonumber(ARGV[9])
+
+local now = server_now_ms()
+local s = decode_state(redis.call('HGET', state_key, slot))
+if not s then return {'lost', 'gone'} end
+if s.token ~= token then return {'lost', s.status} end
+-- The caller already finished this attempt (a finish repeated after a lost reply).
+if s.status ~= 'running' then return {'settled', s.status, math.max(s.until_ms - now, 0)} end
+
+record_result(results_key, slot, slot_score, s, outcome, now, err, history_size,
+  history_ttl_ms)
+
+if outcome == 'ok' then
+  s.status, s.until_ms = 'ok', now
+elseif s.attempt < max_attempts then
+  -- failed or cancelled with attempts left: release the lease; the next attempt
+  -- starts after the retry delay (at once after a cancel), on whichever instance
+  -- claims first.
+  s.status, s.until_ms = 'retry', now + retry_delay_ms
+else
+  s.status, s.until_ms = outcome, now
+end
+redis.call('HSET', state_key, slot, encode_state(s))
+if s.status ~= 'retry' then redis.call('SREM', active_key, slot) end
+return {'settled', s.status, s.until_ms - now}

@@ -1,0 +1,46 @@
+"""anarchon: distributed cron on Redis and Valkey.
+
+Many copies of an application run the same jobs; for every scheduled fire
+time exactly one copy runs the job. This module is the whole public API.
+"""
+
+from ._backend import LeaseStrategy, RedisBackend, ValkeyBackend
+from ._errors import (
+    AnarchonError,
+    ConnectionFailedError,
+    InvalidJobError,
+    InvalidOptionError,
+    InvalidScheduleError,
+    SchedulerStateError,
+    StoreFormatError,
+    UnsupportedClientError,
+    UnsupportedServerError,
+)
+from ._schedule import CronSchedule, IntervalSchedule, Schedule
+from ._scheduler import Scheduler
+from ._structures import Run, RunResult, RunStatus, Trigger
+
+__all__ = [
+    "AnarchonError",
+    "ConnectionFailedError",
+    "CronSchedule",
+    "IntervalSchedule",
+    "InvalidJobError",
+    "InvalidOptionError",
+    "InvalidScheduleError",
+    "LeaseStrategy",
+    "RedisBackend",
+    "Run",
+    "RunResult",
+    "RunStatus",
+    "Schedule",
+    "Scheduler",
+    "SchedulerStateError",
+    "StoreFormatError",
+    "Trigger",
+    "UnsupportedClientError",
+    "UnsupportedServerError",
+    "ValkeyBackend",
+]
+
+__version__ = "0.1.0"

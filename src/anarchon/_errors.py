@@ -1,0 +1,85 @@
+"""The one error hierarchy of anarchon. Every error has a stable ``code``."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+__all__ = [
+    "AnarchonError",
+    "ConnectionFailedError",
+    "InvalidJobError",
+    "InvalidOptionError",
+    "InvalidScheduleError",
+    "SchedulerStateError",
+    "StoreFormatError",
+    "UnsupportedClientError",
+    "UnsupportedServerError",
+]
+
+
+class AnarchonError(Exception):
+    """Base class of every error anarchon raises on purpose.
+
+    ``code`` is stable across releases, so code that handles errors can match
+    on it instead of on the message::
+
+        try:
+            async with scheduler:
+                ...
+        except AnarchonError as exc:
+            if exc.code == "ANARCHON_STORE_FORMAT":
+                ...
+    """
+
+    code: ClassVar[str] = "ANARCHON_ERROR"
+
+    def __str__(self) -> str:
+        return f"{self.code}: {super().__str__()}"
+
+
+class StoreFormatError(AnarchonError):
+    """The store holds data in a format newer than this anarchon reads."""
+
+    code = "ANARCHON_STORE_FORMAT"
+
+
+class UnsupportedServerError(AnarchonError):
+    """The server lacks something the chosen strategy needs."""
+
+    code = "ANARCHON_UNSUPPORTED_SERVER"
+
+
+class InvalidScheduleError(AnarchonError, ValueError):
+    """A cron expression, interval or time zone that cannot be used."""
+
+    code = "ANARCHON_INVALID_SCHEDULE"
+
+
+class InvalidJobError(AnarchonError, ValueError):
+    """A job definition that cannot be used (its name, or a second job of that name)."""
+
+    code = "ANARCHON_INVALID_JOB"
+
+
+class InvalidOptionError(AnarchonError, ValueError):
+    """An option of the scheduler, a backend or a job with a value that cannot work."""
+
+    code = "ANARCHON_INVALID_OPTION"
+
+
+class UnsupportedClientError(AnarchonError, TypeError):
+    """A client object anarchon cannot talk through, or not under this event loop."""
+
+    code = "ANARCHON_UNSUPPORTED_CLIENT"
+
+
+class ConnectionFailedError(AnarchonError):
+    """The server could not be reached."""
+
+    code = "ANARCHON_CONNECTION"
+
+
+class SchedulerStateError(AnarchonError, RuntimeError):
+    """A call that does not fit the scheduler's current state (e.g. starting it twice)."""
+
+    code = "ANARCHON_SCHEDULER_STATE"

@@ -1,0 +1,139 @@
+"""A job: its name, schedule, handler and options, validated at definition time."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import re
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import anyio.to_thread
+
+from ._errors import InvalidJobError, InvalidOptionError, InvalidScheduleError
+from ._lease import JobKeys
+from ._schedule import CronSchedule, IntervalSchedule, Schedule, SlotClock
+from ._structures import Run
+
+__all__ = [
+    "Handler",
+    "Job",
+    "check_duration_ms",
+    "is_async_callable",
+    "make_schedule",
+    "takes_run_argument",
+    "validate_job_name",
+]
+
+#: An async function or a plain function, taking a ``Run`` or nothing.
+Handler = Callable[[Run], Awaitable[Any]] | Callable[[], Awaitable[Any]] | Callable[..., Any]
+
+# Names go into key names: braces would break the cluster hash tag, and
+# whitespace or control characters make keys unreadable in tools.
+_JOB_NAME = re.compile(r"^[^\s{}\x00-\x1f\x7f]{1,200}$")
+
+
+def validate_job_name(name: object) -> str:
+    if not isinstance(name, str) or not name:
+        raise InvalidJobError(f"a job needs a non-empty name, got {name!r}")
+    if not _JOB_NAME.match(name):
+        raise InvalidJobError(
+            f"job name {name!r} cannot be used in a key: use up to 200 characters without "
+            "spaces, control characters or braces ('{' and '}' would break the cluster hash tag)"
+        )
+    return name
+
+
+def check_duration_ms(option: str, value: object, *, allow_zero: bool = False) -> int:
+    """Durations are whole milliseconds; zero only where it means 'off'."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidOptionError(f"{option} must be a whole number of milliseconds, got {value!r}")
+    if value < 0 or (value == 0 and not allow_zero):
+        bound = "0 or more" if allow_zero else "more than 0"
+        raise InvalidOptionError(f"{option} must be {bound} milliseconds, got {value}")
+    return value
+
+
+def make_schedule(schedule: str | Schedule | None, every_ms: int | None, timezone: str) -> Schedule:
+    if schedule is not None and every_ms is not None:
+        raise InvalidScheduleError("give either a cron schedule or every_ms, not both")
+    if every_ms is not None:
+        if timezone != "UTC":
+            raise InvalidScheduleError(
+                "every_ms intervals are aligned to the Unix epoch and ignore time zones; "
+                "drop timezone= or use a cron schedule"
+            )
+        return IntervalSchedule(every_ms)
+    if schedule is None:
+        raise InvalidScheduleError(
+            "a job needs a schedule: a cron string such as '*/5 * * * *', every_ms=..., or an "
+            "object with next_after(datetime)"
+        )
+    if isinstance(schedule, str):
+        return CronSchedule(schedule, timezone)
+    if isinstance(schedule, Schedule):
+        return schedule
+    raise InvalidScheduleError(
+        f"cannot use {schedule!r} as a schedule: pass a cron string, every_ms=..., or an "
+        "object with next_after(datetime)"
+    )
+
+
+def takes_run_argument(handler: Callable[..., Any]) -> bool:
+    try:
+        params = inspect.signature(handler).parameters.values()
+    except (TypeError, ValueError):
+        return True
+    positional = [
+        p
+        for p in params
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)
+    ]
+    return bool(positional)
+
+
+def is_async_callable(handler: Callable[..., Any]) -> bool:
+    target = handler
+    while isinstance(target, functools.partial):
+        target = target.func
+    return inspect.iscoroutinefunction(target) or inspect.iscoroutinefunction(
+        getattr(target, "__call__", None)  # noqa: B004 - async callable objects
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    name: str
+    handler: Callable[..., Any]
+    schedule: Schedule
+    clock: SlotClock
+    keys: JobKeys
+    overlap: bool
+    max_attempts: int
+    catch_up_ms: int
+    jitter_ms: int
+    max_late_ms: int
+    takes_run: bool
+    is_async: bool
+
+    @property
+    def late_window_ms(self) -> int:
+        """How old a slot may be when this instance first claims it."""
+        return self.max_late_ms + self.jitter_ms
+
+    @property
+    def keep_ms(self) -> int:
+        """How long the store keeps a settled slot's state: twice the longest a late or
+        catch-up claim could come after the slot, so that instance clocks offset by up
+        to that much still find it."""
+        return 2 * max(self.late_window_ms, self.catch_up_ms) + 60_000
+
+    async def invoke(self, run: Run) -> None:
+        args = (run,) if self.takes_run else ()
+        if self.is_async:
+            await self.handler(*args)
+        else:
+            result = await anyio.to_thread.run_sync(functools.partial(self.handler, *args))
+            if inspect.isawaitable(result):
+                await result

@@ -1,0 +1,151 @@
+"""Schedules: when a job's slots fall due.
+
+A slot is identified by its instant as Unix epoch milliseconds (UTC), so every
+instance derives the same slot ids from the same schedule.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta, tzinfo
+from typing import Protocol, runtime_checkable
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from cronsim import CronSim, CronSimError
+
+from ._errors import InvalidScheduleError
+
+__all__ = ["CronSchedule", "IntervalSchedule", "Schedule", "SlotClock", "load_timezone"]
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+@runtime_checkable
+class Schedule(Protocol):
+    """Anything that says when a job fires next.
+
+    ``next_after(moment)`` gets an aware UTC datetime and returns the first fire
+    time strictly after it (aware), or ``None`` when the schedule never fires
+    again.
+    """
+
+    def next_after(self, moment: datetime, /) -> datetime | None: ...
+
+
+def load_timezone(name: str) -> tzinfo:
+    """Return the IANA time zone ``name`` or raise a clear error."""
+    if name in ("UTC", "Etc/UTC", "utc"):
+        return UTC
+    try:
+        return ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError) as exc:
+        raise InvalidScheduleError(
+            f"unknown time zone {name!r}: pass an IANA name such as 'Europe/Berlin' "
+            "or 'America/New_York' (on a system without tz data, pip install tzdata)"
+        ) from exc
+
+
+class CronSchedule:
+    """A cron expression: 5 fields, or 6 with **seconds first**, in a time zone.
+
+    Fixed-time jobs follow Debian cron on daylight-saving changes: a time in the
+    skipped hour fires once at the first valid instant after it, a time in the
+    repeated hour fires once. Jobs with a ``*`` in the minute or hour field keep
+    firing by elapsed time through both changes.
+
+    >>> CronSchedule("0 3 * * *", "Europe/Athens").next_after(datetime(2026, 1, 1, tzinfo=UTC))
+    datetime.datetime(2026, 1, 1, 1, 0, tzinfo=datetime.timezone.utc)
+    """
+
+    __slots__ = ("_zone", "expression", "timezone")
+
+    def __init__(self, expression: str, timezone: str = "UTC") -> None:
+        if not isinstance(expression, str):
+            raise InvalidScheduleError(
+                f"a cron schedule must be a string, got {type(expression).__name__}"
+            )
+        fields = expression.split()
+        if len(fields) not in (5, 6):
+            raise InvalidScheduleError(
+                f"invalid cron expression {expression!r}: it has {len(fields)} fields; "
+                "use 5 (minute hour day month weekday) or 6 with seconds first "
+                "(second minute hour day month weekday)"
+            )
+        self.expression = " ".join(fields)
+        self.timezone = timezone
+        self._zone = load_timezone(timezone)
+        try:
+            # Parsing happens in the constructor; one step finds expressions
+            # that parse but never fire (such as "0 0 30 2 *").
+            next(CronSim(self.expression, datetime.now(self._zone)))
+        except (CronSimError, ValueError, StopIteration) as exc:
+            raise InvalidScheduleError(
+                f"invalid cron expression {expression!r}: {exc or 'it never fires'}"
+            ) from exc
+
+    def next_after(self, moment: datetime, /) -> datetime | None:
+        local = moment.astimezone(self._zone)
+        try:
+            fire = next(CronSim(self.expression, local))
+        except StopIteration:
+            return None
+        return fire.astimezone(UTC)
+
+    def __repr__(self) -> str:
+        return f"CronSchedule({self.expression!r}, {self.timezone!r})"
+
+
+class IntervalSchedule:
+    """Every ``every_ms`` milliseconds, aligned to the Unix epoch (UTC)."""
+
+    __slots__ = ("every_ms",)
+
+    def __init__(self, every_ms: int) -> None:
+        if isinstance(every_ms, bool) or not isinstance(every_ms, int) or every_ms <= 0:
+            raise InvalidScheduleError(
+                f"every_ms must be a positive whole number of milliseconds, got {every_ms!r}"
+            )
+        self.every_ms = every_ms
+
+    def next_after(self, moment: datetime, /) -> datetime | None:
+        after_ms = to_epoch_ms(moment)
+        return from_epoch_ms((after_ms // self.every_ms + 1) * self.every_ms)
+
+    def __repr__(self) -> str:
+        return f"IntervalSchedule(every_ms={self.every_ms})"
+
+
+def to_epoch_ms(moment: datetime) -> int:
+    """Milliseconds since the Unix epoch of an aware datetime (floored)."""
+    delta = moment - _EPOCH
+    return delta.days * 86_400_000 + delta.seconds * 1000 + delta.microseconds // 1000
+
+
+def from_epoch_ms(epoch_ms: int) -> datetime:
+    """The aware UTC datetime of an epoch millisecond."""
+    return _EPOCH + timedelta(milliseconds=epoch_ms)
+
+
+class SlotClock:
+    """Turns a schedule into slot ids (epoch milliseconds)."""
+
+    __slots__ = ("_schedule",)
+
+    def __init__(self, schedule: Schedule) -> None:
+        self._schedule = schedule
+
+    def next_slot_ms(self, after_ms: int) -> int | None:
+        """The first slot strictly after ``after_ms``, or None if there is none."""
+        fire = self._schedule.next_after(from_epoch_ms(after_ms))
+        if fire is None:
+            return None
+        if fire.tzinfo is None:
+            raise InvalidScheduleError(
+                f"{self._schedule!r}.next_after() returned a naive datetime; return an aware one"
+            )
+        slot_ms = to_epoch_ms(fire)
+        if slot_ms <= after_ms:
+            raise InvalidScheduleError(
+                f"{self._schedule!r}.next_after() returned {fire.isoformat()}, which is not "
+                "after the moment it was given; it must move forward"
+            )
+        return slot_ms

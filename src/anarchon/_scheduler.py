@@ -1,0 +1,692 @@
+"""The scheduler: claims due slots, runs the ones it wins, keeps their leases alive."""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import math
+import os
+import random
+import secrets
+import socket
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any, Literal, TypeVar, overload
+
+import anyio
+import anyio.lowlevel
+from anyio.abc import TaskGroup
+
+from ._backend import RedisBackend
+from ._errors import InvalidJobError, InvalidOptionError, SchedulerStateError
+from ._job import (
+    Handler,
+    Job,
+    check_duration_ms,
+    is_async_callable,
+    make_schedule,
+    takes_run_argument,
+    validate_job_name,
+)
+from ._lease import ClaimReply, ClaimRequest, JobKeys, LeaseStore
+from ._schedule import Schedule, SlotClock, from_epoch_ms
+from ._structures import Run, RunResult, Trigger
+from .clients import ServerReplyError, TransportError
+
+__all__ = ["Scheduler"]
+
+log = logging.getLogger("anarchon")
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+# Sleeping to the slot instant: the event loop's timers overshoot by about a
+# millisecond, so the scheduler sleeps to just before the instant, then yields
+# until it arrives.
+_SLEEP_MARGIN_SEC = 0.002
+# How long one claim batch may take before it counts as failed and is retried.
+_CLAIM_TIMEOUT_SEC = 10.0
+_CLAIM_RETRY_MS = (250, 500, 1000, 2000, 5000)
+
+
+def _now_ms() -> float:
+    return time.time() * 1000.0
+
+
+def _default_instance_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+
+
+@dataclass(order=True, slots=True)
+class _Due:
+    """A claim this instance will make at ``at_ms`` (wall clock, epoch ms)."""
+
+    at_ms: float
+    seq: int
+    job: str = field(compare=False)
+    slot_ms: int = field(compare=False)
+    trigger: Trigger = field(compare=False)
+    #: The slot's first claim by this instance (lateness applies, and the
+    #: job's next slot is scheduled); later claims are a backup's or a retry's.
+    first: bool = field(compare=False)
+    token: str = field(compare=False, default_factory=lambda: secrets.token_hex(8))
+    failures: int = field(compare=False, default=0)
+
+
+@dataclass(slots=True)
+class _Attempt:
+    """An attempt this instance won and is running."""
+
+    job: Job
+    run: Run
+    slot_id: str
+    token: str
+    scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
+    lost: bool = False
+
+    def cancel(self, reason: str) -> None:
+        """Tell the handler its lease is gone (threads) and cancel it (async)."""
+        log.info(
+            "cancelling %s slot %s attempt %d: %s",
+            self.job.name,
+            self.slot_id,
+            self.run.attempt,
+            reason,
+        )
+        self.run.lease_lost.set()
+        self.scope.cancel()
+
+
+class Scheduler:
+    """Runs jobs so that each scheduled slot runs exactly once across all instances.
+
+    Start it with ``async with``; leaving the block stops it gracefully::
+
+        scheduler = Scheduler(backend=RedisBackend(redis="redis://localhost:6379"))
+
+        @scheduler.job("*/5 * * * *", max_attempts=3)
+        async def sync(run: Run) -> None:
+            ...
+
+        async with scheduler:
+            await anyio.sleep_forever()
+
+    ``lease_ms`` is how long a won run is held without a heartbeat;
+    ``heartbeat_ms`` (at most half of it) how often the runner extends it.
+    ``stop_grace_ms`` is how long ``stop()`` lets running handlers finish before
+    cancelling them and releasing their leases. ``retry_delay_ms`` is the delay
+    before the second attempt of a failed run, doubling for each later one.
+    """
+
+    def __init__(
+        self,
+        backend: RedisBackend | None = None,
+        *,
+        lease_ms: int = 30_000,
+        heartbeat_ms: int = 10_000,
+        history_size: int = 1000,
+        history_ttl_ms: int | None = None,
+        instance_id: str | None = None,
+        stop_grace_ms: int = 30_000,
+        retry_delay_ms: int = 1_000,
+    ) -> None:
+        self.lease_ms = check_duration_ms("lease_ms", lease_ms)
+        self.heartbeat_ms = check_duration_ms("heartbeat_ms", heartbeat_ms)
+        if self.heartbeat_ms * 2 > self.lease_ms:
+            raise InvalidOptionError(
+                f"heartbeat_ms ({heartbeat_ms}) must be at most half of lease_ms ({lease_ms}), "
+                "so that a late heartbeat still arrives before the lease expires"
+            )
+        if (
+            isinstance(history_size, bool)
+            or not isinstance(history_size, int)
+            or (history_size < 1)
+        ):
+            raise InvalidOptionError(
+                f"history_size must be a whole number of runs, 1 or more, got {history_size!r}"
+            )
+        self.history_size = history_size
+        self.history_ttl_ms = (
+            None if history_ttl_ms is None else check_duration_ms("history_ttl_ms", history_ttl_ms)
+        )
+        self.stop_grace_ms = check_duration_ms("stop_grace_ms", stop_grace_ms, allow_zero=True)
+        self.retry_delay_ms = check_duration_ms("retry_delay_ms", retry_delay_ms, allow_zero=True)
+        if instance_id is None:
+            instance_id = _default_instance_id()
+        if not isinstance(instance_id, str) or not instance_id or "|" in instance_id:
+            raise InvalidOptionError(
+                f"instance_id must be a non-empty string without '|', got {instance_id!r}"
+            )
+        self.instance_id = instance_id
+        if backend is None:
+            backend = RedisBackend()
+        if not isinstance(backend, RedisBackend):
+            raise InvalidOptionError(
+                f"backend must be a RedisBackend or ValkeyBackend, got {type(backend).__name__}"
+            )
+        self.backend = backend
+
+        self._jobs: dict[str, Job] = {}
+        self._store: LeaseStore | None = None
+        self._group: TaskGroup | None = None
+        self._state: Literal["new", "running", "stopping", "stopped"] = "new"
+        self._due: list[_Due] = []
+        self._seq = itertools.count()
+        self._wake = anyio.Event()
+        self._attempts: dict[tuple[str, str], _Attempt] = {}
+        self._idle = anyio.Event()
+        self._idle.set()
+        self._claim_loop_done = anyio.Event()
+        self._stopped = anyio.Event()
+
+    # ------------------------------------------------------------------ jobs
+
+    @overload
+    def job(
+        self,
+        schedule: str | Schedule,
+        *,
+        name: str | None = ...,
+        timezone: str = ...,
+        overlap: bool = ...,
+        max_attempts: int = ...,
+        catch_up_ms: int = ...,
+        jitter_ms: int = ...,
+        max_late_ms: int = ...,
+    ) -> Callable[[F], F]: ...
+
+    @overload
+    def job(
+        self,
+        *,
+        every_ms: int,
+        name: str | None = ...,
+        overlap: bool = ...,
+        max_attempts: int = ...,
+        catch_up_ms: int = ...,
+        jitter_ms: int = ...,
+        max_late_ms: int = ...,
+    ) -> Callable[[F], F]: ...
+
+    def job(
+        self,
+        schedule: str | Schedule | None = None,
+        *,
+        every_ms: int | None = None,
+        name: str | None = None,
+        timezone: str = "UTC",
+        overlap: bool = False,
+        max_attempts: int = 3,
+        catch_up_ms: int = 0,
+        jitter_ms: int = 0,
+        max_late_ms: int = 60_000,
+    ) -> Callable[[F], F]:
+        """Register the decorated function as a job; see ``add_job`` for the options."""
+
+        def register(handler: F) -> F:
+            self.add_job(
+                handler,
+                schedule,
+                every_ms=every_ms,
+                name=name,
+                timezone=timezone,
+                overlap=overlap,
+                max_attempts=max_attempts,
+                catch_up_ms=catch_up_ms,
+                jitter_ms=jitter_ms,
+                max_late_ms=max_late_ms,
+            )
+            return handler
+
+        return register
+
+    def add_job(
+        self,
+        handler: Handler,
+        schedule: str | Schedule | None = None,
+        *,
+        every_ms: int | None = None,
+        name: str | None = None,
+        timezone: str = "UTC",
+        overlap: bool = False,
+        max_attempts: int = 3,
+        catch_up_ms: int = 0,
+        jitter_ms: int = 0,
+        max_late_ms: int = 60_000,
+    ) -> None:
+        """Register a job.
+
+        ``schedule`` is a 5-field cron string, a 6-field one with seconds first,
+        or an object with ``next_after(datetime)``; ``every_ms`` instead fires at
+        fixed intervals aligned to the Unix epoch. ``timezone`` is an IANA name.
+        ``overlap`` lets a slot start while an older one still runs;
+        ``max_attempts`` counts every attempt, crashed or failed;
+        ``catch_up_ms`` runs slots missed in that window on start and after a
+        gap; ``jitter_ms`` waits a random part of it before claiming;
+        ``max_late_ms`` is how late a slot may still be claimed for the first time.
+
+        Jobs can be added while the scheduler runs; their first slot is the
+        next one after now.
+        """
+        if not callable(handler):
+            raise InvalidJobError(f"a job's handler must be callable, got {handler!r}")
+        job_name = validate_job_name(
+            name if name is not None else getattr(handler, "__name__", None)
+        )
+        if job_name in self._jobs:
+            raise InvalidJobError(
+                f"a job named {job_name!r} already exists on this scheduler; give one of them "
+                "another name with name=..."
+            )
+        if (
+            isinstance(max_attempts, bool)
+            or not isinstance(max_attempts, int)
+            or (max_attempts < 1)
+        ):
+            raise InvalidOptionError(
+                f"max_attempts must be a whole number, 1 or more, got {max_attempts!r}"
+            )
+        if not isinstance(overlap, bool):
+            raise InvalidOptionError(f"overlap must be True or False, got {overlap!r}")
+        job_schedule = make_schedule(schedule, every_ms, timezone)
+        job = Job(
+            name=job_name,
+            handler=handler,
+            schedule=job_schedule,
+            clock=SlotClock(job_schedule),
+            keys=JobKeys.for_job(self.backend.prefix, job_name),
+            overlap=overlap,
+            max_attempts=max_attempts,
+            catch_up_ms=check_duration_ms("catch_up_ms", catch_up_ms, allow_zero=True),
+            jitter_ms=check_duration_ms("jitter_ms", jitter_ms, allow_zero=True),
+            max_late_ms=check_duration_ms("max_late_ms", max_late_ms, allow_zero=True),
+            takes_run=takes_run_argument(handler),
+            is_async=is_async_callable(handler),
+        )
+        self._jobs[job_name] = job
+        if self._state == "running":
+            self._schedule_first_slots(job, _now_ms())
+
+    @property
+    def jobs(self) -> list[str]:
+        """The names of the registered jobs."""
+        return list(self._jobs)
+
+    # ------------------------------------------------------------- lifecycle
+
+    async def __aenter__(self) -> Scheduler:
+        if self._state != "new":
+            raise SchedulerStateError(
+                f"this scheduler is {self._state}; a Scheduler starts once: create a new one"
+            )
+        self._store = await self.backend.open(
+            {
+                "runner": self.instance_id,
+                "history_size": self.history_size,
+                "history_ttl_ms": self.history_ttl_ms,
+            }
+        )
+        self._group = anyio.create_task_group()
+        await self._group.__aenter__()
+        self._state = "running"
+        now = _now_ms()
+        for job in self._jobs.values():
+            self._schedule_first_slots(job, now)
+        self._group.start_soon(self._claim_loop)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        assert self._group is not None
+        with anyio.CancelScope(shield=True):
+            await self.stop()
+        return await self._group.__aexit__(exc_type, exc, tb)
+
+    async def stop(self, grace_ms: int | None = None) -> None:
+        """Stop claiming, let running handlers finish within the grace period, then cancel
+        them and release their leases so that a backup takes over without waiting for
+        the lease to expire. Closes the connection if anarchon opened it.
+
+        Handlers that are plain functions run in worker threads, which cannot be
+        interrupted: they see ``run.lease_lost`` set and are waited for.
+        """
+        if self._state == "new":
+            self._state = "stopped"
+            self._stopped.set()
+            return
+        if self._state in ("stopping", "stopped"):
+            await self._stopped.wait()
+            return
+        self._state = "stopping"
+        grace_sec = (self.stop_grace_ms if grace_ms is None else grace_ms) / 1000
+        self._wake.set()
+        await self._claim_loop_done.wait()
+        with anyio.move_on_after(grace_sec):
+            await self._idle.wait()
+        for attempt in list(self._attempts.values()):
+            attempt.cancel("the scheduler is stopping")
+        await self._idle.wait()
+        assert self._store is not None
+        if self._store.conn.owned:
+            await self._store.conn.aclose()
+        self._state = "stopped"
+        self._stopped.set()
+
+    # --------------------------------------------------------------- reading
+
+    async def history(self, job: str, limit: int = 100) -> list[RunResult]:
+        """The newest ``limit`` attempts of ``job`` from the store, newest first."""
+        if self._store is None or self._state != "running":
+            raise SchedulerStateError("history() needs a running scheduler (inside `async with`)")
+        if limit < 1:
+            raise InvalidOptionError(f"limit must be 1 or more, got {limit}")
+        return await self._store.history(job, limit)
+
+    # ------------------------------------------------------------ scheduling
+
+    def _push(self, due: _Due) -> None:
+        first_before = self._due[0].at_ms if self._due else math.inf
+        heapq.heappush(self._due, due)
+        if due.at_ms < first_before:
+            self._wake.set()
+
+    def _new_due(
+        self, job: Job, slot_ms: int, trigger: Trigger, *, first: bool, at_ms: float
+    ) -> _Due:
+        return _Due(at_ms, next(self._seq), job.name, slot_ms, trigger, first)
+
+    def _schedule_slot(self, job: Job, slot_ms: int, trigger: Trigger) -> None:
+        jitter = random.uniform(0, job.jitter_ms) if job.jitter_ms else 0.0
+        self._push(self._new_due(job, slot_ms, trigger, first=True, at_ms=slot_ms + jitter))
+
+    def _schedule_first_slots(self, job: Job, now_ms: float) -> None:
+        """On start (or when added): slots in the catch-up window, then the next one."""
+        after = int(now_ms) - job.catch_up_ms - 1 if job.catch_up_ms else int(now_ms)
+        slot = job.clock.next_slot_ms(after)
+        if slot is not None:
+            self._schedule_slot(job, slot, "catch-up" if slot < now_ms else "schedule")
+
+    def _schedule_next_slot(self, job: Job, after_slot_ms: int, now_ms: float) -> None:
+        """After a slot's first claim, its successor. After a gap (a stall or an
+        outage) slots too old for both lateness and catch-up are skipped over."""
+        oldest_wanted = int(now_ms) - max(job.late_window_ms, job.catch_up_ms) - 1
+        slot = job.clock.next_slot_ms(max(after_slot_ms, oldest_wanted))
+        if slot is None:
+            return
+        if oldest_wanted > after_slot_ms:
+            log.warning(
+                "%s: slots between %s and %s were missed (no claim in time)",
+                job.name,
+                from_epoch_ms(after_slot_ms),
+                from_epoch_ms(slot),
+            )
+        self._schedule_slot(job, slot, "schedule")
+
+    async def _claim_loop(self) -> None:
+        try:
+            while self._state == "running":
+                batch = await self._next_batch()
+                if batch:
+                    await self._claim(batch)
+        finally:
+            self._claim_loop_done.set()
+
+    async def _next_batch(self) -> list[_Due]:
+        """Sleep until the earliest claim is due; return every claim due by then."""
+        while self._state == "running":
+            if not self._due:
+                await self._wait_for_wake(None)
+                continue
+            delay_sec = (self._due[0].at_ms - _now_ms()) / 1000
+            if delay_sec > _SLEEP_MARGIN_SEC:
+                await self._wait_for_wake(delay_sec - _SLEEP_MARGIN_SEC)
+                continue
+            if delay_sec > 0:
+                await anyio.lowlevel.checkpoint()
+                continue
+            return self._pop_due(_now_ms())
+        return []
+
+    async def _wait_for_wake(self, timeout_sec: float | None) -> None:
+        with anyio.move_on_after(math.inf if timeout_sec is None else timeout_sec):
+            await self._wake.wait()
+        if self._wake.is_set():
+            self._wake = anyio.Event()
+
+    def _pop_due(self, now_ms: float) -> list[_Due]:
+        batch: list[_Due] = []
+        while self._due and self._due[0].at_ms <= now_ms:
+            due = heapq.heappop(self._due)
+            job = self._jobs.get(due.job)
+            if job is None:
+                continue
+            if due.first and due.failures == 0:
+                self._schedule_next_slot(job, due.slot_ms, now_ms)
+            if due.first and not self._in_time(job, due, now_ms):
+                continue
+            batch.append(due)
+        return batch
+
+    def _in_time(self, job: Job, due: _Due, now_ms: float) -> bool:
+        """A first claim is made only while the slot is young enough, or in catch-up."""
+        age_ms = now_ms - due.slot_ms
+        if age_ms <= job.late_window_ms:
+            return True
+        if age_ms <= job.catch_up_ms:
+            due.trigger = "catch-up"
+            return True
+        log.warning(
+            "%s: slot %s missed: %.0f ms late, max_late_ms=%d and catch_up_ms=%d",
+            job.name,
+            from_epoch_ms(due.slot_ms),
+            age_ms,
+            job.max_late_ms,
+            job.catch_up_ms,
+        )
+        return False
+
+    # ---------------------------------------------------------------- claims
+
+    async def _claim(self, batch: list[_Due]) -> None:
+        """Claim every slot of the batch in one round trip and act on the answers."""
+        assert self._store is not None
+        requests = [self._claim_request(due) for due in batch]
+        with anyio.CancelScope(shield=True) as scope:
+            scope.deadline = anyio.current_time() + _CLAIM_TIMEOUT_SEC
+            try:
+                replies = await self._store.claim_many(requests)
+            except TransportError as exc:
+                log.warning("claiming %d slot(s) failed, retrying: %s", len(batch), exc)
+                self._retry_claims(batch)
+                return
+        if scope.cancelled_caught:
+            log.warning("claiming %d slot(s) timed out, retrying", len(batch))
+            self._retry_claims(batch)
+            return
+        now_ms = _now_ms()
+        for due, reply in zip(batch, replies, strict=True):
+            if isinstance(reply, ServerReplyError):
+                log.error("%s: the claim of slot %s failed: %s", due.job, due.slot_ms, reply)
+                continue
+            self._on_claim_reply(due, reply, now_ms)
+
+    def _claim_request(self, due: _Due) -> ClaimRequest:
+        job = self._jobs[due.job]
+        return ClaimRequest(
+            keys=job.keys,
+            slot_id=str(due.slot_ms),
+            slot_ms=due.slot_ms,
+            token=due.token,
+            lease_ms=self.lease_ms,
+            max_attempts=job.max_attempts,
+            allow_overlap=job.overlap,
+            trigger=due.trigger,
+            keep_ms=job.keep_ms,
+        )
+
+    def _retry_claims(self, batch: list[_Due]) -> None:
+        """Claims whose round trip failed are sent again with the same token (the claim
+        script recognises a repeat), after a growing delay."""
+        now_ms = _now_ms()
+        for due in batch:
+            wait_ms = _CLAIM_RETRY_MS[min(due.failures, len(_CLAIM_RETRY_MS) - 1)]
+            due.failures += 1
+            due.at_ms = now_ms + wait_ms
+            due.seq = next(self._seq)
+            self._push(due)
+
+    def _on_claim_reply(self, due: _Due, reply: ClaimReply, now_ms: float) -> None:
+        job = self._jobs.get(due.job)
+        if job is None:
+            return
+        if reply.kind == "won":
+            self._start_attempt(job, due, reply)
+        elif reply.kind == "running" or (reply.kind == "overlap" and not due.first):
+            # A backup: ask again when the lease (or the retry delay) runs out.
+            self._push(
+                self._new_due(
+                    job, due.slot_ms, due.trigger, first=False, at_ms=now_ms + max(reply.wait_ms, 1)
+                )
+            )
+        elif reply.kind == "overlap":
+            log.info(
+                "%s: slot %s skipped: an older run still holds its lease",
+                job.name,
+                from_epoch_ms(due.slot_ms),
+            )
+
+    # ------------------------------------------------------------------ runs
+
+    def _start_attempt(self, job: Job, due: _Due, reply: ClaimReply) -> None:
+        assert self._group is not None
+        run = Run(
+            job=job.name,
+            slot=from_epoch_ms(due.slot_ms),
+            slot_ms=due.slot_ms,
+            attempt=reply.attempt,
+            trigger=reply.trigger,
+            runner=self.instance_id,
+            fence=reply.fence,
+        )
+        attempt = _Attempt(job=job, run=run, slot_id=str(due.slot_ms), token=due.token)
+        self._attempts[(job.name, attempt.slot_id)] = attempt
+        if self._idle.is_set():
+            self._idle = anyio.Event()
+        self._group.start_soon(
+            self._run_attempt, attempt, reply.wait_ms, name=f"anarchon {job.name} {attempt.slot_id}"
+        )
+
+    async def _run_attempt(self, attempt: _Attempt, lease_left_ms: int) -> None:
+        outcome: Literal["ok", "failed", "cancelled"] = "cancelled"
+        error: str | None = None
+        try:
+            async with anyio.create_task_group() as group:
+                group.start_soon(self._keep_lease, attempt, lease_left_ms)
+                with attempt.scope:
+                    try:
+                        await attempt.job.invoke(attempt.run)
+                        outcome = "ok"
+                    except Exception as exc:
+                        outcome = "failed"
+                        error = "".join(traceback.format_exception_only(exc)).strip()
+                        log.warning(
+                            "%s slot %s attempt %d failed: %s",
+                            attempt.job.name,
+                            attempt.slot_id,
+                            attempt.run.attempt,
+                            error,
+                            exc_info=exc,
+                        )
+                group.cancel_scope.cancel()
+            if attempt.scope.cancelled_caught:
+                outcome = "cancelled"
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self._settle(attempt, outcome, error)
+                del self._attempts[(attempt.job.name, attempt.slot_id)]
+                if not self._attempts:
+                    self._idle.set()
+
+    async def _keep_lease(self, attempt: _Attempt, lease_left_ms: int) -> None:
+        """Heartbeat every heartbeat_ms; a refused heartbeat, or none accepted for a whole
+        lease, means the lease is lost and the handler is cancelled."""
+        assert self._store is not None
+        held_until = time.monotonic() + lease_left_ms / 1000
+        while True:
+            await anyio.sleep(self.heartbeat_ms / 1000)
+            sent = time.monotonic()
+            try:
+                held = await self._store.heartbeat(
+                    attempt.job.keys, attempt.slot_id, attempt.token, self.lease_ms
+                )
+            except (TransportError, ServerReplyError) as exc:
+                if time.monotonic() >= held_until:
+                    attempt.lost = True
+                    attempt.cancel(f"no heartbeat got through for a whole lease ({exc})")
+                    return
+                log.warning("%s: heartbeat failed, will retry: %s", attempt.job.name, exc)
+                continue
+            if not held:
+                attempt.lost = True
+                attempt.cancel("another attempt holds the run now")
+                return
+            held_until = sent + self.lease_ms / 1000
+
+    async def _settle(
+        self, attempt: _Attempt, outcome: Literal["ok", "failed", "cancelled"], error: str | None
+    ) -> None:
+        """Record how the attempt ended; retried a few times if the connection drops.
+        Without its token in the state (lease lost) the store changes nothing."""
+        assert self._store is not None
+        job = attempt.job
+        delay_ms = self.retry_delay_ms * 2 ** (attempt.run.attempt - 1)
+        for wait_sec in (0.0, 0.2, 0.5, 1.0, 2.0, 5.0):
+            await anyio.sleep(wait_sec)
+            try:
+                reply = await self._store.finish(
+                    job.keys,
+                    slot_id=attempt.slot_id,
+                    slot_ms=attempt.run.slot_ms,
+                    token=attempt.token,
+                    outcome=outcome,
+                    max_attempts=job.max_attempts,
+                    retry_delay_ms=delay_ms,
+                    error=error,
+                )
+            except (TransportError, ServerReplyError) as exc:
+                log.warning("%s: recording the result failed, retrying: %s", job.name, exc)
+                continue
+            if not reply.held:
+                log.warning(
+                    "%s slot %s attempt %d ended after losing its lease; its result "
+                    "(%s) was not recorded",
+                    job.name,
+                    attempt.slot_id,
+                    attempt.run.attempt,
+                    outcome,
+                )
+            elif reply.status == "retry" and self._state == "running":
+                self._push(
+                    self._new_due(
+                        job,
+                        attempt.run.slot_ms,
+                        "retry",
+                        first=False,
+                        at_ms=_now_ms() + reply.retry_in_ms,
+                    )
+                )
+            return
+        log.error(
+            "%s slot %s attempt %d: could not record the result; the lease will expire "
+            "and a backup will take over",
+            job.name,
+            attempt.slot_id,
+            attempt.run.attempt,
+        )

@@ -1,0 +1,81 @@
+"""The Lua scripts: loading them, and running them by SHA with recovery from NOSCRIPT."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from .clients import Arg, Command, Connection, ServerReplyError
+
+__all__ = ["Script", "ScriptCall", "lease_script", "lua_source", "run_scripts"]
+
+
+def _lua_dir() -> Path:
+    # In a wheel the scripts are the package's data (anarchon/lua); in a source
+    # checkout (editable install) they are the repository's top-level lua/.
+    packaged = resources.files("anarchon") / "lua"
+    if packaged.is_dir():
+        return Path(str(packaged))
+    return Path(__file__).resolve().parents[2] / "lua"
+
+
+@cache
+def lua_source(name: str) -> str:
+    """The text of ``lua/<name>.lua`` as shipped."""
+    return (_lua_dir() / f"{name}.lua").read_text(encoding="utf-8")
+
+
+@dataclass(frozen=True, slots=True)
+class Script:
+    """A script's full text and its SHA1, as the server knows it."""
+
+    name: str
+    body: str
+    sha: str
+
+    @classmethod
+    def from_body(cls, name: str, body: str) -> Script:
+        return cls(name, body, hashlib.sha1(body.encode("utf-8")).hexdigest())
+
+
+@cache
+def lease_script(name: str) -> Script:
+    """A lease script (claim, heartbeat, finish) with the shared definitions prepended."""
+    return Script.from_body(name, lua_source("lease_state") + "\n" + lua_source(name))
+
+
+@dataclass(frozen=True, slots=True)
+class ScriptCall:
+    script: Script
+    keys: Sequence[str]
+    args: Sequence[Arg]
+
+    def command(self, *, by_sha: bool) -> Command:
+        head = self.script.sha if by_sha else self.script.body
+        verb = "EVALSHA" if by_sha else "EVAL"
+        return (verb, head, len(self.keys), *self.keys, *self.args)
+
+
+async def run_scripts(conn: Connection, calls: Sequence[ScriptCall]) -> list[Any]:
+    """Run script calls in one round trip; error replies come back as ServerReplyError items.
+
+    Calls go by SHA. A server that does not know a script (after SCRIPT FLUSH,
+    a restart or a failover) answers NOSCRIPT; those calls are sent once more
+    with the script's text, which also caches it again.
+    """
+    replies = await conn.pipeline([call.command(by_sha=True) for call in calls])
+    missing = [
+        index
+        for index, reply in enumerate(replies)
+        if isinstance(reply, ServerReplyError) and reply.kind == "NOSCRIPT"
+    ]
+    if missing:
+        again = await conn.pipeline([calls[index].command(by_sha=False) for index in missing])
+        for index, reply in zip(missing, again, strict=True):
+            replies[index] = reply
+    return replies

@@ -1,0 +1,77 @@
+"""The one seam between anarchon and a client library.
+
+Everything above this module speaks ``Connection``: send one command, or a
+batch of commands in one round trip. Adapters (one module per client library)
+turn a library's client into a ``Connection`` and normalise its replies, so
+nothing above knows which library is underneath.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = [
+    "Arg",
+    "Command",
+    "Connection",
+    "ServerReplyError",
+    "TransportError",
+    "normalize_reply",
+]
+
+Arg = str | int | float | bytes
+Command = Sequence[Arg]
+
+
+class ServerReplyError(Exception):
+    """The server answered a command with an error reply (``ERR ...``, ``NOSCRIPT ...``)."""
+
+    @property
+    def kind(self) -> str:
+        """The first word of the error reply, such as ``NOSCRIPT`` or ``ERR``."""
+        text = str(self)
+        return text.split(" ", 1)[0] if text else ""
+
+
+class TransportError(Exception):
+    """The command may not have reached the server, or its reply was lost."""
+
+
+class Connection(ABC):
+    """A connection anarchon sends commands through.
+
+    ``owned`` is True when anarchon opened it (from a URL or options) and so
+    closes it on stop; a client the user passed is never closed.
+    """
+
+    owned: bool = False
+    #: A short description for error messages and logs.
+    description: str = "connection"
+
+    @abstractmethod
+    async def execute(self, command: Command) -> Any:
+        """Send one command; return the normalised reply or raise ServerReplyError."""
+
+    @abstractmethod
+    async def pipeline(self, commands: Sequence[Command]) -> list[Any]:
+        """Send commands in one round trip; error replies come back as ServerReplyError items."""
+
+    async def aclose(self) -> None:  # noqa: B027 - closing is optional for adapters
+        """Release what the adapter opened. Only called when ``owned``."""
+
+
+def normalize_reply(reply: Any) -> Any:
+    """Make replies look the same whatever the client: bytes become str, nested lists are lists.
+
+    RESP3 maps (dicts) keep their shape with normalised keys and values;
+    RESP3 sets become lists.
+    """
+    if isinstance(reply, bytes):
+        return reply.decode("utf-8", "replace")
+    if isinstance(reply, list | tuple | set):
+        return [normalize_reply(item) for item in reply]
+    if isinstance(reply, dict):
+        return {normalize_reply(k): normalize_reply(v) for k, v in reply.items()}
+    return reply

@@ -1,0 +1,72 @@
+"""Adapter for any object with ``send(command, args)``, sync or async."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Sequence
+from typing import Any
+
+import anyio
+import anyio.to_thread
+
+from ._protocol import Command, Connection, ServerReplyError, TransportError, normalize_reply
+
+__all__ = ["SendConnection"]
+
+# Error replies start with an upper-case code word (ERR, NOSCRIPT, WRONGTYPE, ...).
+# A client that raises with such a message reports a server reply; anything
+# else is taken as a transport failure.
+_REPLY_CODE_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZ_-")
+
+
+def _as_reply_error(exc: Exception) -> Exception:
+    text = str(exc)
+    word = text.split(" ", 1)[0]
+    if word and set(word) <= _REPLY_CODE_CHARS:
+        return ServerReplyError(text)
+    return TransportError(f"{type(exc).__name__}: {text}")
+
+
+class SendConnection(Connection):
+    """Wraps ``client.send(command, args)``; a coroutine function is awaited, a plain one
+    runs in a worker thread. A batch is sent concurrently (async) or in one thread (sync)."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self.owned = False
+        self.description = f"{type(client).__qualname__}.send"
+        self._is_async = inspect.iscoroutinefunction(client.send)
+
+    async def _send(self, command: Command) -> Any:
+        name, *args = command
+        if self._is_async:
+            reply = await self.client.send(str(name), [str(a) for a in args])
+        else:
+            reply = await anyio.to_thread.run_sync(
+                self.client.send, str(name), [str(a) for a in args]
+            )
+            if inspect.isawaitable(reply):
+                reply = await reply
+        return normalize_reply(reply)
+
+    async def execute(self, command: Command) -> Any:
+        try:
+            return await self._send(command)
+        except (ServerReplyError, TransportError):
+            raise
+        except Exception as exc:
+            raise _as_reply_error(exc) from exc
+
+    async def pipeline(self, commands: Sequence[Command]) -> list[Any]:
+        replies: list[Any] = [None] * len(commands)
+
+        async def one(index: int, command: Command) -> None:
+            try:
+                replies[index] = await self.execute(command)
+            except ServerReplyError as exc:
+                replies[index] = exc
+
+        async with anyio.create_task_group() as group:
+            for index, command in enumerate(commands):
+                group.start_soon(one, index, command)
+        return replies
