@@ -32,6 +32,7 @@ elseif s.attempt < max_attempts then
   -- failed or cancelled with attempts left: release the lease; the next attempt
   -- starts after the retry delay (at once after a cancel), on whichever instance
   -- claims first.
+  if outcome == 'cancelled' then retry_delay_ms = 0 end
   s.status, s.until_ms = 'retry', now + retry_delay_ms
 else
   s.status, s.until_ms = outcome, now

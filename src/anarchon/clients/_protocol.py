@@ -26,13 +26,18 @@ Command = Sequence[Arg]
 
 
 class ServerReplyError(Exception):
-    """The server answered a command with an error reply (``ERR ...``, ``NOSCRIPT ...``)."""
+    """The server answered a command with an error reply (``ERR ...``, ``NOSCRIPT ...``).
 
-    @property
-    def kind(self) -> str:
-        """The first word of the error reply, such as ``NOSCRIPT`` or ``ERR``."""
-        text = str(self)
-        return text.split(" ", 1)[0] if text else ""
+    ``kind`` is the reply's error code, such as ``NOSCRIPT`` or ``ERR``: adapters
+    whose library strips the code from the message pass it explicitly.
+    """
+
+    def __init__(self, message: str, kind: str | None = None) -> None:
+        super().__init__(message)
+        if kind is None:
+            word = message.split(" ", 1)[0]
+            kind = word if word.isupper() else "ERR"
+        self.kind = kind
 
 
 class TransportError(Exception):

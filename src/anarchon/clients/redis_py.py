@@ -18,8 +18,19 @@ __all__ = ["RedisAsyncConnection", "RedisSyncConnection", "convert_error"]
 T = TypeVar("T")
 
 
+# redis-py turns an error reply's code into an exception class and drops the
+# code from the message; these are the codes anarchon acts on.
+_REPLY_CODES: tuple[tuple[type[Exception], str], ...] = (
+    (redis.exceptions.NoScriptError, "NOSCRIPT"),
+    (redis.exceptions.ReadOnlyError, "READONLY"),
+)
+
+
 def convert_error(exc: BaseException) -> Exception:
     """Map a redis-py exception to anarchon's transport-level errors."""
+    for cls, code in _REPLY_CODES:
+        if isinstance(exc, cls):
+            return ServerReplyError(f"{code} {exc}", code)
     if isinstance(exc, redis.exceptions.ResponseError):
         return ServerReplyError(str(exc))
     if isinstance(exc, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError):

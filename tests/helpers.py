@@ -1,0 +1,61 @@
+"""Small tools the tests share."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+
+import anyio
+import redis
+
+from anarchon import Run
+
+
+class OneShot:
+    """A schedule that fires once, at ``at`` (a custom schedule object)."""
+
+    def __init__(self, at: datetime) -> None:
+        self.at = at
+
+    def next_after(self, moment: datetime, /) -> datetime | None:
+        return self.at if moment < self.at else None
+
+    @classmethod
+    def in_ms(cls, delay_ms: int) -> OneShot:
+        """A whole second at least ``delay_ms`` from now."""
+        at = datetime.now(UTC) + timedelta(milliseconds=delay_ms)
+        return cls(at.replace(microsecond=0) + timedelta(seconds=1))
+
+
+class Ledger:
+    """Counts runs per job and slot in the server, on a connection of its own.
+
+    Independent of anarchon's own bookkeeping: a handler calls ``record`` and the
+    test reads the counts back.
+    """
+
+    def __init__(self, client: redis.Redis, prefix: str) -> None:
+        self.client = client
+        self.key_prefix = f"{prefix}ledger:"
+
+    async def record(self, run: Run) -> None:
+        key = f"{self.key_prefix}{run.job}:{run.slot_ms}"
+        await anyio.to_thread.run_sync(self.client.incr, key)
+
+    def counts(self) -> dict[tuple[str, int], int]:
+        keys = list(self.client.scan_iter(match=f"{self.key_prefix}*", count=1000))
+        values = self.client.mget(keys) if keys else []
+        counts = {}
+        for key, value in zip(keys, values, strict=True):
+            job, slot = str(key)[len(self.key_prefix) :].rsplit(":", 1)
+            counts[(job, int(slot))] = int(value)
+        return counts
+
+
+async def wait_until(condition: Callable[[], bool], timeout_sec: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_sec
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_sec}s waiting for {what}")
+        await anyio.sleep(0.01)

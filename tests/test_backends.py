@@ -1,0 +1,144 @@
+"""Backends: the store format, and the ways to give anarchon a connection."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import anyio
+import pytest
+import redis
+import redis.asyncio
+
+from anarchon import (
+    RedisBackend,
+    Run,
+    Scheduler,
+    StoreFormatError,
+    UnsupportedClientError,
+    ValkeyBackend,
+)
+from tests.helpers import OneShot, wait_until
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_a_newer_store_format_refuses_to_start_and_writes_nothing(
+    server_url: str, prefix: str, direct: redis.Redis
+) -> None:
+    direct.set(f"{prefix}format", 99)
+    scheduler = Scheduler(RedisBackend(redis=server_url, prefix=prefix))
+    scheduler.add_job(lambda: None, "* * * * * *", name="job")
+
+    with pytest.raises(StoreFormatError, match="upgrade anarchon") as info:
+        async with scheduler:
+            pass
+
+    assert info.value.code == "ANARCHON_STORE_FORMAT"
+    assert sorted(direct.scan_iter(match=f"*{prefix}*")) == [f"{prefix}format"]
+    assert direct.get(f"{prefix}format") == "99"
+
+
+async def test_the_store_format_is_written_when_absent(
+    server_url: str, prefix: str, direct: redis.Redis
+) -> None:
+    async with Scheduler(ValkeyBackend(valkey=server_url, prefix=prefix)):
+        pass
+    assert direct.get(f"{prefix}format") == "1"
+
+
+async def run_one_slot(backend: RedisBackend) -> list[Run]:
+    runs: list[Run] = []
+    scheduler = Scheduler(backend)
+
+    @scheduler.job(OneShot.in_ms(100), name="once")
+    async def once(run: Run) -> None:
+        runs.append(run)
+
+    async with scheduler:
+        await wait_until(lambda: bool(runs), 5, "the slot to run")
+    return runs
+
+
+async def test_an_options_mapping_connects(server_url: str, prefix: str) -> None:
+    port = int(server_url.rsplit(":", 1)[1].split("/")[0])
+    runs = await run_one_slot(
+        RedisBackend(redis={"host": "127.0.0.1", "port": port, "db": 0}, prefix=prefix)
+    )
+    assert [r.job for r in runs] == ["once"]
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_passed_asyncio_client_is_used_and_left_open(server_url: str, prefix: str) -> None:
+    client = redis.asyncio.Redis.from_url(server_url)
+    runs = await run_one_slot(RedisBackend(redis=client, prefix=prefix))
+    assert [r.job for r in runs] == ["once"]
+    assert await client.ping()
+    await client.aclose()
+
+
+async def test_a_passed_sync_client_is_used_and_left_open(server_url: str, prefix: str) -> None:
+    client = redis.Redis.from_url(server_url)
+    runs = await run_one_slot(RedisBackend(redis=client, prefix=prefix))
+    assert [r.job for r in runs] == ["once"]
+    assert client.ping()
+    client.close()
+
+
+@pytest.mark.parametrize("anyio_backend", ["trio"])
+async def test_the_asyncio_client_under_trio_fails_at_start_naming_what_works(
+    server_url: str, prefix: str
+) -> None:
+    client = redis.asyncio.Redis.from_url(server_url)
+    scheduler = Scheduler(RedisBackend(redis=client, prefix=prefix))
+    with pytest.raises(UnsupportedClientError, match="under trio pass") as info:
+        async with scheduler:
+            pass
+    assert info.value.code == "ANARCHON_UNSUPPORTED_CLIENT"
+
+
+class SendClient:
+    """A user's own client: anything with send(command, args)."""
+
+    def __init__(self, url: str) -> None:
+        self.client = redis.Redis.from_url(url)
+        self.commands: list[str] = []
+
+    def send(self, command: str, args: list[str]) -> Any:
+        self.commands.append(command)
+        return self.client.execute_command(command, *args)
+
+
+class AsyncSendClient(SendClient):
+    async def send(self, command: str, args: list[str]) -> Any:  # type: ignore[override]
+        return await anyio.to_thread.run_sync(super().send, command, args)
+
+
+@pytest.mark.parametrize("client_class", [SendClient, AsyncSendClient])
+async def test_any_object_with_send_works(
+    server_url: str, prefix: str, client_class: type[SendClient]
+) -> None:
+    client = client_class(server_url)
+    runs = await run_one_slot(RedisBackend(redis=client, prefix=prefix))
+    assert [r.job for r in runs] == ["once"]
+    assert "EVALSHA" in client.commands
+    client.client.close()
+
+
+async def test_scripts_are_reloaded_after_script_flush(
+    server_url: str, prefix: str, direct: redis.Redis
+) -> None:
+    runs: list[int] = []
+    scheduler = Scheduler(RedisBackend(redis=server_url, prefix=prefix))
+
+    @scheduler.job("* * * * * *", name="tick")
+    async def tick(run: Run) -> None:
+        runs.append(run.slot_ms)
+
+    async with scheduler:
+        await wait_until(lambda: len(runs) >= 1, 5, "a first run")
+        direct.script_flush()
+        count = len(runs)
+        await wait_until(lambda: len(runs) >= count + 2, 5, "runs after SCRIPT FLUSH")
+    assert sorted(set(runs)) == sorted(runs)
+    assert all(b - a == 1000 for a, b in itertools.pairwise(runs))

@@ -1,0 +1,156 @@
+"""Bad input is refused when it is written, with an error that says what to do."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from anarchon import (
+    InvalidJobError,
+    InvalidOptionError,
+    InvalidScheduleError,
+    RedisBackend,
+    Scheduler,
+    UnsupportedClientError,
+    ValkeyBackend,
+)
+
+
+def handler() -> None:
+    pass
+
+
+def scheduler() -> Scheduler:
+    return Scheduler(RedisBackend(redis="redis://127.0.0.1:1"))
+
+
+def test_an_invalid_cron_string_is_refused_at_definition() -> None:
+    with pytest.raises(InvalidScheduleError, match="fields"):
+        scheduler().add_job(handler, "* * *", name="x")
+
+
+def test_an_unknown_time_zone_is_refused_at_definition() -> None:
+    with pytest.raises(InvalidScheduleError, match="unknown time zone"):
+        scheduler().add_job(handler, "* * * * *", name="x", timezone="Europe/Atlantis")
+
+
+def test_a_second_job_with_the_same_name_is_refused() -> None:
+    s = scheduler()
+    s.add_job(handler, "* * * * *", name="report")
+    with pytest.raises(InvalidJobError, match="already exists"):
+        s.add_job(handler, "*/5 * * * *", name="report")
+    assert s.jobs == ["report"]
+
+
+@pytest.mark.parametrize("name", ["", "a{b", "a}b", "{tag}", "has space", "tab\there", "x" * 201])
+def test_a_name_that_would_break_a_key_is_refused(name: str) -> None:
+    with pytest.raises(InvalidJobError) as info:
+        scheduler().add_job(handler, "* * * * *", name=name)
+    assert info.value.code == "ANARCHON_INVALID_JOB"
+
+
+def test_the_function_name_is_the_default_job_name() -> None:
+    s = scheduler()
+
+    @s.job("* * * * *")
+    async def nightly_report() -> None:
+        pass
+
+    assert s.jobs == ["nightly_report"]
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("catch_up_ms", -1),
+        ("jitter_ms", -5),
+        ("max_late_ms", -1),
+        ("max_attempts", 0),
+        ("max_attempts", -2),
+        ("every_ms", 0),
+        ("every_ms", -1000),
+        ("catch_up_ms", 1.5),
+        ("overlap", "yes"),
+    ],
+)
+def test_negative_or_zero_job_options_are_refused(option: str, value: Any) -> None:
+    kwargs: dict[str, Any] = {option: value}
+    schedule = None if option == "every_ms" else "* * * * *"
+    with pytest.raises((InvalidOptionError, InvalidScheduleError), match=option):
+        scheduler().add_job(handler, schedule, name="x", **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("lease_ms", 0),
+        ("lease_ms", -1000),
+        ("heartbeat_ms", 0),
+        ("history_size", 0),
+        ("history_ttl_ms", 0),
+        ("stop_grace_ms", -1),
+        ("retry_delay_ms", -1),
+    ],
+)
+def test_negative_or_zero_scheduler_options_are_refused(option: str, value: int) -> None:
+    with pytest.raises(InvalidOptionError, match=option):
+        Scheduler(RedisBackend(), **{option: value})
+
+
+def test_a_heartbeat_longer_than_half_the_lease_is_refused() -> None:
+    with pytest.raises(InvalidOptionError, match="at most half"):
+        Scheduler(RedisBackend(), lease_ms=10_000, heartbeat_ms=6_000)
+
+
+def test_a_schedule_and_an_interval_together_are_refused() -> None:
+    with pytest.raises(InvalidScheduleError, match="not both"):
+        scheduler().add_job(handler, "* * * * *", every_ms=1000, name="x")
+
+
+def test_a_job_without_a_schedule_is_refused() -> None:
+    with pytest.raises(InvalidScheduleError, match="needs a schedule"):
+        scheduler().add_job(handler, name="x")
+
+
+@pytest.mark.parametrize(
+    "strategy",
+    [
+        "round-robin",
+        {"name": "lease", "window_ms": 1},
+        {"window_ms": 1},
+        42,
+    ],
+)
+def test_an_unknown_or_misplaced_strategy_setting_is_refused(strategy: Any) -> None:
+    with pytest.raises(InvalidOptionError, match="strateg"):
+        RedisBackend(strategy=strategy)
+
+
+@pytest.mark.parametrize("prefix", ["{cron}:", "a b:", 3])
+def test_a_prefix_that_would_break_keys_is_refused(prefix: Any) -> None:
+    with pytest.raises(InvalidOptionError, match="prefix"):
+        ValkeyBackend(prefix=prefix)
+
+
+def test_an_unknown_connection_option_is_refused() -> None:
+    with pytest.raises(InvalidOptionError, match="hostname"):
+        RedisBackend(redis={"hostname": "cache"})
+
+
+def test_a_url_with_an_unknown_scheme_is_refused() -> None:
+    with pytest.raises(InvalidOptionError, match="redis://"):
+        RedisBackend(redis="http://localhost:6379")
+
+
+def test_an_object_that_is_not_a_client_is_refused_at_start() -> None:
+    import anyio
+
+    s = Scheduler(RedisBackend(redis=object()))
+
+    async def main() -> None:
+        async with s:
+            pass
+
+    with pytest.raises(UnsupportedClientError, match="send"):
+        anyio.run(main)
