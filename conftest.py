@@ -1,4 +1,4 @@
-"""Fixtures for tests/ and property_tests/: real servers from tests/servers.py, both event loops, a fresh key prefix."""
+"""Fixtures for tests/ and property_tests/: real servers, both event loops, a fresh prefix."""
 
 from __future__ import annotations
 

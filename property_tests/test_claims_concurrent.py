@@ -33,8 +33,9 @@ async def claim_all_at_once(url: str, instances: int, slots: list[int]) -> dict[
 
     async def one_instance(store: LeaseStore) -> None:
         requests = [
-            ClaimRequest(keys, str(slot), slot, secrets.token_hex(8), 30_000, 3, True,
-                         "schedule", 600_000)
+            ClaimRequest(
+                keys, str(slot), slot, secrets.token_hex(8), 30_000, 3, True, "schedule", 600_000
+            )
             for slot in slots
         ]
         for slot, reply in zip(slots, await store.claim_many(requests), strict=True):
@@ -51,10 +52,14 @@ async def claim_all_at_once(url: str, instances: int, slots: list[int]) -> dict[
     return replies
 
 
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(
     instances=st.integers(min_value=2, max_value=8),
-    slots=st.lists(st.integers(min_value=0, max_value=10_000), min_size=1, max_size=30, unique=True),
+    slots=st.lists(
+        st.integers(min_value=0, max_value=10_000), min_size=1, max_size=30, unique=True
+    ),
     event_loop=st.sampled_from(["asyncio", "trio"]),
 )
 def test_concurrent_claims_of_a_slot_have_exactly_one_winner(

@@ -29,8 +29,9 @@ def field(low: int, high: int) -> st.SearchStrategy[str]:
 
 cron_expressions = st.one_of(
     st.tuples(field(0, 59), field(0, 23), st.just("*"), st.just("*"), field(0, 6)).map(" ".join),
-    st.tuples(field(0, 59), field(0, 59), field(0, 23), st.just("*"), st.just("*"), st.just("*"))
-    .map(" ".join),
+    st.tuples(
+        field(0, 59), field(0, 59), field(0, 23), st.just("*"), st.just("*"), st.just("*")
+    ).map(" ".join),
 )
 moments = st.datetimes(
     min_value=datetime(2024, 1, 1), max_value=datetime(2030, 12, 31), timezones=st.just(UTC)
@@ -38,8 +39,12 @@ moments = st.datetimes(
 
 
 @settings(max_examples=200, deadline=None)
-@given(expression=cron_expressions, zone=st.sampled_from(ZONES), moment=moments,
-       fraction=st.floats(0, 1, exclude_max=True))
+@given(
+    expression=cron_expressions,
+    zone=st.sampled_from(ZONES),
+    moment=moments,
+    fraction=st.floats(0, 1, exclude_max=True),
+)
 def test_cron_slots_move_forward_and_nothing_lies_between(
     expression: str, zone: str, moment: datetime, fraction: float
 ) -> None:

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import pytest
 
 from anarchon import RedisBackend, Run, Scheduler
@@ -52,7 +53,7 @@ async def test_twenty_jobs_due_together_are_claimed_in_one_pipelined_batch(
         counting = CountingConnection(scheduler._store.conn)
         scheduler._store.conn = counting
         await wait_until(lambda: len({r.slot_ms for r in runs}) >= 3, 10, "three slots")
-        await anyio.sleep(0)
+        await anyio.lowlevel.checkpoint()
 
     slots_run = {r.slot_ms for r in runs}
     claims = [b for b in counting.batches if len(b) > 1]

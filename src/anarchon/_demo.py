@@ -29,8 +29,7 @@ class DemoSummary:
 
     def line(self) -> str:
         return (
-            f"slots={self.slots} runs={self.runs} duplicates={self.duplicates} "
-            f"misses={self.misses}"
+            f"slots={self.slots} runs={self.runs} duplicates={self.duplicates} misses={self.misses}"
         )
 
 
@@ -61,8 +60,10 @@ async def _run(url: str, seconds: float, instances: int, jobs: int, event_loop: 
             scheduler.add_job(handler, "* * * * * *", name=f"job-{job_index + 1}", jitter_ms=250)
         schedulers.append(scheduler)
 
-    _out(f"{instances} instances, {jobs} jobs firing every second, for {seconds:g} s "
-         f"({event_loop}), store {url} prefix {prefix!r}")
+    _out(
+        f"{instances} instances, {jobs} jobs firing every second, for {seconds:g} s "
+        f"({event_loop}), store {url} prefix {prefix!r}"
+    )
     async with AsyncExitStack() as stack:
         for scheduler in schedulers:
             await stack.enter_async_context(scheduler)
@@ -74,7 +75,9 @@ async def _run(url: str, seconds: float, instances: int, jobs: int, event_loop: 
     first_slot = math.ceil(started_ms / 1000) * 1000
     last_slot = math.floor(stopping_ms / 1000) * 1000 - 1000
     expected = {
-        (f"job-{j + 1}", slot) for j in range(jobs) for slot in range(first_slot, last_slot + 1, 1000)
+        (f"job-{j + 1}", slot)
+        for j in range(jobs)
+        for slot in range(first_slot, last_slot + 1, 1000)
     }
     summary = DemoSummary()
     summary.slots = len(expected)
