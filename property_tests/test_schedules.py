@@ -52,7 +52,8 @@ def test_cron_slots_move_forward_and_nothing_lies_between(
     fire = schedule.next_after(moment)
     assert fire is not None
     assert fire > moment
-    between = moment + (fire - moment) * fraction
+    span_us = (fire - moment) // timedelta(microseconds=1)
+    between = moment + timedelta(microseconds=min(int(span_us * fraction), span_us - 1))
     assert schedule.next_after(between) == fire
 
 
