@@ -2,12 +2,16 @@
 -- KEYS[1] state (hash)   KEYS[2] active (set)   KEYS[3] slots (sorted set)
 -- KEYS[4] runs (stream)  KEYS[5] results (sorted set)
 -- ARGV: slot, slot_score, token, runner, lease_ms, max_attempts, allow_overlap (0/1),
---       trigger, keep_ms, history_size, history_ttl_ms
+--       trigger, keep_ms, history_size, history_ttl_ms, trim_runs_by_id (0/1: XTRIM MINID
+--       exists, Redis 6.2+ and Valkey)
 -- Replies:
---   {'won', attempt, fence, lease_ms_left, trigger}  the caller runs this attempt
+--   {'won', attempt, fence, lease_ms_left, trigger, orphans}  the caller runs this attempt
 --   {'running', ms}   the run is in progress (or waits for its retry): be a backup, ask again in ms
---   {'overlap', ms}   another slot of the job holds a live lease; this new run does not start
+--   {'overlap', ms, orphans}  another slot of the job holds a live lease; this new run does not start
 --   {'done', status}  the run is settled
+-- orphans (on a slot's first claim only): other unsettled slots of the job that
+-- nobody holds any more (lease expired, or retry due). Claiming them is how
+-- instances notice a dead runner without polling every run they back up.
 local state_key, active_key, slots_key, runs_key, results_key =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local slot = ARGV[1]
@@ -21,21 +25,29 @@ local trigger = ARGV[8]
 local keep_ms = tonumber(ARGV[9])
 local history_size = tonumber(ARGV[10])
 local history_ttl_ms = tonumber(ARGV[11])
+local trim_runs_by_id = ARGV[12] == '1'
 
 local now = server_now_ms()
 
--- The time left on a live lease held by another slot of this job, or nil.
-local function live_lease_elsewhere()
-  if allow_overlap then return nil end
+-- The other unsettled slots of this job: the time left on the first live lease
+-- among them (nil if none, or if overlapping runs are allowed), and the slots
+-- nobody holds any more (orphans).
+local function scan_active()
+  local blocked_ms = nil
+  local orphans = {}
   for _, other in ipairs(redis.call('SMEMBERS', active_key)) do
     if other ~= slot then
       local o = decode_state(redis.call('HGET', state_key, other))
-      if o and o.status == 'running' and o.until_ms > now then
-        return o.until_ms - now
+      if o and o.until_ms > now then
+        if o.status == 'running' and not allow_overlap and not blocked_ms then
+          blocked_ms = o.until_ms - now
+        end
+      elseif o then
+        orphans[#orphans + 1] = other
       end
     end
   end
-  return nil
+  return blocked_ms, orphans
 end
 
 -- Forget settled runs that no late or catch-up claim can ask for any more.
@@ -51,7 +63,7 @@ local function trim_old_state()
   end
 end
 
-local function win(attempt, win_trigger)
+local function win(attempt, win_trigger, orphans)
   local fence = redis.call('HINCRBY', state_key, FENCE_FIELD, 1)
   local s = {
     status = 'running', attempt = attempt, token = token, until_ms = now + lease_ms,
@@ -60,10 +72,14 @@ local function win(attempt, win_trigger)
   redis.call('HSET', state_key, slot, encode_state(s))
   redis.call('SADD', active_key, slot)
   redis.call('ZADD', slots_key, slot_score, slot)
-  redis.call('XADD', runs_key, 'MAXLEN', '~', history_size, '*',
+  redis.call('XADD', runs_key, 'MAXLEN', history_size, '*',
     'slot', slot, 'attempt', attempt, 'token', token, 'runner', runner,
     'trigger', win_trigger, 'fence', fence)
-  return {'won', attempt, fence, lease_ms, win_trigger}
+  if history_ttl_ms > 0 and trim_runs_by_id then
+    -- Entry ids are the server's milliseconds, so the age limit is an id.
+    redis.call('XTRIM', runs_key, 'MINID', int(now - history_ttl_ms))
+  end
+  return {'won', attempt, fence, lease_ms, win_trigger, orphans}
 end
 
 local s = decode_state(redis.call('HGET', state_key, slot))
@@ -71,14 +87,14 @@ local s = decode_state(redis.call('HGET', state_key, slot))
 -- No state: nobody has claimed this run yet.
 if not s then
   trim_old_state()
-  local blocked_ms = live_lease_elsewhere()
-  if blocked_ms then return {'overlap', blocked_ms} end
-  return win(1, trigger)
+  local blocked_ms, orphans = scan_active()
+  if blocked_ms then return {'overlap', blocked_ms, orphans} end
+  return win(1, trigger, orphans)
 end
 
 -- The caller already holds this attempt (a claim repeated after a lost reply).
 if s.status == 'running' and s.token == token then
-  return {'won', s.attempt, s.fence, s.until_ms - now, s.trigger}
+  return {'won', s.attempt, s.fence, s.until_ms - now, s.trigger, {}}
 end
 
 if s.status == 'running' then
@@ -99,9 +115,9 @@ end
 
 if s.status == 'retry' then
   if s.until_ms > now then return {'running', s.until_ms - now} end
-  local blocked_ms = live_lease_elsewhere()
+  local blocked_ms = scan_active()
   if blocked_ms then return {'running', blocked_ms} end
-  return win(s.attempt + 1, 'retry')
+  return win(s.attempt + 1, 'retry', {})
 end
 
 -- ok, failed, interrupted or cancelled.

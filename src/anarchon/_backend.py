@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, Literal, TypedDict
 
 from ._errors import (
@@ -122,7 +123,7 @@ class RedisBackend:
         """Connect, check the server and the store format, and load the scripts."""
         conn = open_connection(self._connection_spec)
         try:
-            await _check_server(conn)
+            server = await _check_server(conn)
             await _check_store_format(conn, self.prefix)
             for name in ("claim", "heartbeat", "finish"):
                 script = lease_script(name)
@@ -137,6 +138,7 @@ class RedisBackend:
             runner=options["runner"],
             history_size=options["history_size"],
             history_ttl_ms=options["history_ttl_ms"],
+            trim_runs_by_id=server.trims_streams_by_id,
         )
 
 
@@ -168,7 +170,18 @@ def _validate_connection_spec(spec: ConnectionSpec) -> ConnectionSpec:
     return spec
 
 
-async def _check_server(conn: Connection) -> None:
+@dataclass(frozen=True, slots=True)
+class ServerInfo:
+    family: str  # "redis" or "valkey"
+    version: tuple[int, int]
+
+    @property
+    def trims_streams_by_id(self) -> bool:
+        """XTRIM MINID exists from Redis 6.2 on (and in every Valkey)."""
+        return self.family == "valkey" or self.version >= (6, 2)
+
+
+async def _check_server(conn: Connection) -> ServerInfo:
     """Lease scripts need streams: Redis 5.0 or newer, or any Valkey."""
     try:
         info = await conn.execute(("INFO", "server"))
@@ -178,12 +191,22 @@ async def _check_server(conn: Connection) -> None:
             "client you passed and that the server is running"
         ) from exc
     text = info if isinstance(info, str) else "\n".join(f"{k}:{v}" for k, v in info.items())
+    valkey = re.search(r"^valkey_version:(\d+)\.(\d+)", text, re.MULTILINE)
+    if valkey:
+        return ServerInfo("valkey", (int(valkey.group(1)), int(valkey.group(2))))
     match = re.search(r"^redis_version:(\d+)\.(\d+)", text, re.MULTILINE)
-    if match and "valkey_version" not in text and int(match.group(1)) < 5:
+    if not match:
         raise UnsupportedServerError(
-            f"Redis {match.group(1)}.{match.group(2)} is too old: anarchon needs Redis 5.0 "
+            f"the server behind {conn.description} does not report a redis_version in "
+            "INFO server: anarchon needs Redis 5.0 or newer, or Valkey"
+        )
+    version = (int(match.group(1)), int(match.group(2)))
+    if version < (5, 0):
+        raise UnsupportedServerError(
+            f"Redis {version[0]}.{version[1]} is too old: anarchon needs Redis 5.0 "
             "or newer (streams), or Valkey"
         )
+    return ServerInfo("redis", version)
 
 
 async def _check_store_format(conn: Connection, prefix: str) -> None:

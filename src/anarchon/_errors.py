@@ -10,6 +10,7 @@ __all__ = [
     "InvalidJobError",
     "InvalidOptionError",
     "InvalidScheduleError",
+    "RunOverlapError",
     "SchedulerStateError",
     "StoreFormatError",
     "UnsupportedClientError",
@@ -83,3 +84,10 @@ class SchedulerStateError(AnarchonError, RuntimeError):
     """A call that does not fit the scheduler's current state (e.g. starting it twice)."""
 
     code = "ANARCHON_SCHEDULER_STATE"
+
+
+class RunOverlapError(AnarchonError):
+    """``run_now()`` was refused: another run of the job holds a live lease and the job
+    does not allow overlapping runs."""
+
+    code = "ANARCHON_OVERLAP"

@@ -64,6 +64,9 @@ class ClaimReply:
     wait_ms: int = 0
     trigger: Trigger = "schedule"
     status: str = ""
+    #: Other unsettled slots of the job that nobody holds (a dead runner's, or a
+    #: retry that is due): reported on a slot's first claim, for backups to claim.
+    orphans: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +79,10 @@ class FinishReply:
     retry_in_ms: int = 0
 
 
+def _orphans(raw: object) -> tuple[str, ...]:
+    return tuple(str(slot) for slot in raw) if isinstance(raw, list) else ()
+
+
 def _claim_reply(raw: list[object]) -> ClaimReply:
     kind = cast(ClaimKind, raw[0])
     if kind == "won":
@@ -85,9 +92,12 @@ def _claim_reply(raw: list[object]) -> ClaimReply:
             fence=int(cast(int, raw[2])),
             wait_ms=int(cast(int, raw[3])),
             trigger=cast(Trigger, raw[4]),
+            orphans=_orphans(raw[5]),
         )
     if kind == "done":
         return ClaimReply("done", status=str(raw[1]))
+    if kind == "overlap":
+        return ClaimReply("overlap", wait_ms=int(cast(int, raw[1])), orphans=_orphans(raw[2]))
     return ClaimReply(kind, wait_ms=int(cast(int, raw[1])))
 
 
@@ -102,8 +112,12 @@ class LeaseStore:
         runner: str,
         history_size: int,
         history_ttl_ms: int | None,
+        trim_runs_by_id: bool = False,
     ) -> None:
         self.conn = conn
+        #: History older than history_ttl_ms also leaves the runs stream (XTRIM MINID,
+        #: Redis 6.2+ and Valkey); older servers bound it by history_size alone.
+        self.trim_runs_by_id = trim_runs_by_id
         self.prefix = prefix
         self.runner = runner
         self.history_size = history_size
@@ -133,6 +147,7 @@ class LeaseStore:
                     r.keep_ms,
                     self.history_size,
                     self.history_ttl_ms,
+                    1 if self.trim_runs_by_id else 0,
                 ),
             )
             for r in requests
@@ -185,6 +200,16 @@ class LeaseStore:
             return FinishReply(held=False, status=str(reply[1]))
         return FinishReply(held=True, status=str(reply[1]), retry_in_ms=int(reply[2]))
 
+    async def result_of(self, job: str, slot_id: str, attempt: int) -> RunResult:
+        """The recorded result of one attempt."""
+        score = slot_ms_of(slot_id)
+        members = await self.conn.execute(("ZRANGEBYSCORE", self.keys(job).results, score, score))
+        head = f"{slot_id}|{attempt}|"
+        for member in members:
+            if str(member).startswith(head):
+                return parse_result(job, str(member))
+        raise LookupError(f"no result recorded for {job} slot {slot_id} attempt {attempt}")
+
     async def history(self, job: str, limit: int) -> list[RunResult]:
         """The newest ``limit`` results of a job, newest first."""
         members = await self.conn.execute(("ZREVRANGE", self.keys(job).results, 0, limit - 1))
@@ -197,7 +222,7 @@ def parse_result(job: str, member: str) -> RunResult:
     """Read one results member (see lua/lease_state.lua, record_result)."""
     slot, attempt, status, started_ms, finished_ms, fence, trigger, rest = member.split("|", 7)
     runner, _, error = rest.partition("|")  # runner ids never hold "|"
-    slot_ms = int(slot) if slot.isdigit() else int(started_ms)
+    slot_ms = slot_ms_of(slot)
     return RunResult(
         job=job,
         slot=from_epoch_ms(slot_ms),
@@ -211,3 +236,15 @@ def parse_result(job: str, member: str) -> RunResult:
         error=error or None,
         fence=int(fence),
     )
+
+
+def manual_slot_id(requested_ms: int, nonce: str) -> str:
+    """A manual run's slot id: never all digits, so never equal to a scheduled slot."""
+    return f"m{requested_ms}-{nonce}"
+
+
+def slot_ms_of(slot_id: str) -> int:
+    """The instant of a slot id: scheduled ids are epoch ms, manual ids carry theirs."""
+    if slot_id.isdigit():
+        return int(slot_id)
+    return int(slot_id[1:].split("-", 1)[0])

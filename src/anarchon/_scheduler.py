@@ -22,7 +22,13 @@ import anyio.lowlevel
 from anyio.abc import TaskGroup
 
 from ._backend import RedisBackend
-from ._errors import InvalidJobError, InvalidOptionError, SchedulerStateError
+from ._errors import (
+    AnarchonError,
+    InvalidJobError,
+    InvalidOptionError,
+    RunOverlapError,
+    SchedulerStateError,
+)
 from ._job import (
     Handler,
     Job,
@@ -32,7 +38,7 @@ from ._job import (
     takes_run_argument,
     validate_job_name,
 )
-from ._lease import ClaimReply, ClaimRequest, JobKeys, LeaseStore
+from ._lease import ClaimReply, ClaimRequest, JobKeys, LeaseStore, manual_slot_id, slot_ms_of
 from ._schedule import Schedule, SlotClock, from_epoch_ms
 from ._structures import Run, RunResult, Trigger
 from .clients import ServerReplyError, TransportError
@@ -67,6 +73,7 @@ class _Due:
     at_ms: float
     seq: int
     job: str = field(compare=False)
+    slot_id: str = field(compare=False)
     slot_ms: int = field(compare=False)
     trigger: Trigger = field(compare=False)
     #: The slot's first claim by this instance (lateness applies, and the
@@ -84,8 +91,11 @@ class _Attempt:
     run: Run
     slot_id: str
     token: str
+    max_attempts: int
     scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
     lost: bool = False
+    #: Set once the attempt has ended and its result is recorded (or given up).
+    settled: anyio.Event = field(default_factory=anyio.Event)
 
     def cancel(self, reason: str) -> None:
         """Tell the handler its lease is gone (threads) and cancel it (async)."""
@@ -177,6 +187,12 @@ class Scheduler:
         self._seq = itertools.count()
         self._wake = anyio.Event()
         self._attempts: dict[tuple[str, str], _Attempt] = {}
+        #: Follow-up claims (backups, retries, take-overs) waiting in the heap.
+        self._pending: set[tuple[str, str]] = set()
+        #: Claims waiting for a run of the job on this instance to end (overlap).
+        self._overlap_waiters: dict[str, list[_Due]] = {}
+        #: The next scheduled slot of each job this instance will claim.
+        self._next_slot_ms: dict[str, int] = {}
         self._idle = anyio.Event()
         self._idle.set()
         self._claim_loop_done = anyio.Event()
@@ -389,22 +405,93 @@ class Scheduler:
             raise InvalidOptionError(f"limit must be 1 or more, got {limit}")
         return await self._store.history(job, limit)
 
+    async def run_now(self, job: str) -> RunResult:
+        """Run ``job`` now on this instance, wait for it, and return its result.
+
+        The run gets a slot id of its own (never equal to a scheduled one), is
+        recorded in the history with trigger ``"manual"``, and is one attempt (no
+        retries). Unless the job allows overlapping runs, it is refused with
+        ``RunOverlapError`` while another run of the job holds a live lease::
+
+            result = await scheduler.run_now("report")
+            assert result.status == "ok"
+        """
+        if self._store is None or self._state != "running":
+            raise SchedulerStateError("run_now() needs a running scheduler (inside `async with`)")
+        found = self._jobs.get(job)
+        if found is None:
+            raise InvalidJobError(f"no job named {job!r} on this scheduler; jobs: {self.jobs}")
+        requested_ms = int(_now_ms())
+        slot_id = manual_slot_id(requested_ms, secrets.token_hex(4))
+        token = secrets.token_hex(8)
+        request = ClaimRequest(
+            keys=found.keys,
+            slot_id=slot_id,
+            slot_ms=requested_ms,
+            token=token,
+            lease_ms=self.lease_ms,
+            max_attempts=1,
+            allow_overlap=found.overlap,
+            trigger="manual",
+            keep_ms=found.keep_ms,
+        )
+        (reply,) = await self._store.claim_many([request])
+        if isinstance(reply, ServerReplyError):
+            raise AnarchonError(f"the server refused the manual claim of {job!r}: {reply}")
+        for orphan in reply.orphans:
+            self._take_over(found, orphan, _now_ms())
+        if reply.kind == "overlap":
+            raise RunOverlapError(
+                f"{job!r} is running elsewhere (its lease has {reply.wait_ms} ms left) and does "
+                "not allow overlapping runs: wait for it to end, or define the job with "
+                "overlap=True"
+            )
+        if reply.kind != "won":  # a fresh slot id has no state: only won or overlap
+            raise AnarchonError(f"unexpected reply to a manual claim of {job!r}: {reply}")
+        attempt = self._start_attempt(found, slot_id, token, reply, max_attempts=1)
+        await attempt.settled.wait()
+        try:
+            return await self._store.result_of(found.name, slot_id, attempt.run.attempt)
+        except LookupError:
+            # The lease was lost and nobody recorded the attempt.
+            now = from_epoch_ms(int(_now_ms()))
+            run = attempt.run
+            return RunResult(
+                job=run.job,
+                slot=run.slot,
+                slot_ms=run.slot_ms,
+                attempt=run.attempt,
+                trigger=run.trigger,
+                runner=run.runner,
+                status="interrupted",
+                started_at=now,
+                finished_at=now,
+                error="the lease was lost before the result was recorded",
+                fence=run.fence,
+            )
+
     # ------------------------------------------------------------ scheduling
 
     def _push(self, due: _Due) -> None:
         first_before = self._due[0].at_ms if self._due else math.inf
         heapq.heappush(self._due, due)
+        if not due.first:
+            self._pending.add((due.job, due.slot_id))
         if due.at_ms < first_before:
             self._wake.set()
 
-    def _new_due(
-        self, job: Job, slot_ms: int, trigger: Trigger, *, first: bool, at_ms: float
-    ) -> _Due:
-        return _Due(at_ms, next(self._seq), job.name, slot_ms, trigger, first)
+    def _push_follow_up(self, job: Job, slot_id: str, trigger: Trigger, at_ms: float) -> _Due:
+        """A later claim of a slot this instance already asked about: a backup's, a retry's."""
+        due = _Due(at_ms, next(self._seq), job.name, slot_id, slot_ms_of(slot_id), trigger, False)
+        self._push(due)
+        return due
 
     def _schedule_slot(self, job: Job, slot_ms: int, trigger: Trigger) -> None:
         jitter = random.uniform(0, job.jitter_ms) if job.jitter_ms else 0.0
-        self._push(self._new_due(job, slot_ms, trigger, first=True, at_ms=slot_ms + jitter))
+        self._next_slot_ms[job.name] = slot_ms
+        self._push(
+            _Due(slot_ms + jitter, next(self._seq), job.name, str(slot_ms), slot_ms, trigger, True)
+        )
 
     def _schedule_first_slots(self, job: Job, now_ms: float) -> None:
         """On start (or when added): slots in the catch-up window, then the next one."""
@@ -418,16 +505,19 @@ class Scheduler:
         outage) slots too old for both lateness and catch-up are skipped over."""
         oldest_wanted = int(now_ms) - max(job.late_window_ms, job.catch_up_ms) - 1
         slot = job.clock.next_slot_ms(max(after_slot_ms, oldest_wanted))
-        if slot is None:
-            return
         if oldest_wanted > after_slot_ms:
             log.warning(
-                "%s: slots between %s and %s were missed (no claim in time)",
+                "%s: slots after %s were missed (no claim in time)",
                 job.name,
                 from_epoch_ms(after_slot_ms),
-                from_epoch_ms(slot),
             )
-        self._schedule_slot(job, slot, "schedule")
+        if slot is None:
+            self._next_slot_ms.pop(job.name, None)
+            return
+        overdue_ms = now_ms - slot
+        self._schedule_slot(
+            job, slot, "catch-up" if 0 < overdue_ms <= job.catch_up_ms else "schedule"
+        )
 
     async def _claim_loop(self) -> None:
         try:
@@ -464,6 +554,7 @@ class Scheduler:
         batch: list[_Due] = []
         while self._due and self._due[0].at_ms <= now_ms:
             due = heapq.heappop(self._due)
+            self._pending.discard((due.job, due.slot_id))
             job = self._jobs.get(due.job)
             if job is None:
                 continue
@@ -513,7 +604,7 @@ class Scheduler:
         now_ms = _now_ms()
         for due, reply in zip(batch, replies, strict=True):
             if isinstance(reply, ServerReplyError):
-                log.error("%s: the claim of slot %s failed: %s", due.job, due.slot_ms, reply)
+                log.error("%s: the claim of slot %s failed: %s", due.job, due.slot_id, reply)
                 continue
             self._on_claim_reply(due, reply, now_ms)
 
@@ -521,7 +612,7 @@ class Scheduler:
         job = self._jobs[due.job]
         return ClaimRequest(
             keys=job.keys,
-            slot_id=str(due.slot_ms),
+            slot_id=due.slot_id,
             slot_ms=due.slot_ms,
             token=due.token,
             lease_ms=self.lease_ms,
@@ -546,42 +637,78 @@ class Scheduler:
         job = self._jobs.get(due.job)
         if job is None:
             return
+        for orphan in reply.orphans:
+            self._take_over(job, orphan, now_ms)
         if reply.kind == "won":
-            self._start_attempt(job, due, reply)
-        elif reply.kind == "running" or (reply.kind == "overlap" and not due.first):
-            # A backup: ask again when the lease (or the retry delay) runs out.
-            self._push(
-                self._new_due(
-                    job, due.slot_ms, due.trigger, first=False, at_ms=now_ms + max(reply.wait_ms, 1)
-                )
-            )
+            self._start_attempt(job, due.slot_id, due.token, reply, job.max_attempts)
+        elif reply.kind == "running":
+            self._back_up(job, due, reply.wait_ms, now_ms)
         elif reply.kind == "overlap":
-            log.info(
-                "%s: slot %s skipped: an older run still holds its lease",
-                job.name,
-                from_epoch_ms(due.slot_ms),
-            )
+            if due.first and due.trigger == "schedule":
+                log.info(
+                    "%s: slot %s skipped: an older run still holds its lease",
+                    job.name,
+                    due.slot_id,
+                )
+            else:
+                # Catch-up slots and retries wait their turn behind the live run.
+                self._wait_behind_overlap(job, due, reply.wait_ms, now_ms)
+
+    def _back_up(self, job: Job, due: _Due, wait_ms: int, now_ms: float) -> None:
+        """Become a backup of a run in progress: ask again when its lease (or retry delay)
+        runs out. When this instance claims the job's next slot before then, that claim
+        reports the run if it is orphaned, so no extra claim is needed."""
+        ask_at_ms = now_ms + max(wait_ms, 1)
+        next_slot_ms = self._next_slot_ms.get(job.name)
+        if next_slot_ms is not None and next_slot_ms + job.jitter_ms < ask_at_ms:
+            return
+        self._push_follow_up(job, due.slot_id, due.trigger, ask_at_ms)
+
+    def _take_over(self, job: Job, slot_id: str, now_ms: float) -> None:
+        """Claim a slot that nobody holds any more (its runner died, or its retry is due)."""
+        if (job.name, slot_id) in self._pending or (job.name, slot_id) in self._attempts:
+            return
+        self._push_follow_up(job, slot_id, "retry", now_ms)
+
+    def _wait_behind_overlap(self, job: Job, due: _Due, wait_ms: int, now_ms: float) -> None:
+        """Ask again when the live run's lease runs out, or as soon as a run of the job on
+        this instance ends, whichever is first."""
+        waiting = self._push_follow_up(job, due.slot_id, due.trigger, now_ms + max(wait_ms, 1))
+        self._overlap_waiters.setdefault(job.name, []).append(waiting)
+
+    def _wake_overlap_waiters(self, job: Job) -> None:
+        waiters = self._overlap_waiters.pop(job.name, [])
+        if waiters:
+            now_ms = _now_ms()
+            for due in waiters:
+                due.at_ms = min(due.at_ms, now_ms)
+            heapq.heapify(self._due)
+            self._wake.set()
 
     # ------------------------------------------------------------------ runs
 
-    def _start_attempt(self, job: Job, due: _Due, reply: ClaimReply) -> None:
+    def _start_attempt(
+        self, job: Job, slot_id: str, token: str, reply: ClaimReply, max_attempts: int
+    ) -> _Attempt:
         assert self._group is not None
+        slot_ms = slot_ms_of(slot_id)
         run = Run(
             job=job.name,
-            slot=from_epoch_ms(due.slot_ms),
-            slot_ms=due.slot_ms,
+            slot=from_epoch_ms(slot_ms),
+            slot_ms=slot_ms,
             attempt=reply.attempt,
             trigger=reply.trigger,
             runner=self.instance_id,
             fence=reply.fence,
         )
-        attempt = _Attempt(job=job, run=run, slot_id=str(due.slot_ms), token=due.token)
-        self._attempts[(job.name, attempt.slot_id)] = attempt
+        attempt = _Attempt(job, run, slot_id, token, max_attempts)
+        self._attempts[(job.name, slot_id)] = attempt
         if self._idle.is_set():
             self._idle = anyio.Event()
         self._group.start_soon(
-            self._run_attempt, attempt, reply.wait_ms, name=f"anarchon {job.name} {attempt.slot_id}"
+            self._run_attempt, attempt, reply.wait_ms, name=f"anarchon {job.name} {slot_id}"
         )
+        return attempt
 
     async def _run_attempt(self, attempt: _Attempt, lease_left_ms: int) -> None:
         outcome: Literal["ok", "failed", "cancelled"] = "cancelled"
@@ -611,6 +738,8 @@ class Scheduler:
             with anyio.CancelScope(shield=True):
                 await self._settle(attempt, outcome, error)
                 del self._attempts[(attempt.job.name, attempt.slot_id)]
+                attempt.settled.set()
+                self._wake_overlap_waiters(attempt.job)
                 if not self._attempts:
                     self._idle.set()
 
@@ -656,7 +785,7 @@ class Scheduler:
                     slot_ms=attempt.run.slot_ms,
                     token=attempt.token,
                     outcome=outcome,
-                    max_attempts=job.max_attempts,
+                    max_attempts=attempt.max_attempts,
                     retry_delay_ms=delay_ms,
                     error=error,
                 )
@@ -664,6 +793,7 @@ class Scheduler:
                 log.warning("%s: recording the result failed, retrying: %s", job.name, exc)
                 continue
             if not reply.held:
+                attempt.lost = True
                 log.warning(
                     "%s slot %s attempt %d ended after losing its lease; its result "
                     "(%s) was not recorded",
@@ -673,15 +803,7 @@ class Scheduler:
                     outcome,
                 )
             elif reply.status == "retry" and self._state == "running":
-                self._push(
-                    self._new_due(
-                        job,
-                        attempt.run.slot_ms,
-                        "retry",
-                        first=False,
-                        at_ms=_now_ms() + reply.retry_in_ms,
-                    )
-                )
+                self._push_follow_up(job, attempt.slot_id, "retry", _now_ms() + reply.retry_in_ms)
             return
         log.error(
             "%s slot %s attempt %d: could not record the result; the lease will expire "

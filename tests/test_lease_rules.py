@@ -1,0 +1,388 @@
+"""The lease rules: retries, overlap, catch-up, lateness, run_now, fencing, memory, cost."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import re
+import secrets
+import socket
+import threading
+import time
+from datetime import UTC, datetime, timedelta
+
+import anyio
+import pytest
+import redis
+
+from anarchon import RedisBackend, Run, RunOverlapError, Scheduler
+from anarchon._lease import ClaimRequest, JobKeys
+from tests.helpers import Ledger, OneShot, wait_until
+
+pytestmark = pytest.mark.anyio
+
+
+async def sleep_until_after_second(offset_sec: float) -> None:
+    """Wait for a whole second boundary plus ``offset_sec``."""
+    now = time.time()
+    await anyio.sleep(math.ceil(now) - now + offset_sec)
+
+
+# ----------------------------------------------------------------- retries
+
+
+async def test_a_handler_failing_twice_then_succeeding_runs_three_attempts_with_the_delays(
+    server_url: str, prefix: str
+) -> None:
+    calls: list[int] = []
+    scheduler = Scheduler(RedisBackend(redis=server_url, prefix=prefix), retry_delay_ms=300)
+
+    @scheduler.job(OneShot.in_ms(100), name="flaky", max_attempts=3)
+    async def flaky(run: Run) -> None:
+        calls.append(run.attempt)
+        if run.attempt < 3:
+            raise RuntimeError(f"boom {run.attempt}")
+
+    async with scheduler:
+        await wait_until(lambda: len(calls) == 3, 10, "three attempts")
+        await anyio.sleep(0.2)
+        history = sorted(await scheduler.history("flaky"), key=lambda r: r.attempt)
+
+    assert calls == [1, 2, 3]
+    assert [(r.attempt, r.status, r.trigger) for r in history] == [
+        (1, "failed", "schedule"),
+        (2, "failed", "retry"),
+        (3, "ok", "retry"),
+    ]
+    assert history[0].error is not None and "boom 1" in history[0].error
+    # Exponential delays from retry_delay_ms: 300 ms, then 600 ms (server times).
+    gap_1 = history[1].started_at - history[0].finished_at
+    gap_2 = history[2].started_at - history[1].finished_at
+    assert timedelta(milliseconds=300) <= gap_1 < timedelta(milliseconds=600)
+    assert timedelta(milliseconds=600) <= gap_2 < timedelta(milliseconds=1200)
+
+
+async def test_with_max_attempts_two_a_failing_run_ends_failed(
+    server_url: str, prefix: str, direct: redis.Redis
+) -> None:
+    calls: list[int] = []
+    schedule = OneShot.in_ms(100)
+    scheduler = Scheduler(RedisBackend(redis=server_url, prefix=prefix), retry_delay_ms=100)
+
+    @scheduler.job(schedule, name="broken", max_attempts=2)
+    async def broken(run: Run) -> None:
+        calls.append(run.attempt)
+        raise RuntimeError("always")
+
+    async with scheduler:
+        await wait_until(lambda: len(calls) == 2, 10, "two attempts")
+        await anyio.sleep(0.5)
+        history = sorted(await scheduler.history("broken"), key=lambda r: r.attempt)
+
+    assert calls == [1, 2]
+    assert [(r.attempt, r.status) for r in history] == [(1, "failed"), (2, "failed")]
+    slot = str(int(schedule.at.timestamp() * 1000))
+    state = str(direct.hget(JobKeys.for_job(prefix, "broken").state, slot))
+    assert state.startswith("failed|2|")
+    assert direct.smembers(JobKeys.for_job(prefix, "broken").active) == set()
+
+
+# ----------------------------------------------------------------- overlap
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("overlap", [False, True])
+async def test_a_slow_job_every_second_overlaps_only_when_allowed(
+    server_url: str, prefix: str, overlap: bool
+) -> None:
+    schedulers = []
+    for index in range(2):
+        scheduler = Scheduler(
+            RedisBackend(redis=server_url, prefix=prefix), instance_id=f"i{index}"
+        )
+
+        @scheduler.job("* * * * * *", name="slow", overlap=overlap)
+        async def slow() -> None:
+            await anyio.sleep(3.5)
+
+        schedulers.append(scheduler)
+
+    async with schedulers[0], schedulers[1]:
+        await anyio.sleep(8)
+        history = await schedulers[0].history("slow")
+        await schedulers[0].stop(grace_ms=5000)
+        await schedulers[1].stop(grace_ms=5000)
+
+    done = sorted((r for r in history if r.status == "ok"), key=lambda r: r.started_at)
+    assert len(done) >= 2
+    overlapping = [
+        (a.slot_ms, b.slot_ms) for a, b in itertools.pairwise(done)
+        if b.started_at < a.finished_at
+    ]  # fmt: skip
+    if overlap:
+        assert overlapping, "overlap=True should let a run start while the previous one runs"
+    else:
+        assert overlapping == []
+
+
+# ----------------------------------------------------------------- catch-up
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("catch_up_slots", [5, 0])
+async def test_after_ten_missed_slots_catch_up_runs_those_in_its_window_oldest_first(
+    server_url: str, prefix: str, direct: redis.Redis, catch_up_slots: int
+) -> None:
+    ledger = Ledger(direct, prefix)
+    order: list[tuple[int, str]] = []
+
+    def instance(catch_up_ms: int) -> Scheduler:
+        scheduler = Scheduler(RedisBackend(redis=server_url, prefix=prefix))
+
+        @scheduler.job("* * * * * *", name="tick", catch_up_ms=catch_up_ms)
+        async def tick(run: Run) -> None:
+            await ledger.record(run)
+            order.append((run.slot_ms, run.trigger))
+
+        return scheduler
+
+    await sleep_until_after_second(0.3)
+    async with instance(0):
+        await anyio.sleep(2)
+    stopped_ms = time.time() * 1000
+    await anyio.sleep(10)  # ten slots pass with no instance up
+    await sleep_until_after_second(0.3)
+    order.clear()
+    restarted_ms = time.time() * 1000
+    async with instance(catch_up_slots * 1000 + 200):
+        await anyio.sleep(0.9)
+
+    missed = list(
+        range(math.ceil(stopped_ms / 1000) * 1000, math.floor(restarted_ms / 1000) * 1000 + 1, 1000)
+    )
+    assert len(missed) >= 10
+    caught = [slot for slot, trigger in order if trigger == "catch-up"]
+    if catch_up_slots:
+        # Exactly the newest five missed slots (the window), oldest first.
+        assert caught == missed[-catch_up_slots:]
+    else:
+        assert caught == []
+    counts = ledger.counts()
+    assert [slot for slot in missed if ("tick", slot) in counts] == caught
+    assert all(n == 1 for n in counts.values())
+
+
+# ----------------------------------------------------------------- lateness
+
+
+@pytest.mark.slow
+async def test_an_instance_whose_event_loop_was_blocked_does_not_run_the_late_slots(
+    server_url: str, prefix: str, direct: redis.Redis
+) -> None:
+    ledger = Ledger(direct, prefix)
+    block_at = OneShot.in_ms(500)
+    block_ms = int(block_at.at.timestamp() * 1000)
+    scheduler = Scheduler(RedisBackend(redis=server_url, prefix=prefix))
+
+    @scheduler.job("* * * * * *", name="tick", max_late_ms=300)
+    async def tick(run: Run) -> None:
+        await ledger.record(run)
+
+    @scheduler.job(block_at, name="blocker")
+    async def blocker() -> None:
+        time.sleep(2.5)  # noqa: ASYNC251 - blocks the event loop on purpose
+
+    async with scheduler:
+        await wait_until(lambda: ("tick", block_ms + 4000) in ledger.counts(), 10, "a later tick")
+
+    ran = {slot for job, slot in ledger.counts() if job == "tick"}
+    # The slots due while the loop was blocked were more than 300 ms late when it
+    # woke up: they were not claimed. The first one after the block ran.
+    assert block_ms + 1000 not in ran
+    assert block_ms + 2000 not in ran
+    assert block_ms + 3000 in ran
+
+
+# ----------------------------------------------------------------- run_now
+
+
+async def test_run_now_runs_here_as_a_manual_run_recorded_in_history(
+    server_url: str, prefix: str
+) -> None:
+    runs: list[Run] = []
+    scheduler = Scheduler(RedisBackend(redis=server_url, prefix=prefix), instance_id="here")
+
+    @scheduler.job("0 0 1 1 *", name="yearly")
+    async def yearly(run: Run) -> None:
+        runs.append(run)
+
+    async with scheduler:
+        result = await scheduler.run_now("yearly")
+        history = await scheduler.history("yearly")
+
+    assert (result.status, result.trigger, result.runner, result.attempt) == (
+        "ok", "manual", "here", 1,
+    )  # fmt: skip
+    assert [r.trigger for r in runs] == ["manual"]
+    assert history == [result]
+    assert abs(result.slot - datetime.now(UTC)) < timedelta(seconds=5)
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+async def test_run_now_respects_overlap(server_url: str, prefix: str, overlap: bool) -> None:
+    started = anyio.Event()
+    release = anyio.Event()
+    scheduler = Scheduler(RedisBackend(redis=server_url, prefix=prefix))
+
+    @scheduler.job(OneShot.in_ms(100), name="busy", overlap=overlap)
+    async def busy(run: Run) -> None:
+        if run.trigger == "schedule":
+            started.set()
+            await release.wait()
+
+    async with scheduler:
+        with anyio.fail_after(5):
+            await started.wait()
+        if overlap:
+            assert (await scheduler.run_now("busy")).status == "ok"
+        else:
+            with pytest.raises(RunOverlapError) as info:
+                await scheduler.run_now("busy")
+            assert info.value.code == "ANARCHON_OVERLAP"
+        release.set()
+
+
+# ----------------------------------------------------------------- fencing
+
+
+@pytest.mark.slow
+async def test_fences_of_successive_wins_strictly_increase(server_url: str, prefix: str) -> None:
+    seen: list[tuple[int, int]] = []
+    schedulers = []
+    for index in range(3):
+        scheduler = Scheduler(
+            RedisBackend(redis=server_url, prefix=prefix), instance_id=f"i{index}"
+        )
+
+        @scheduler.job("* * * * * *", name="fenced", jitter_ms=200)
+        async def fenced(run: Run) -> None:
+            seen.append((run.slot_ms, run.fence))
+
+        schedulers.append(scheduler)
+    async with schedulers[0], schedulers[1], schedulers[2]:
+        await anyio.sleep(4.5)
+    fences = [fence for _, fence in sorted(seen)]
+    assert len(fences) >= 3
+    assert fences == sorted(set(fences))
+
+
+# ----------------------------------------------------------------- memory
+
+
+async def test_five_thousand_slots_keep_every_key_of_the_job_within_bounds(
+    server_url: str, prefix: str, direct: redis.Redis
+) -> None:
+    history_size = 100
+    backend = RedisBackend(redis=server_url, prefix=prefix)
+    store = await backend.open(
+        {"runner": "r", "history_size": history_size, "history_ttl_ms": None}
+    )
+    keys = JobKeys.for_job(prefix, "busy")
+    keep_ms = 80_000  # what a job with max_late_ms=10 s keeps (see Job.keep_ms)
+    now_ms = int(time.time() * 1000)
+    slots = [now_ms - (5000 - i) * 1000 for i in range(5000)]
+    try:
+        for slot in slots:
+            token = secrets.token_hex(8)
+            (reply,) = await store.claim_many(
+                [ClaimRequest(keys, str(slot), slot, token, 30_000, 3, False, "schedule", keep_ms)]
+            )
+            assert getattr(reply, "kind", reply) == "won"
+            await store.finish(keys, slot_id=str(slot), slot_ms=slot, token=token, outcome="ok",
+                               max_attempts=3, retry_delay_ms=0, error=None)  # fmt: skip
+    finally:
+        await store.conn.aclose()
+
+    assert direct.xlen(keys.runs) <= history_size
+    assert direct.zcard(keys.results) <= history_size
+    # State: the slots of the last keep_ms (one per second), plus the fence counter.
+    assert direct.zcard(keys.slots) <= keep_ms // 1000 + 1
+    assert direct.hlen(keys.state) <= keep_ms // 1000 + 2
+    assert direct.scard(keys.active) == 0
+
+
+# ----------------------------------------------------------------- cost
+
+
+class CommandLog:
+    """Every command clients send to the server, read from MONITOR on a socket of its own.
+
+    Commands that scripts run inside the server are marked ``lua`` by MONITOR and
+    left out: only round trips from clients count.
+    """
+
+    def __init__(self, url: str) -> None:
+        host_port = url.split("//", 1)[1].split("/", 1)[0]
+        host, port = host_port.rsplit(":", 1)
+        self.sock = socket.create_connection((host, int(port)))
+        self.sock.sendall(b"MONITOR\r\n")
+        self.buffer = b""
+        self.lines: list[str] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        self.sock.settimeout(0.1)
+        while not self.stop.is_set():
+            try:
+                data = self.sock.recv(65536)
+            except TimeoutError:
+                continue
+            if not data:
+                return
+            self.buffer += data
+            *lines, self.buffer = self.buffer.split(b"\r\n")
+            self.lines += [line.decode(errors="replace") for line in lines]
+
+    def close(self) -> list[str]:
+        self.stop.set()
+        self.thread.join()
+        self.sock.close()
+        commands = []
+        for line in self.lines:
+            match = re.match(r'^\+[\d.]+ \[\d+ ([^\]]+)\] "([^"]+)"', line)
+            if match and match.group(1) != "lua":
+                commands.append(match.group(2).upper())
+        return commands
+
+
+@pytest.mark.slow
+async def test_a_short_run_costs_one_claim_per_instance_and_one_finish(
+    server_url: str, prefix: str
+) -> None:
+    instances = 3
+    runs: list[int] = []
+    schedulers = []
+    for index in range(instances):
+        scheduler = Scheduler(
+            RedisBackend(redis=server_url, prefix=prefix), instance_id=f"i{index}"
+        )
+
+        @scheduler.job("* * * * * *", name="short")
+        async def short(run: Run) -> None:
+            runs.append(run.slot_ms)
+
+        schedulers.append(scheduler)
+
+    async with schedulers[0], schedulers[1], schedulers[2]:
+        await sleep_until_after_second(0.5)
+        monitor = CommandLog(server_url)
+        runs_before = len(runs)
+        await anyio.sleep(5)
+        commands = await anyio.to_thread.run_sync(monitor.close)
+        slots = len(runs) - runs_before
+
+    assert slots == 5
+    # One claim per instance per slot, one finish per slot, and nothing else.
+    assert commands == ["EVALSHA"] * (slots * (instances + 1))

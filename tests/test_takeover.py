@@ -1,0 +1,103 @@
+"""A runner that dies mid-run is replaced by a backup at its lease expiry."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import redis
+
+from anarchon import RedisBackend, Scheduler
+
+ROOT = Path(__file__).resolve().parents[1]
+LEASE_MS = 2000
+HEARTBEAT_MS = 500
+
+
+def start_worker(
+    url: str, prefix: str, name: str, slot_ms: int, loop: str
+) -> subprocess.Popen[str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(ROOT), env.get("PYTHONPATH", "")])
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.worker", url, prefix, name, str(slot_ms),
+         str(LEASE_MS), str(HEARTBEAT_MS), loop],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    return proc
+
+
+def wait_for(condition, timeout_sec: float, what: str):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_sec
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.02)
+    raise AssertionError(f"timed out after {timeout_sec}s waiting for {what}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("event_loop", ["asyncio", "trio"])
+def test_a_killed_runner_is_replaced_by_a_backup_within_the_lease(
+    server_url: str, prefix: str, direct: redis.Redis, event_loop: str
+) -> None:
+    slot_ms = (int(time.time()) + 4) * 1000
+    names = [f"worker-{i}" for i in range(3)]
+    workers = {name: start_worker(server_url, prefix, name, slot_ms, event_loop) for name in names}
+    try:
+        for proc in workers.values():
+            assert proc.stdout is not None
+            assert proc.stdout.readline().strip() == "ready"
+        log_key = f"{prefix}log"
+
+        def entries() -> list[list[str]]:
+            return [str(e).split("|") for e in direct.lrange(log_key, 0, -1)]
+
+        first = wait_for(lambda: entries(), 15, "the first attempt to start")[0]
+        assert first[0] == "start" and first[2] == "1"
+        victim = first[1]
+        time.sleep(HEARTBEAT_MS / 1000 * 1.5)  # it has heartbeated at least once
+        seconds, micros = direct.time()
+        killed_ms = seconds * 1000 + micros // 1000
+        workers[victim].send_signal(signal.SIGKILL)
+        workers[victim].wait()
+
+        second = wait_for(
+            lambda: [e for e in entries() if e[0] == "start" and e[2] == "2"],
+            (LEASE_MS + 4 * HEARTBEAT_MS) / 1000 + 5,
+            "attempt 2 to start",
+        )[0]
+        delay_ms = int(second[4]) - killed_ms
+        print(f"takeover delay: {delay_ms} ms (lease {LEASE_MS} ms, heartbeat {HEARTBEAT_MS} ms)")
+        assert second[1] != victim
+        assert delay_ms <= LEASE_MS + 2 * HEARTBEAT_MS
+        # The fence grows across the takeover.
+        assert int(second[3]) > int(first[3])
+        # The slot ran twice only because the first runner died: attempt 1 never finished.
+        starts = [e for e in entries() if e[0] == "start"]
+        assert [(e[1], e[2]) for e in starts] == [(victim, "1"), (second[1], "2")]
+        assert not [e for e in entries() if e[0] == "finish" and e[2] == "1"]
+    finally:
+        for proc in workers.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in workers.values():
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+    # The store recorded attempt 1 as interrupted, attempt 2 as cancelled by the stop.
+    import anyio
+
+    async def read_history() -> list[tuple[int, str]]:
+        async with Scheduler(RedisBackend(redis=server_url, prefix=prefix)) as reader:
+            return [(r.attempt, r.status) for r in await reader.history("takeover")]
+
+    assert sorted(anyio.run(read_history))[:2] == [(1, "interrupted"), (2, "cancelled")]

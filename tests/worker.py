@@ -1,0 +1,57 @@
+"""A scheduler instance in a process of its own, for tests that kill one.
+
+    python -m tests.worker URL PREFIX INSTANCE SLOT_MS LEASE_MS HEARTBEAT_MS EVENT_LOOP
+
+Runs one job, ``takeover``, due once at SLOT_MS. Its handler appends
+``start|instance|attempt|fence|server_ms`` to the list ``<PREFIX>log``, works for
+30 s, then appends ``finish|...``. SIGTERM stops the instance gracefully.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+from datetime import UTC, datetime
+
+import anyio
+import redis
+
+from anarchon import RedisBackend, Run, Scheduler
+from tests.helpers import OneShot
+
+
+def main() -> None:
+    url, prefix, instance, slot_ms, lease_ms, heartbeat_ms, event_loop = sys.argv[1:8]
+    log_key = f"{prefix}log"
+    direct = redis.Redis.from_url(url, decode_responses=True)
+    scheduler = Scheduler(
+        RedisBackend(redis=url, prefix=prefix),
+        instance_id=instance,
+        lease_ms=int(lease_ms),
+        heartbeat_ms=int(heartbeat_ms),
+        stop_grace_ms=200,
+    )
+
+    def note(event: str, run: Run) -> None:
+        seconds, micros = direct.time()
+        server_ms = seconds * 1000 + micros // 1000
+        direct.rpush(log_key, f"{event}|{instance}|{run.attempt}|{run.fence}|{server_ms}")
+
+    @scheduler.job(OneShot(datetime.fromtimestamp(int(slot_ms) / 1000, UTC)), name="takeover")
+    async def takeover(run: Run) -> None:
+        await anyio.to_thread.run_sync(note, "start", run)
+        await anyio.sleep(30)
+        await anyio.to_thread.run_sync(note, "finish", run)
+
+    async def run_until_terminated() -> None:
+        async with scheduler:
+            with anyio.open_signal_receiver(signal.SIGTERM) as signals:
+                print("ready", flush=True)
+                async for _ in signals:
+                    return
+
+    anyio.run(run_until_terminated, backend=event_loop)
+
+
+if __name__ == "__main__":
+    main()
