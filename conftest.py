@@ -61,6 +61,6 @@ def prefix() -> str:
 @pytest.fixture
 def direct(server_url: str) -> Iterator[redis.Redis]:
     """A plain synchronous connection for the test's own reads and writes (a ledger)."""
-    client = redis.Redis.from_url(server_url, decode_responses=True)
+    client = redis.Redis.from_url(server_url, decode_responses=True, protocol=2)
     yield client
     client.close()

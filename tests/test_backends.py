@@ -16,9 +16,11 @@ from anarchon import (
     Scheduler,
     StoreFormatError,
     UnsupportedClientError,
+    UnsupportedServerError,
     ValkeyBackend,
 )
 from tests.helpers import OneShot, wait_until
+from tests.servers import ServerSpec
 
 pytestmark = pytest.mark.anyio
 
@@ -68,17 +70,35 @@ async def test_an_options_mapping_connects(server_url: str, prefix: str) -> None
     assert [r.job for r in runs] == ["once"]
 
 
+def speaks_resp3(server: ServerSpec) -> bool:
+    return server.family != "redis" or server.version >= (6,)
+
+
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
-async def test_a_passed_asyncio_client_is_used_and_left_open(server_url: str, prefix: str) -> None:
-    client = redis.asyncio.Redis.from_url(server_url)
+@pytest.mark.parametrize("protocol", [2, 3])
+async def test_a_passed_asyncio_client_is_used_and_left_open(
+    server: ServerSpec, server_url: str, prefix: str, protocol: int
+) -> None:
+    client = redis.asyncio.Redis.from_url(server_url, protocol=protocol)
+    if protocol == 3 and not speaks_resp3(server):
+        with pytest.raises(UnsupportedServerError, match="protocol=2"):
+            await run_one_slot(RedisBackend(redis=client, prefix=prefix))
+        return
     runs = await run_one_slot(RedisBackend(redis=client, prefix=prefix))
     assert [r.job for r in runs] == ["once"]
     assert await client.ping()
     await client.aclose()
 
 
-async def test_a_passed_sync_client_is_used_and_left_open(server_url: str, prefix: str) -> None:
-    client = redis.Redis.from_url(server_url)
+@pytest.mark.parametrize("protocol", [2, 3])
+async def test_a_passed_sync_client_is_used_and_left_open(
+    server: ServerSpec, server_url: str, prefix: str, protocol: int
+) -> None:
+    client = redis.Redis.from_url(server_url, protocol=protocol)
+    if protocol == 3 and not speaks_resp3(server):
+        with pytest.raises(UnsupportedServerError, match="protocol=2"):
+            await run_one_slot(RedisBackend(redis=client, prefix=prefix))
+        return
     runs = await run_one_slot(RedisBackend(redis=client, prefix=prefix))
     assert [r.job for r in runs] == ["once"]
     assert client.ping()
@@ -89,7 +109,7 @@ async def test_a_passed_sync_client_is_used_and_left_open(server_url: str, prefi
 async def test_the_asyncio_client_under_trio_fails_at_start_naming_what_works(
     server_url: str, prefix: str
 ) -> None:
-    client = redis.asyncio.Redis.from_url(server_url)
+    client = redis.asyncio.Redis.from_url(server_url, protocol=2)
     scheduler = Scheduler(RedisBackend(redis=client, prefix=prefix))
     with pytest.raises(UnsupportedClientError, match="under trio pass") as info:
         async with scheduler:
@@ -101,7 +121,7 @@ class SendClient:
     """A user's own client: anything with send(command, args)."""
 
     def __init__(self, url: str) -> None:
-        self.client = redis.Redis.from_url(url)
+        self.client = redis.Redis.from_url(url, protocol=2)
         self.commands: list[str] = []
 
     def send(self, command: str, args: list[str]) -> Any:

@@ -23,7 +23,7 @@ from tests.helpers import OneShot
 def main() -> None:
     url, prefix, instance, slot_ms, lease_ms, heartbeat_ms, event_loop = sys.argv[1:8]
     log_key = f"{prefix}log"
-    direct = redis.Redis.from_url(url, decode_responses=True)
+    direct = redis.Redis.from_url(url, decode_responses=True, protocol=2)
     scheduler = Scheduler(
         RedisBackend(redis=url, prefix=prefix),
         instance_id=instance,

@@ -190,6 +190,13 @@ async def _check_server(conn: Connection) -> ServerInfo:
             f"cannot reach the server through {conn.description}: {exc}; check the URL or "
             "client you passed and that the server is running"
         ) from exc
+    except ServerReplyError as exc:
+        if "HELLO" in str(exc):
+            raise UnsupportedServerError(
+                f"the server does not know HELLO, so it cannot speak RESP3 (Redis before 6): "
+                f"create the client you pass with protocol=2 ({exc})"
+            ) from exc
+        raise ConnectionFailedError(f"the server refused INFO: {exc}") from exc
     text = info if isinstance(info, str) else "\n".join(f"{k}:{v}" for k, v in info.items())
     valkey = re.search(r"^valkey_version:(\d+)\.(\d+)", text, re.MULTILINE)
     if valkey:

@@ -66,18 +66,23 @@ def validate_options(options: Mapping[str, Any]) -> None:
         )
 
 
+# Connections anarchon opens speak RESP2: every server from Redis 5 on does, while
+# RESP3 (redis-py's default from version 8) needs Redis 6. Replies are normalised
+# either way, so nothing above this module sees the difference.
+
+
 def _open_from_url(url: str) -> Connection:
     if running_under_asyncio():
         import redis.asyncio
 
         from .redis_py import RedisAsyncConnection
 
-        return RedisAsyncConnection(redis.asyncio.Redis.from_url(url), owned=True)
+        return RedisAsyncConnection(redis.asyncio.Redis.from_url(url, protocol=2), owned=True)
     import redis
 
     from .redis_py import RedisSyncConnection
 
-    return RedisSyncConnection(redis.Redis.from_url(url), owned=True)
+    return RedisSyncConnection(redis.Redis.from_url(url, protocol=2), owned=True)
 
 
 def _open_from_options(options: Mapping[str, Any]) -> Connection:
@@ -89,6 +94,7 @@ def _open_from_options(options: Mapping[str, Any]) -> Connection:
         "password": options.get("password"),
         "username": options.get("username"),
         "ssl": bool(options.get("tls", False)),
+        "protocol": 2,
     }
     if running_under_asyncio():
         import redis.asyncio
