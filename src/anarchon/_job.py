@@ -12,7 +12,6 @@ from typing import Any
 import anyio.to_thread
 
 from ._errors import InvalidJobError, InvalidOptionError, InvalidScheduleError
-from ._lease import JobKeys
 from ._schedule import CronSchedule, IntervalSchedule, Schedule, SlotClock
 from ._structures import Run
 
@@ -108,7 +107,6 @@ class Job:
     handler: Callable[..., Any]
     schedule: Schedule
     clock: SlotClock
-    keys: JobKeys
     overlap: bool
     max_attempts: int
     catch_up_ms: int

@@ -1,17 +1,26 @@
-"""The lease strategy's side of the store: one round trip per claim batch, heartbeat, finish."""
+"""The lease strategy's store: one round trip per claim batch, heartbeat, finish."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, cast
+from typing import cast
 
-from ._schedule import from_epoch_ms
 from ._scripts import ScriptCall, lease_script, run_scripts
-from ._structures import RunResult, RunStatus, Trigger
+from ._store import (
+    AttemptEnd,
+    ClaimKind,
+    ClaimReply,
+    ClaimRequest,
+    FinishReply,
+    read_history,
+    read_result,
+    slot_ms_of,
+)
+from ._structures import RunResult, Trigger
 from .clients import Connection, ServerReplyError
 
-__all__ = ["ClaimReply", "ClaimRequest", "FinishReply", "JobKeys", "LeaseStore"]
+__all__ = ["JobKeys", "LeaseStore"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,54 +45,12 @@ class JobKeys:
         )
 
 
-@dataclass(frozen=True, slots=True)
-class ClaimRequest:
-    keys: JobKeys
-    slot_id: str
-    slot_ms: int
-    token: str
-    lease_ms: int
-    max_attempts: int
-    allow_overlap: bool
-    trigger: Trigger
-    keep_ms: int
-
-
-ClaimKind = Literal["won", "running", "overlap", "done"]
-
-
-@dataclass(frozen=True, slots=True)
-class ClaimReply:
-    """What the claim script decided. ``wait_ms`` is the lease time left (won),
-    the time until it is worth asking again (running), or the other run's lease
-    time left (overlap)."""
-
-    kind: ClaimKind
-    attempt: int = 0
-    fence: int = 0
-    wait_ms: int = 0
-    trigger: Trigger = "schedule"
-    status: str = ""
-    #: Other unsettled slots of the job that nobody holds (a dead runner's, or a
-    #: retry that is due): reported on a slot's first claim, for backups to claim.
-    orphans: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class FinishReply:
-    """``held`` is False when the attempt had lost its lease (nothing was written).
-    ``status`` is the run's state afterwards; ``retry`` comes with ``retry_in_ms``."""
-
-    held: bool
-    status: str
-    retry_in_ms: int = 0
-
-
 def _orphans(raw: object) -> tuple[str, ...]:
     return tuple(str(slot) for slot in raw) if isinstance(raw, list) else ()
 
 
 def _claim_reply(raw: list[object]) -> ClaimReply:
+    """Read a reply of lua/claim.lua."""
     kind = cast(ClaimKind, raw[0])
     if kind == "won":
         return ClaimReply(
@@ -104,6 +71,8 @@ def _claim_reply(raw: list[object]) -> ClaimReply:
 class LeaseStore:
     """Runs the lease scripts for one scheduler instance."""
 
+    leases = True
+
     def __init__(
         self,
         conn: Connection,
@@ -115,80 +84,80 @@ class LeaseStore:
         trim_runs_by_id: bool = False,
     ) -> None:
         self.conn = conn
-        #: History older than history_ttl_ms also leaves the runs stream (XTRIM MINID,
-        #: Redis 6.2+ and Valkey); older servers bound it by history_size alone.
-        self.trim_runs_by_id = trim_runs_by_id
         self.prefix = prefix
         self.runner = runner
         self.history_size = history_size
         self.history_ttl_ms = history_ttl_ms or 0
+        #: History older than history_ttl_ms also leaves the runs stream (XTRIM MINID,
+        #: Redis 6.2+ and Valkey); older servers bound it by history_size alone.
+        self.trim_runs_by_id = trim_runs_by_id
 
     def keys(self, job: str) -> JobKeys:
         return JobKeys.for_job(self.prefix, job)
+
+    async def prepare_jobs(self, jobs: Sequence[str]) -> None:
+        """Nothing to prepare: a job's keys appear with its first claim."""
 
     async def claim_many(
         self, requests: Sequence[ClaimRequest]
     ) -> list[ClaimReply | ServerReplyError]:
         """Claim slots in one round trip; a script error comes back in place of its reply."""
         claim = lease_script("claim")
-        calls = [
-            ScriptCall(
-                claim,
-                (r.keys.state, r.keys.active, r.keys.slots, r.keys.runs, r.keys.results),
-                (
-                    r.slot_id,
-                    r.slot_ms,
-                    r.token,
-                    self.runner,
-                    r.lease_ms,
-                    r.max_attempts,
-                    1 if r.allow_overlap else 0,
-                    r.trigger,
-                    r.keep_ms,
-                    self.history_size,
-                    self.history_ttl_ms,
-                    1 if self.trim_runs_by_id else 0,
-                ),
+        calls = []
+        for r in requests:
+            keys = self.keys(r.job)
+            calls.append(
+                ScriptCall(
+                    claim,
+                    (keys.state, keys.active, keys.slots, keys.runs, keys.results),
+                    (
+                        r.slot_id,
+                        r.slot_ms,
+                        r.token,
+                        self.runner,
+                        r.lease_ms,
+                        r.max_attempts,
+                        1 if r.allow_overlap else 0,
+                        r.trigger,
+                        r.keep_ms,
+                        self.history_size,
+                        self.history_ttl_ms,
+                        1 if self.trim_runs_by_id else 0,
+                    ),
+                )
             )
-            for r in requests
-        ]
         replies = await run_scripts(self.conn, calls)
         return [
             reply if isinstance(reply, ServerReplyError) else _claim_reply(reply)
             for reply in replies
         ]
 
-    async def heartbeat(self, keys: JobKeys, slot_id: str, token: str, lease_ms: int) -> bool:
+    async def heartbeat(self, job: str, slot_id: str, token: str, lease_ms: int) -> bool:
         """Extend the lease; False means the lease is lost."""
-        call = ScriptCall(lease_script("heartbeat"), (keys.state,), (slot_id, token, lease_ms))
+        call = ScriptCall(
+            lease_script("heartbeat"), (self.keys(job).state,), (slot_id, token, lease_ms)
+        )
         (reply,) = await run_scripts(self.conn, [call])
         if isinstance(reply, ServerReplyError):
             raise reply
         return int(reply[0]) == 1
 
-    async def finish(
-        self,
-        keys: JobKeys,
-        *,
-        slot_id: str,
-        slot_ms: int,
-        token: str,
-        outcome: Literal["ok", "failed", "cancelled"],
-        max_attempts: int,
-        retry_delay_ms: int,
-        error: str | None,
-    ) -> FinishReply:
+    async def begin_manual(self, job: str, slot_id: str, token: str) -> None:
+        """Nothing to do: the manual claim itself writes the runs entry."""
+
+    async def finish(self, end: AttemptEnd) -> FinishReply:
+        keys = self.keys(end.job)
         call = ScriptCall(
             lease_script("finish"),
             (keys.state, keys.active, keys.results),
             (
-                slot_id,
-                slot_ms,
-                token,
-                outcome,
-                max_attempts,
-                retry_delay_ms,
-                error or "",
+                end.slot_id,
+                slot_ms_of(end.slot_id),
+                end.token,
+                end.outcome,
+                end.max_attempts,
+                end.retry_delay_ms,
+                end.error or "",
                 self.history_size,
                 self.history_ttl_ms,
             ),
@@ -201,50 +170,7 @@ class LeaseStore:
         return FinishReply(held=True, status=str(reply[1]), retry_in_ms=int(reply[2]))
 
     async def result_of(self, job: str, slot_id: str, attempt: int) -> RunResult:
-        """The recorded result of one attempt."""
-        score = slot_ms_of(slot_id)
-        members = await self.conn.execute(("ZRANGEBYSCORE", self.keys(job).results, score, score))
-        head = f"{slot_id}|{attempt}|"
-        for member in members:
-            if str(member).startswith(head):
-                return parse_result(job, str(member))
-        raise LookupError(f"no result recorded for {job} slot {slot_id} attempt {attempt}")
+        return await read_result(self.conn, self.keys(job).results, job, slot_id, attempt)
 
     async def history(self, job: str, limit: int) -> list[RunResult]:
-        """The newest ``limit`` results of a job, newest first."""
-        members = await self.conn.execute(("ZREVRANGE", self.keys(job).results, 0, limit - 1))
-        results = [parse_result(job, str(member)) for member in members]
-        results.sort(key=lambda r: (r.slot_ms, r.attempt), reverse=True)
-        return results
-
-
-def parse_result(job: str, member: str) -> RunResult:
-    """Read one results member (see lua/lease_state.lua, record_result)."""
-    slot, attempt, status, started_ms, finished_ms, fence, trigger, rest = member.split("|", 7)
-    runner, _, error = rest.partition("|")  # runner ids never hold "|"
-    slot_ms = slot_ms_of(slot)
-    return RunResult(
-        job=job,
-        slot=from_epoch_ms(slot_ms),
-        slot_ms=slot_ms,
-        attempt=int(attempt),
-        trigger=cast(Trigger, trigger),
-        runner=runner,
-        status=cast(RunStatus, status),
-        started_at=from_epoch_ms(int(started_ms)),
-        finished_at=from_epoch_ms(int(finished_ms)),
-        error=error or None,
-        fence=int(fence),
-    )
-
-
-def manual_slot_id(requested_ms: int, nonce: str) -> str:
-    """A manual run's slot id: never all digits, so never equal to a scheduled slot."""
-    return f"m{requested_ms}-{nonce}"
-
-
-def slot_ms_of(slot_id: str) -> int:
-    """The instant of a slot id: scheduled ids are epoch ms, manual ids carry theirs."""
-    if slot_id.isdigit():
-        return int(slot_id)
-    return int(slot_id[1:].split("-", 1)[0])
+        return await read_history(self.conn, self.keys(job).results, job, limit)

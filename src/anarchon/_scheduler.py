@@ -15,13 +15,13 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, Literal, TypeVar, overload
+from typing import Any, Generic, Literal, TypeVar, overload
 
 import anyio
 import anyio.lowlevel
 from anyio.abc import TaskGroup
 
-from ._backend import RedisBackend
+from ._backend import ClaimOnly, K, Leases, RedisBackend
 from ._errors import (
     AnarchonError,
     InvalidJobError,
@@ -38,8 +38,16 @@ from ._job import (
     takes_run_argument,
     validate_job_name,
 )
-from ._lease import ClaimReply, ClaimRequest, JobKeys, LeaseStore, manual_slot_id, slot_ms_of
 from ._schedule import Schedule, SlotClock, from_epoch_ms
+from ._store import (
+    AttemptEnd,
+    ClaimReply,
+    ClaimRequest,
+    Outcome,
+    Store,
+    manual_slot_id,
+    slot_ms_of,
+)
 from ._structures import Run, RunResult, Trigger
 from .clients import ServerReplyError, TransportError
 
@@ -60,6 +68,16 @@ _CLAIM_RETRY_MS = (250, 500, 1000, 2000, 5000)
 
 def _now_ms() -> float:
     return time.time() * 1000.0
+
+
+def _refuse_lease_options(strategy: str, **options: object) -> None:
+    given = sorted(name for name, value in options.items() if value is not None)
+    if given:
+        raise InvalidOptionError(
+            f"{', '.join(given)}: lease option(s) that the {strategy!r} strategy does not have "
+            "(it holds no leases: no backups, retries, overlap protection or catch-up); drop "
+            "them, or use the 'lease' strategy"
+        )
 
 
 def _default_instance_id() -> str:
@@ -92,6 +110,7 @@ class _Attempt:
     slot_id: str
     token: str
     max_attempts: int
+    started_ms: int = field(default_factory=lambda: int(_now_ms()))
     scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
     lost: bool = False
     #: Set once the attempt has ended and its result is recorded (or given up).
@@ -110,7 +129,7 @@ class _Attempt:
         self.scope.cancel()
 
 
-class Scheduler:
+class Scheduler(Generic[K]):
     """Runs jobs so that each scheduled slot runs exactly once across all instances.
 
     Start it with ``async with``; leaving the block stops it gracefully::
@@ -129,11 +148,16 @@ class Scheduler:
     ``stop_grace_ms`` is how long ``stop()`` lets running handlers finish before
     cancelling them and releasing their leases. ``retry_delay_ms`` is the delay
     before the second attempt of a failed run, doubling for each later one.
+    The lease options (``lease_ms``, ``heartbeat_ms``, ``retry_delay_ms``; on jobs
+    ``overlap``, ``max_attempts``, ``catch_up_ms``) exist only with the lease
+    strategy: with a claim-only backend they are a type error, and an error if
+    passed anyway.
     """
 
+    @overload
     def __init__(
-        self,
-        backend: RedisBackend | None = None,
+        self: Scheduler[Leases],
+        backend: RedisBackend[Leases] | None = None,
         *,
         lease_ms: int = 30_000,
         heartbeat_ms: int = 10_000,
@@ -142,9 +166,49 @@ class Scheduler:
         instance_id: str | None = None,
         stop_grace_ms: int = 30_000,
         retry_delay_ms: int = 1_000,
+    ) -> None: ...
+
+    @overload
+    def __init__(
+        self: Scheduler[ClaimOnly],
+        backend: RedisBackend[ClaimOnly],
+        *,
+        history_size: int = 1000,
+        history_ttl_ms: int | None = None,
+        instance_id: str | None = None,
+        stop_grace_ms: int = 30_000,
+    ) -> None: ...
+
+    def __init__(
+        self,
+        backend: RedisBackend[Any] | None = None,
+        *,
+        lease_ms: int | None = None,
+        heartbeat_ms: int | None = None,
+        history_size: int = 1000,
+        history_ttl_ms: int | None = None,
+        instance_id: str | None = None,
+        stop_grace_ms: int = 30_000,
+        retry_delay_ms: int | None = None,
     ) -> None:
-        self.lease_ms = check_duration_ms("lease_ms", lease_ms)
-        self.heartbeat_ms = check_duration_ms("heartbeat_ms", heartbeat_ms)
+        if backend is None:
+            backend = RedisBackend()
+        if not isinstance(backend, RedisBackend):
+            raise InvalidOptionError(
+                f"backend must be a RedisBackend or ValkeyBackend, got {type(backend).__name__}"
+            )
+        self.backend = backend
+        if not backend.leases:
+            _refuse_lease_options(
+                backend.strategy,
+                lease_ms=lease_ms,
+                heartbeat_ms=heartbeat_ms,
+                retry_delay_ms=retry_delay_ms,
+            )
+        self.lease_ms = check_duration_ms("lease_ms", 30_000 if lease_ms is None else lease_ms)
+        self.heartbeat_ms = check_duration_ms(
+            "heartbeat_ms", 10_000 if heartbeat_ms is None else heartbeat_ms
+        )
         if self.heartbeat_ms * 2 > self.lease_ms:
             raise InvalidOptionError(
                 f"heartbeat_ms ({heartbeat_ms}) must be at most half of lease_ms ({lease_ms}), "
@@ -163,7 +227,9 @@ class Scheduler:
             None if history_ttl_ms is None else check_duration_ms("history_ttl_ms", history_ttl_ms)
         )
         self.stop_grace_ms = check_duration_ms("stop_grace_ms", stop_grace_ms, allow_zero=True)
-        self.retry_delay_ms = check_duration_ms("retry_delay_ms", retry_delay_ms, allow_zero=True)
+        self.retry_delay_ms = check_duration_ms(
+            "retry_delay_ms", 1_000 if retry_delay_ms is None else retry_delay_ms, allow_zero=True
+        )
         if instance_id is None:
             instance_id = _default_instance_id()
         if not isinstance(instance_id, str) or not instance_id or "|" in instance_id:
@@ -171,16 +237,9 @@ class Scheduler:
                 f"instance_id must be a non-empty string without '|', got {instance_id!r}"
             )
         self.instance_id = instance_id
-        if backend is None:
-            backend = RedisBackend()
-        if not isinstance(backend, RedisBackend):
-            raise InvalidOptionError(
-                f"backend must be a RedisBackend or ValkeyBackend, got {type(backend).__name__}"
-            )
-        self.backend = backend
 
         self._jobs: dict[str, Job] = {}
-        self._store: LeaseStore | None = None
+        self._store: Store | None = None
         self._group: TaskGroup | None = None
         self._state: Literal["new", "running", "stopping", "stopped"] = "new"
         self._due: list[_Due] = []
@@ -202,33 +261,7 @@ class Scheduler:
 
     @overload
     def job(
-        self,
-        schedule: str | Schedule,
-        *,
-        name: str | None = ...,
-        timezone: str = ...,
-        overlap: bool = ...,
-        max_attempts: int = ...,
-        catch_up_ms: int = ...,
-        jitter_ms: int = ...,
-        max_late_ms: int = ...,
-    ) -> Callable[[F], F]: ...
-
-    @overload
-    def job(
-        self,
-        *,
-        every_ms: int,
-        name: str | None = ...,
-        overlap: bool = ...,
-        max_attempts: int = ...,
-        catch_up_ms: int = ...,
-        jitter_ms: int = ...,
-        max_late_ms: int = ...,
-    ) -> Callable[[F], F]: ...
-
-    def job(
-        self,
+        self: Scheduler[Leases],
         schedule: str | Schedule | None = None,
         *,
         every_ms: int | None = None,
@@ -239,11 +272,37 @@ class Scheduler:
         catch_up_ms: int = 0,
         jitter_ms: int = 0,
         max_late_ms: int = 60_000,
+    ) -> Callable[[F], F]: ...
+
+    @overload
+    def job(
+        self: Scheduler[ClaimOnly],
+        schedule: str | Schedule | None = None,
+        *,
+        every_ms: int | None = None,
+        name: str | None = None,
+        timezone: str = "UTC",
+        jitter_ms: int = 0,
+        max_late_ms: int = 60_000,
+    ) -> Callable[[F], F]: ...
+
+    def job(
+        self,
+        schedule: str | Schedule | None = None,
+        *,
+        every_ms: int | None = None,
+        name: str | None = None,
+        timezone: str = "UTC",
+        overlap: bool | None = None,
+        max_attempts: int | None = None,
+        catch_up_ms: int | None = None,
+        jitter_ms: int = 0,
+        max_late_ms: int = 60_000,
     ) -> Callable[[F], F]:
         """Register the decorated function as a job; see ``add_job`` for the options."""
 
         def register(handler: F) -> F:
-            self.add_job(
+            self._add_job(
                 handler,
                 schedule,
                 every_ms=every_ms,
@@ -259,8 +318,9 @@ class Scheduler:
 
         return register
 
+    @overload
     def add_job(
-        self,
+        self: Scheduler[Leases],
         handler: Handler,
         schedule: str | Schedule | None = None,
         *,
@@ -272,21 +332,77 @@ class Scheduler:
         catch_up_ms: int = 0,
         jitter_ms: int = 0,
         max_late_ms: int = 60_000,
+    ) -> None: ...
+
+    @overload
+    def add_job(
+        self: Scheduler[ClaimOnly],
+        handler: Handler,
+        schedule: str | Schedule | None = None,
+        *,
+        every_ms: int | None = None,
+        name: str | None = None,
+        timezone: str = "UTC",
+        jitter_ms: int = 0,
+        max_late_ms: int = 60_000,
+    ) -> None: ...
+
+    def add_job(
+        self,
+        handler: Handler,
+        schedule: str | Schedule | None = None,
+        *,
+        every_ms: int | None = None,
+        name: str | None = None,
+        timezone: str = "UTC",
+        overlap: bool | None = None,
+        max_attempts: int | None = None,
+        catch_up_ms: int | None = None,
+        jitter_ms: int = 0,
+        max_late_ms: int = 60_000,
     ) -> None:
         """Register a job.
 
         ``schedule`` is a 5-field cron string, a 6-field one with seconds first,
         or an object with ``next_after(datetime)``; ``every_ms`` instead fires at
         fixed intervals aligned to the Unix epoch. ``timezone`` is an IANA name.
-        ``overlap`` lets a slot start while an older one still runs;
-        ``max_attempts`` counts every attempt, crashed or failed;
-        ``catch_up_ms`` runs slots missed in that window on start and after a
-        gap; ``jitter_ms`` waits a random part of it before claiming;
-        ``max_late_ms`` is how late a slot may still be claimed for the first time.
+        ``jitter_ms`` (default 0) waits a random part of it before claiming;
+        ``max_late_ms`` (default 60 s) is how late a slot may still be claimed for
+        the first time. With the lease strategy: ``overlap`` (default False) lets
+        a slot start while an older one still runs; ``max_attempts`` (default 3)
+        counts every attempt, crashed or failed; ``catch_up_ms`` (default 0) runs
+        slots missed in that window on start and after a gap.
 
         Jobs can be added while the scheduler runs; their first slot is the
         next one after now.
         """
+        self._add_job(
+            handler,
+            schedule,
+            every_ms=every_ms,
+            name=name,
+            timezone=timezone,
+            overlap=overlap,
+            max_attempts=max_attempts,
+            catch_up_ms=catch_up_ms,
+            jitter_ms=jitter_ms,
+            max_late_ms=max_late_ms,
+        )
+
+    def _add_job(
+        self,
+        handler: Handler,
+        schedule: str | Schedule | None,
+        *,
+        every_ms: int | None,
+        name: str | None,
+        timezone: str,
+        overlap: bool | None,
+        max_attempts: int | None,
+        catch_up_ms: int | None,
+        jitter_ms: int,
+        max_late_ms: int,
+    ) -> None:
         if not callable(handler):
             raise InvalidJobError(f"a job's handler must be callable, got {handler!r}")
         job_name = validate_job_name(
@@ -297,15 +413,19 @@ class Scheduler:
                 f"a job named {job_name!r} already exists on this scheduler; give one of them "
                 "another name with name=..."
             )
-        if (
-            isinstance(max_attempts, bool)
-            or not isinstance(max_attempts, int)
-            or (max_attempts < 1)
-        ):
+        if not self.backend.leases:
+            _refuse_lease_options(
+                self.backend.strategy,
+                overlap=overlap,
+                max_attempts=max_attempts,
+                catch_up_ms=catch_up_ms,
+            )
+        attempts = 3 if max_attempts is None else max_attempts
+        if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
             raise InvalidOptionError(
                 f"max_attempts must be a whole number, 1 or more, got {max_attempts!r}"
             )
-        if not isinstance(overlap, bool):
+        if overlap is not None and not isinstance(overlap, bool):
             raise InvalidOptionError(f"overlap must be True or False, got {overlap!r}")
         job_schedule = make_schedule(schedule, every_ms, timezone)
         job = Job(
@@ -313,17 +433,26 @@ class Scheduler:
             handler=handler,
             schedule=job_schedule,
             clock=SlotClock(job_schedule),
-            keys=JobKeys.for_job(self.backend.prefix, job_name),
-            overlap=overlap,
-            max_attempts=max_attempts,
-            catch_up_ms=check_duration_ms("catch_up_ms", catch_up_ms, allow_zero=True),
+            overlap=bool(overlap),
+            max_attempts=attempts if self.backend.leases else 1,
+            catch_up_ms=check_duration_ms(
+                "catch_up_ms", 0 if catch_up_ms is None else catch_up_ms, allow_zero=True
+            ),
             jitter_ms=check_duration_ms("jitter_ms", jitter_ms, allow_zero=True),
             max_late_ms=check_duration_ms("max_late_ms", max_late_ms, allow_zero=True),
             takes_run=takes_run_argument(handler),
             is_async=is_async_callable(handler),
         )
+        window_ms = self.backend.script_window_ms
+        if window_ms is not None and job.late_window_ms >= window_ms:
+            raise InvalidOptionError(
+                f"job {job_name!r}: jitter_ms + max_late_ms ({job.late_window_ms}) must be less "
+                f"than the script strategy's window_ms ({window_ms}), or a late claim could find "
+                "the slot forgotten and run it again; lower max_late_ms or raise window_ms"
+            )
         self._jobs[job_name] = job
         if self._state == "running":
+            assert self._store is not None
             self._schedule_first_slots(job, _now_ms())
 
     @property
@@ -333,7 +462,7 @@ class Scheduler:
 
     # ------------------------------------------------------------- lifecycle
 
-    async def __aenter__(self) -> Scheduler:
+    async def __aenter__(self) -> Scheduler[K]:
         if self._state != "new":
             raise SchedulerStateError(
                 f"this scheduler is {self._state}; a Scheduler starts once: create a new one"
@@ -345,6 +474,12 @@ class Scheduler:
                 "history_ttl_ms": self.history_ttl_ms,
             }
         )
+        try:
+            await self._store.prepare_jobs(self.jobs)
+        except BaseException:
+            if self._store.conn.owned:
+                await self._store.conn.aclose()
+            raise
         self._group = anyio.create_task_group()
         await self._group.__aenter__()
         self._state = "running"
@@ -424,30 +559,12 @@ class Scheduler:
         requested_ms = int(_now_ms())
         slot_id = manual_slot_id(requested_ms, secrets.token_hex(4))
         token = secrets.token_hex(8)
-        request = ClaimRequest(
-            keys=found.keys,
-            slot_id=slot_id,
-            slot_ms=requested_ms,
-            token=token,
-            lease_ms=self.lease_ms,
-            max_attempts=1,
-            allow_overlap=found.overlap,
-            trigger="manual",
-            keep_ms=found.keep_ms,
-        )
-        (reply,) = await self._store.claim_many([request])
-        if isinstance(reply, ServerReplyError):
-            raise AnarchonError(f"the server refused the manual claim of {job!r}: {reply}")
-        for orphan in reply.orphans:
-            self._take_over(found, orphan, _now_ms())
-        if reply.kind == "overlap":
-            raise RunOverlapError(
-                f"{job!r} is running elsewhere (its lease has {reply.wait_ms} ms left) and does "
-                "not allow overlapping runs: wait for it to end, or define the job with "
-                "overlap=True"
-            )
-        if reply.kind != "won":  # a fresh slot id has no state: only won or overlap
-            raise AnarchonError(f"unexpected reply to a manual claim of {job!r}: {reply}")
+        if self._store.leases:
+            reply = await self._claim_manual(found, slot_id, requested_ms, token)
+        else:
+            # No lease to claim: the manual stream records the run, which runs here.
+            await self._store.begin_manual(found.name, slot_id, token)
+            reply = ClaimReply("won", attempt=1, fence=requested_ms, trigger="manual")
         attempt = self._start_attempt(found, slot_id, token, reply, max_attempts=1)
         await attempt.settled.wait()
         try:
@@ -469,6 +586,36 @@ class Scheduler:
                 error="the lease was lost before the result was recorded",
                 fence=run.fence,
             )
+
+    async def _claim_manual(
+        self, job: Job, slot_id: str, requested_ms: int, token: str
+    ) -> ClaimReply:
+        assert self._store is not None
+        request = ClaimRequest(
+            job=job.name,
+            slot_id=slot_id,
+            slot_ms=requested_ms,
+            token=token,
+            trigger="manual",
+            lease_ms=self.lease_ms,
+            max_attempts=1,
+            allow_overlap=job.overlap,
+            keep_ms=job.keep_ms,
+        )
+        (reply,) = await self._store.claim_many([request])
+        if isinstance(reply, ServerReplyError):
+            raise AnarchonError(f"the server refused the manual claim of {job.name!r}: {reply}")
+        for orphan in reply.orphans:
+            self._take_over(job, orphan, _now_ms())
+        if reply.kind == "overlap":
+            raise RunOverlapError(
+                f"{job.name!r} is running elsewhere (its lease has {reply.wait_ms} ms left) and "
+                "does not allow overlapping runs: wait for it to end, or define the job with "
+                "overlap=True"
+            )
+        if reply.kind != "won":  # a fresh slot id has no state: only won or overlap
+            raise AnarchonError(f"unexpected reply to a manual claim of {job.name!r}: {reply}")
+        return reply
 
     # ------------------------------------------------------------ scheduling
 
@@ -611,14 +758,14 @@ class Scheduler:
     def _claim_request(self, due: _Due) -> ClaimRequest:
         job = self._jobs[due.job]
         return ClaimRequest(
-            keys=job.keys,
+            job=job.name,
             slot_id=due.slot_id,
             slot_ms=due.slot_ms,
             token=due.token,
+            trigger=due.trigger,
             lease_ms=self.lease_ms,
             max_attempts=job.max_attempts,
             allow_overlap=job.overlap,
-            trigger=due.trigger,
             keep_ms=job.keep_ms,
         )
 
@@ -711,11 +858,12 @@ class Scheduler:
         return attempt
 
     async def _run_attempt(self, attempt: _Attempt, lease_left_ms: int) -> None:
-        outcome: Literal["ok", "failed", "cancelled"] = "cancelled"
+        outcome: Outcome = "cancelled"
         error: str | None = None
         try:
             async with anyio.create_task_group() as group:
-                group.start_soon(self._keep_lease, attempt, lease_left_ms)
+                if self._store is not None and self._store.leases:
+                    group.start_soon(self._keep_lease, attempt, lease_left_ms)
                 with attempt.scope:
                     try:
                         await attempt.job.invoke(attempt.run)
@@ -753,7 +901,7 @@ class Scheduler:
             sent = time.monotonic()
             try:
                 held = await self._store.heartbeat(
-                    attempt.job.keys, attempt.slot_id, attempt.token, self.lease_ms
+                    attempt.job.name, attempt.slot_id, attempt.token, self.lease_ms
                 )
             except (TransportError, ServerReplyError) as exc:
                 if time.monotonic() >= held_until:
@@ -768,27 +916,30 @@ class Scheduler:
                 return
             held_until = sent + self.lease_ms / 1000
 
-    async def _settle(
-        self, attempt: _Attempt, outcome: Literal["ok", "failed", "cancelled"], error: str | None
-    ) -> None:
+    async def _settle(self, attempt: _Attempt, outcome: Outcome, error: str | None) -> None:
         """Record how the attempt ended; retried a few times if the connection drops.
         Without its token in the state (lease lost) the store changes nothing."""
         assert self._store is not None
         job = attempt.job
-        delay_ms = self.retry_delay_ms * 2 ** (attempt.run.attempt - 1)
+        run = attempt.run
+        end = AttemptEnd(
+            job=job.name,
+            slot_id=attempt.slot_id,
+            token=attempt.token,
+            attempt=run.attempt,
+            trigger=run.trigger,
+            fence=run.fence,
+            started_ms=attempt.started_ms,
+            finished_ms=int(_now_ms()),
+            outcome=outcome,
+            error=error,
+            max_attempts=attempt.max_attempts,
+            retry_delay_ms=self.retry_delay_ms * 2 ** (run.attempt - 1),
+        )
         for wait_sec in (0.0, 0.2, 0.5, 1.0, 2.0, 5.0):
             await anyio.sleep(wait_sec)
             try:
-                reply = await self._store.finish(
-                    job.keys,
-                    slot_id=attempt.slot_id,
-                    slot_ms=attempt.run.slot_ms,
-                    token=attempt.token,
-                    outcome=outcome,
-                    max_attempts=attempt.max_attempts,
-                    retry_delay_ms=delay_ms,
-                    error=error,
-                )
+                reply = await self._store.finish(end)
             except (TransportError, ServerReplyError) as exc:
                 log.warning("%s: recording the result failed, retrying: %s", job.name, exc)
                 continue

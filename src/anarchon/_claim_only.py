@@ -1,0 +1,250 @@
+"""The claim-only strategies (stream-id, idmp, script): who runs each slot, nothing more.
+
+No leases, heartbeats, retries, overlap protection or catch-up: the winner of a
+slot runs it once and records its result. Each command touches one key, so a
+cluster client routes every one of them by key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from ._scripts import Script, ScriptCall, lua_source, run_scripts
+from ._store import (
+    AttemptEnd,
+    ClaimReply,
+    ClaimRequest,
+    FinishReply,
+    read_history,
+    read_result,
+    result_member,
+    slot_ms_of,
+)
+from ._structures import RunResult
+from .clients import Command, Connection, ServerReplyError
+
+__all__ = ["ClaimOnlyKeys", "ClaimOnlyStore", "IdmpSettings", "ScriptSettings"]
+
+StrategyName = Literal["stream-id", "idmp", "script"]
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimOnlyKeys:
+    """The three keys of a job under a claim-only strategy."""
+
+    runs: str
+    manual: str
+    results: str
+
+    @classmethod
+    def for_job(cls, prefix: str, job: str) -> ClaimOnlyKeys:
+        base = f"{prefix}{job}"
+        return cls(runs=f"{base}:runs", manual=f"{base}:manual", results=f"{base}:results")
+
+
+@dataclass(frozen=True, slots=True)
+class IdmpSettings:
+    duration_sec: int = 300
+    max_size: int = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class ScriptSettings:
+    window_ms: int = 300_000
+
+
+def _entry_ms(entry_id: str) -> int:
+    return int(entry_id.split("-", 1)[0])
+
+
+def _script(name: str) -> Script:
+    return Script.from_body(name, lua_source(name))
+
+
+class ClaimOnlyStore:
+    """Claims slots with one of the claim-only strategies and records results."""
+
+    leases = False
+
+    def __init__(
+        self,
+        conn: Connection,
+        *,
+        strategy: StrategyName,
+        prefix: str,
+        runner: str,
+        history_size: int,
+        idmp: IdmpSettings | None = None,
+        script: ScriptSettings | None = None,
+    ) -> None:
+        self.conn = conn
+        self.strategy = strategy
+        self.prefix = prefix
+        self.runner = runner
+        self.history_size = history_size
+        self.idmp = idmp or IdmpSettings()
+        self.script = script or ScriptSettings()
+        self._configured: set[str] = set()
+
+    def keys(self, job: str) -> ClaimOnlyKeys:
+        return ClaimOnlyKeys.for_job(self.prefix, job)
+
+    async def prepare_jobs(self, jobs: Sequence[str]) -> None:
+        """idmp: give every job's stream the configured memory (once per stream)."""
+        if self.strategy != "idmp":
+            return
+        todo = [job for job in jobs if job not in self._configured]
+        if not todo:
+            return
+        configure = _script("idmp_configure")
+        calls = [
+            ScriptCall(
+                configure, (self.keys(job).runs,), (self.idmp.duration_sec, self.idmp.max_size)
+            )
+            for job in todo
+        ]
+        for job, reply in zip(todo, await run_scripts(self.conn, calls), strict=True):
+            if isinstance(reply, ServerReplyError):
+                raise reply
+            self._configured.add(job)
+
+    async def claim_many(
+        self, requests: Sequence[ClaimRequest]
+    ) -> list[ClaimReply | ServerReplyError]:
+        if self.strategy == "stream-id":
+            return await self._claim_by_stream_id(requests)
+        if self.strategy == "idmp":
+            return await self._claim_by_idmp(requests)
+        return await self._claim_by_script(requests)
+
+    def _fields(self, request: ClaimRequest) -> tuple[str, ...]:
+        return ("slot", request.slot_id, "token", request.token, "runner", self.runner)
+
+    async def _claim_by_stream_id(
+        self, requests: Sequence[ClaimRequest]
+    ) -> list[ClaimReply | ServerReplyError]:
+        # The slot is the entry id: the server refuses an id not above the last
+        # one, so only the first XADD of a slot succeeds.
+        commands: list[Command] = [
+            ("XADD", self.keys(r.job).runs, "MAXLEN", "~", self.history_size,
+             f"{r.slot_ms}-0", *self._fields(r))
+            for r in requests
+        ]  # fmt: skip
+        replies: list[ClaimReply | ServerReplyError] = []
+        for request, reply in zip(requests, await self.conn.pipeline(commands), strict=True):
+            if isinstance(reply, ServerReplyError):
+                if "equal or smaller" in str(reply):
+                    replies.append(ClaimReply("done", status="claimed"))
+                else:
+                    replies.append(reply)
+            else:
+                replies.append(self._won(request, _entry_ms(str(reply))))
+        return replies
+
+    async def _claim_by_idmp(
+        self, requests: Sequence[ClaimRequest]
+    ) -> list[ClaimReply | ServerReplyError]:
+        # The server keeps the first entry for (job, slot) and answers repeats with
+        # its id; reading that entry tells whose it is.
+        await self.prepare_jobs(sorted({r.job for r in requests}))
+        adds: list[Command] = [
+            ("XADD", self.keys(r.job).runs, "IDMP", r.job, r.slot_ms, "MAXLEN", "~",
+             self.history_size, "*", *self._fields(r))
+            for r in requests
+        ]  # fmt: skip
+        ids = await self.conn.pipeline(adds)
+        reads: list[Command] = [
+            ("XRANGE", self.keys(r.job).runs, entry_id, entry_id)
+            for r, entry_id in zip(requests, ids, strict=True)
+            if not isinstance(entry_id, ServerReplyError)
+        ]
+        entries = iter(await self.conn.pipeline(reads))
+        replies: list[ClaimReply | ServerReplyError] = []
+        for request, entry_id in zip(requests, ids, strict=True):
+            if isinstance(entry_id, ServerReplyError):
+                replies.append(entry_id)
+                continue
+            entry = next(entries)
+            if isinstance(entry, ServerReplyError):
+                replies.append(entry)
+            elif entry and _field(entry[0][1], "token") == request.token:
+                replies.append(self._won(request, _entry_ms(str(entry_id))))
+            else:
+                # Another instance's entry, or one trimmed away: either way not ours.
+                replies.append(ClaimReply("done", status="claimed"))
+        return replies
+
+    async def _claim_by_script(
+        self, requests: Sequence[ClaimRequest]
+    ) -> list[ClaimReply | ServerReplyError]:
+        claim = _script("script_claim")
+        calls = [
+            ScriptCall(
+                claim,
+                (self.keys(r.job).runs,),
+                (r.slot_id, r.token, self.runner, self.script.window_ms),
+            )
+            for r in requests
+        ]
+        replies: list[ClaimReply | ServerReplyError] = []
+        for request, reply in zip(requests, await run_scripts(self.conn, calls), strict=True):
+            if isinstance(reply, ServerReplyError):
+                replies.append(reply)
+            elif reply[0] == "won":
+                replies.append(self._won(request, int(reply[1])))
+            else:
+                replies.append(ClaimReply("done", status="claimed"))
+        return replies
+
+    @staticmethod
+    def _won(request: ClaimRequest, entry_ms: int) -> ClaimReply:
+        # The entry's id orders the wins of a job: it serves as the fencing token.
+        return ClaimReply("won", attempt=1, fence=entry_ms, trigger=request.trigger)
+
+    async def begin_manual(self, job: str, slot_id: str, token: str) -> None:
+        """A ``run_now`` run: one entry in the job's manual stream."""
+        await self.conn.execute(
+            ("XADD", self.keys(job).manual, "MAXLEN", "~", self.history_size, "*",
+             "slot", slot_id, "token", token, "runner", self.runner)
+        )  # fmt: skip
+
+    async def heartbeat(self, job: str, slot_id: str, token: str, lease_ms: int) -> bool:
+        raise NotImplementedError("claim-only strategies hold no leases")
+
+    async def finish(self, end: AttemptEnd) -> FinishReply:
+        """Record the run's result: one member of the results sorted set (trimmed)."""
+        key = self.keys(end.job).results
+        replies = await self.conn.pipeline(
+            [
+                (
+                    "ZADD",
+                    key,
+                    slot_ms_of(end.slot_id),
+                    result_member(end, end.outcome, self.runner),
+                ),
+                ("ZREMRANGEBYRANK", key, 0, -(self.history_size + 1)),
+            ]
+        )
+        for reply in replies:
+            if isinstance(reply, ServerReplyError):
+                raise reply
+        return FinishReply(held=True, status=end.outcome)
+
+    async def result_of(self, job: str, slot_id: str, attempt: int) -> RunResult:
+        return await read_result(self.conn, self.keys(job).results, job, slot_id, attempt)
+
+    async def history(self, job: str, limit: int) -> list[RunResult]:
+        return await read_history(self.conn, self.keys(job).results, job, limit)
+
+
+def _field(fields: Any, name: str) -> str | None:
+    """A field of a stream entry (a flat list, or a dict from some RESP3 clients)."""
+    if isinstance(fields, dict):
+        value = fields.get(name)
+        return None if value is None else str(value)
+    for index in range(0, len(fields) - 1, 2):
+        if fields[index] == name:
+            return str(fields[index + 1])
+    return None

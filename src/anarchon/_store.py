@@ -1,0 +1,172 @@
+"""What the scheduler asks of a store, whatever the strategy behind it."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal, Protocol, cast
+
+from ._schedule import from_epoch_ms
+from ._structures import RunResult, RunStatus, Trigger
+from .clients import Connection, ServerReplyError
+
+__all__ = [
+    "AttemptEnd",
+    "ClaimReply",
+    "ClaimRequest",
+    "FinishReply",
+    "Outcome",
+    "Store",
+    "manual_slot_id",
+    "parse_result",
+    "read_history",
+    "read_result",
+    "slot_ms_of",
+]
+
+Outcome = Literal["ok", "failed", "cancelled"]
+ClaimKind = Literal["won", "running", "overlap", "done"]
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimRequest:
+    job: str
+    slot_id: str
+    slot_ms: int
+    token: str
+    trigger: Trigger
+    # Lease settings; claim-only strategies ignore them.
+    lease_ms: int = 0
+    max_attempts: int = 1
+    allow_overlap: bool = False
+    keep_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimReply:
+    """What the store decided. ``wait_ms`` is the lease time left (won), the time until
+    it is worth asking again (running), or the other run's lease time left (overlap)."""
+
+    kind: ClaimKind
+    attempt: int = 0
+    fence: int = 0
+    wait_ms: int = 0
+    trigger: Trigger = "schedule"
+    status: str = ""
+    #: Other unsettled slots of the job that nobody holds (a dead runner's, or a
+    #: retry that is due): reported on a slot's first claim, for backups to claim.
+    orphans: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptEnd:
+    """How an attempt ended, as the runner reports it."""
+
+    job: str
+    slot_id: str
+    token: str
+    attempt: int
+    trigger: Trigger
+    fence: int
+    started_ms: int
+    finished_ms: int
+    outcome: Outcome
+    error: str | None
+    max_attempts: int
+    retry_delay_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class FinishReply:
+    """``held`` is False when the attempt had lost its lease (nothing was written).
+    ``status`` is the run's state afterwards; ``retry`` comes with ``retry_in_ms``."""
+
+    held: bool
+    status: str
+    retry_in_ms: int = 0
+
+
+class Store(Protocol):
+    """A strategy's store. ``leases`` tells whether it holds leases (and heartbeats)."""
+
+    conn: Connection
+    leases: bool
+
+    async def prepare_jobs(self, jobs: Sequence[str]) -> None: ...
+
+    async def claim_many(
+        self, requests: Sequence[ClaimRequest]
+    ) -> list[ClaimReply | ServerReplyError]: ...
+
+    async def heartbeat(self, job: str, slot_id: str, token: str, lease_ms: int) -> bool: ...
+
+    async def begin_manual(self, job: str, slot_id: str, token: str) -> None: ...
+
+    async def finish(self, end: AttemptEnd) -> FinishReply: ...
+
+    async def result_of(self, job: str, slot_id: str, attempt: int) -> RunResult: ...
+
+    async def history(self, job: str, limit: int) -> list[RunResult]: ...
+
+
+def manual_slot_id(requested_ms: int, nonce: str) -> str:
+    """A manual run's slot id: never all digits, so never equal to a scheduled slot."""
+    return f"m{requested_ms}-{nonce}"
+
+
+def slot_ms_of(slot_id: str) -> int:
+    """The instant of a slot id: scheduled ids are epoch ms, manual ids carry theirs."""
+    if slot_id.isdigit():
+        return int(slot_id)
+    return int(slot_id[1:].split("-", 1)[0])
+
+
+def result_member(end: AttemptEnd, status: str, runner: str) -> str:
+    """A results member as the claim-only stores write it (the lease scripts write the
+    same shape, see lua/lease_state.lua)."""
+    return "|".join(
+        (end.slot_id, str(end.attempt), status, str(end.started_ms), str(end.finished_ms),
+         str(end.fence), end.trigger, runner, end.error or "")
+    )  # fmt: skip
+
+
+def parse_result(job: str, member: str) -> RunResult:
+    """Read one results member:
+    ``slot|attempt|status|started_ms|finished_ms|fence|trigger|runner|error``."""
+    slot, attempt, status, started_ms, finished_ms, fence, trigger, rest = member.split("|", 7)
+    runner, _, error = rest.partition("|")  # runner ids never hold "|"
+    slot_ms = slot_ms_of(slot)
+    return RunResult(
+        job=job,
+        slot=from_epoch_ms(slot_ms),
+        slot_ms=slot_ms,
+        attempt=int(attempt),
+        trigger=cast(Trigger, trigger),
+        runner=runner,
+        status=cast(RunStatus, status),
+        started_at=from_epoch_ms(int(started_ms)),
+        finished_at=from_epoch_ms(int(finished_ms)),
+        error=error or None,
+        fence=int(fence),
+    )
+
+
+async def read_history(conn: Connection, results_key: str, job: str, limit: int) -> list[RunResult]:
+    """The newest ``limit`` results of a job, newest first."""
+    members = await conn.execute(("ZREVRANGE", results_key, 0, limit - 1))
+    results = [parse_result(job, str(member)) for member in members]
+    results.sort(key=lambda r: (r.slot_ms, r.attempt), reverse=True)
+    return results
+
+
+async def read_result(
+    conn: Connection, results_key: str, job: str, slot_id: str, attempt: int
+) -> RunResult:
+    """The recorded result of one attempt (LookupError if there is none)."""
+    score = slot_ms_of(slot_id)
+    members = await conn.execute(("ZRANGEBYSCORE", results_key, score, score))
+    head = f"{slot_id}|{attempt}|"
+    for member in members:
+        if str(member).startswith(head):
+            return parse_result(job, str(member))
+    raise LookupError(f"no result recorded for {job} slot {slot_id} attempt {attempt}")
