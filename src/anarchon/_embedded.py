@@ -72,6 +72,7 @@ class EmbeddedServer:
 
     def start(self, timeout_sec: float = 15.0) -> EmbeddedServer:
         self._dir = tempfile.TemporaryDirectory(prefix="anarchon-server-")
+        log_path = Path(self._dir.name) / "server.log"
         for _ in range(5):  # a free port can be taken between finding and binding it
             self.port = free_port()
             args = [
@@ -85,7 +86,6 @@ class EmbeddedServer:
                 "--protected-mode", "no",
                 *self.extra_args,
             ]  # fmt: skip
-            log_path = Path(self._dir.name) / "server.log"
             with open(log_path, "wb") as log_file:
                 self._process = subprocess.Popen(
                     args, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL

@@ -736,6 +736,7 @@ class Scheduler(Generic[K]):
         """Claim every slot of the batch in one round trip and act on the answers."""
         assert self._store is not None
         requests = [self._claim_request(due) for due in batch]
+        replies: list[ClaimReply | ServerReplyError] | None = None
         with anyio.CancelScope(shield=True) as scope:
             scope.deadline = anyio.current_time() + _CLAIM_TIMEOUT_SEC
             try:
@@ -744,7 +745,7 @@ class Scheduler(Generic[K]):
                 log.warning("claiming %d slot(s) failed, retrying: %s", len(batch), exc)
                 self._retry_claims(batch)
                 return
-        if scope.cancelled_caught:
+        if replies is None:
             log.warning("claiming %d slot(s) timed out, retrying", len(batch))
             self._retry_claims(batch)
             return

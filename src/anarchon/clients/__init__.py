@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 from .._errors import InvalidOptionError, UnsupportedClientError
 from ._protocol import (
@@ -128,11 +128,11 @@ def open_connection(spec: ConnectionSpec) -> Connection:
             )
         from .redis_py import RedisAsyncConnection
 
-        return RedisAsyncConnection(spec, owned=False)  # type: ignore[arg-type]
+        return RedisAsyncConnection(cast(Any, spec), owned=False)
     if "redis.client.Redis" in names:
         from .redis_py import RedisSyncConnection
 
-        return RedisSyncConnection(spec, owned=False)  # type: ignore[arg-type]
+        return RedisSyncConnection(cast(Any, spec), owned=False)
     if callable(getattr(spec, "send", None)):
         from .send import SendConnection
 

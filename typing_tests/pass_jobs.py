@@ -1,0 +1,22 @@
+"""Job options: the lease ones with the lease strategy, the common ones everywhere."""
+
+from anarchon import RedisBackend, Run, Scheduler
+
+leased = Scheduler(RedisBackend())
+claim_only = Scheduler(RedisBackend(strategy="stream-id"))
+
+
+@leased.job("*/5 * * * *", max_attempts=3, overlap=False, catch_up_ms=600_000, jitter_ms=500)
+async def sync(run: Run) -> None: ...
+
+
+@leased.job(every_ms=10_000, name="poll", max_late_ms=5_000)
+def poll() -> None: ...
+
+
+@claim_only.job("0 3 * * *", timezone="Europe/Athens", jitter_ms=1_000, max_late_ms=30_000)
+async def report(run: Run) -> None: ...
+
+
+claim_only.add_job(poll, every_ms=60_000, name="poll")
+leased.add_job(report, "0 4 * * *", name="report", max_attempts=5)
