@@ -1,17 +1,20 @@
-"""Every slot runs exactly once across instances, on every server, under both event loops."""
+"""Every slot runs exactly once across instances, with every strategy, on every server
+that has it, under both event loops."""
 
 from __future__ import annotations
 
 import math
 import time
 from contextlib import AsyncExitStack
+from typing import Any
 
 import anyio
 import pytest
 import redis
 
-from anarchon import RedisBackend, Run, Scheduler
+from anarchon import RedisBackend, Run, Scheduler, UnsupportedServerError
 from tests.helpers import Ledger
+from tests.servers import ServerSpec
 
 pytestmark = pytest.mark.anyio
 
@@ -21,15 +24,21 @@ SECONDS = 10
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["lease", "stream-id", "idmp", "script"])
 async def test_each_slot_runs_exactly_once_with_five_instances_and_twenty_jobs(
-    server_url: str, prefix: str, direct: redis.Redis
+    server: ServerSpec, server_url: str, prefix: str, direct: redis.Redis, strategy: str
 ) -> None:
+    if strategy == "idmp" and not (server.family == "redis" and server.version >= (8, 6)):
+        # Refused at start (tests/test_strategies.py checks the message).
+        with pytest.raises(UnsupportedServerError):
+            async with Scheduler(RedisBackend(redis=server_url, prefix=prefix, strategy="idmp")):
+                pass
+        return
     ledger = Ledger(direct, prefix)
-    schedulers = []
+    schedulers: list[Scheduler[Any]] = []
     for index in range(INSTANCES):
-        scheduler = Scheduler(
-            RedisBackend(redis=server_url, prefix=prefix), instance_id=f"instance-{index}"
-        )
+        backend: Any = RedisBackend(redis=server_url, prefix=prefix, strategy=strategy)  # type: ignore[call-overload]
+        scheduler: Scheduler[Any] = Scheduler(backend, instance_id=f"instance-{index}")
         for job_index in range(JOBS):
 
             async def handler(run: Run) -> None:

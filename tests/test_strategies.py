@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import math
-import time
-from contextlib import AsyncExitStack
 from typing import Any
 
 import anyio
@@ -20,7 +17,7 @@ from anarchon import (
     UnsupportedServerError,
     ValkeyBackend,
 )
-from tests.helpers import Ledger, OneShot, wait_until
+from tests.helpers import OneShot, wait_until
 from tests.servers import ServerSpec
 
 pytestmark = pytest.mark.anyio
@@ -34,48 +31,6 @@ def has_idmp(server: ServerSpec) -> bool:
 
 def supports(server: ServerSpec, strategy: str) -> bool:
     return strategy != "idmp" or has_idmp(server)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("strategy", STRATEGIES)
-async def test_each_slot_runs_exactly_once_with_five_instances_and_twenty_jobs(
-    server: ServerSpec, server_url: str, prefix: str, direct: redis.Redis, strategy: str
-) -> None:
-    if not supports(server, strategy):
-        # The server refuses the strategy at start; that is its own test below.
-        with pytest.raises(UnsupportedServerError):
-            async with Scheduler(RedisBackend(redis=server_url, prefix=prefix, strategy="idmp")):
-                pass
-        return
-    ledger = Ledger(direct, prefix)
-    schedulers: list[Scheduler[ClaimOnly]] = []
-    for index in range(5):
-        backend = RedisBackend(redis=server_url, prefix=prefix, strategy=strategy)  # type: ignore[call-overload]
-        scheduler: Scheduler[ClaimOnly] = Scheduler(backend, instance_id=f"instance-{index}")
-        for job_index in range(20):
-
-            async def handler(run: Run) -> None:
-                await ledger.record(run)
-
-            scheduler.add_job(handler, "* * * * * *", name=f"job{job_index:02d}")
-        schedulers.append(scheduler)
-
-    async with AsyncExitStack() as stack:
-        for scheduler in schedulers:
-            await stack.enter_async_context(scheduler)
-        all_started_ms = time.time() * 1000
-        await anyio.sleep(10)
-        stopping_ms = time.time() * 1000
-
-    counts = ledger.counts()
-    assert {slot: n for slot, n in counts.items() if n != 1} == {}
-    first_slot = math.ceil(all_started_ms / 1000) * 1000
-    last_slot = math.floor(stopping_ms / 1000) * 1000 - 1000
-    expected = {
-        (f"job{j:02d}", slot) for j in range(20) for slot in range(first_slot, last_slot + 1, 1000)
-    }
-    assert len(expected) >= 20 * 8
-    assert sorted(expected - set(counts)) == []
 
 
 def test_stream_id_the_second_xadd_of_a_slot_is_refused(
