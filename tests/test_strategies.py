@@ -80,11 +80,10 @@ async def test_idmp_on_a_server_without_it_fails_at_start_naming_the_others(
     assert list(direct.scan_iter(match=f"{prefix}*")) == []
 
 
+@pytest.mark.needs_idmp
 async def test_idmp_configures_each_stream_once_with_its_settings(
     server: ServerSpec, server_url: str, prefix: str, direct: redis.Redis
 ) -> None:
-    if not has_idmp(server):
-        pytest.skip(f"{server.id} has no idempotent XADD (Redis 8.6+); tested above")
     strategy: Any = {"name": "idmp", "duration_sec": 900, "max_size": 5000}
     for _ in range(2):
         scheduler = Scheduler(RedisBackend(redis=server_url, prefix=prefix, strategy=strategy))

@@ -16,7 +16,6 @@ from ._errors import (
     UnsupportedServerError,
 )
 from ._lease import LeaseStore
-from ._scripts import Script, lease_script, lua_source
 from ._store import Store
 from .clients import (
     Connection,
@@ -244,7 +243,8 @@ class RedisBackend(Generic[K]):
         return f"{type(self).__name__}(strategy={self.strategy!r}, prefix={self.prefix!r})"
 
     async def open(self, options: StoreOptions) -> Store:
-        """Connect, check the server and the store format, and load the scripts."""
+        """Connect, and check the server and the store format. Scripts are sent by SHA and
+        loaded on the first NOSCRIPT, on whichever node (or restarted server) lacks them."""
         conn = open_connection(self._connection_spec)
         try:
             server = await _check_server(conn)
@@ -257,22 +257,11 @@ class RedisBackend(Generic[K]):
                 )
             await _check_store_format(conn, self.prefix)
             store = self._store(conn, server, options)
-            for script in self._scripts():
-                await conn.execute(("SCRIPT", "LOAD", script.body))
         except BaseException:
             if conn.owned:
                 await conn.aclose()
             raise
         return store
-
-    def _scripts(self) -> list[Script]:
-        if self.strategy == "lease":
-            return [lease_script(name) for name in ("claim", "heartbeat", "finish")]
-        if self.strategy == "script":
-            return [Script.from_body("script_claim", lua_source("script_claim"))]
-        if self.strategy == "idmp":
-            return [Script.from_body("idmp_configure", lua_source("idmp_configure"))]
-        return []
 
     def _store(self, conn: Connection, server: ServerInfo, options: StoreOptions) -> Store:
         if self.strategy == "lease":
@@ -362,9 +351,14 @@ async def _check_server(conn: Connection) -> ServerInfo:
     try:
         info = await conn.execute(("INFO", "server"))
     except TransportError as exc:
+        hint = "check the URL or client you passed and that the server is running"
+        if "certificate" in str(exc).lower() or "ssl" in str(exc).lower():
+            hint = (
+                "the TLS handshake failed: give the CA that signed the server's certificate "
+                "(ssl_ca_certs=... in a rediss:// URL, or tls_ca_certs in the options)"
+            )
         raise ConnectionFailedError(
-            f"cannot reach the server through {conn.description}: {exc}; check the URL or "
-            "client you passed and that the server is running"
+            f"cannot reach the server through {conn.description}: {exc}; {hint}"
         ) from exc
     except ServerReplyError as exc:
         if "HELLO" in str(exc):
@@ -373,6 +367,10 @@ async def _check_server(conn: Connection) -> ServerInfo:
                 f"create the client you pass with protocol=2 ({exc})"
             ) from exc
         raise ConnectionFailedError(f"the server refused INFO: {exc}") from exc
+    # redis-py parses INFO into a mapping; a cluster client may answer with one INFO
+    # text per node (any of them will do).
+    if isinstance(info, dict) and not ({"redis_version", "valkey_version"} & set(info)):
+        info = next(iter(info.values()), "")
     text = info if isinstance(info, str) else "\n".join(f"{k}:{v}" for k, v in info.items())
     valkey = re.search(r"^valkey_version:(\d+)\.(\d+)", text, re.MULTILINE)
     if valkey:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 from ._scripts import Script, ScriptCall, lua_source, run_scripts
 from ._store import (
@@ -23,7 +23,7 @@ from ._store import (
     slot_ms_of,
 )
 from ._structures import RunResult
-from .clients import Command, Connection, ServerReplyError
+from .clients import Command, Connection, ServerReplyError, stream_entries
 
 __all__ = ["ClaimOnlyKeys", "ClaimOnlyStore", "IdmpSettings", "ScriptSettings"]
 
@@ -169,7 +169,9 @@ class ClaimOnlyStore:
             entry = next(entries)
             if isinstance(entry, ServerReplyError):
                 replies.append(entry)
-            elif entry and _field(entry[0][1], "token") == request.token:
+                continue
+            found = stream_entries(entry)
+            if found and found[0][1].get("token") == request.token:
                 replies.append(self._won(request, _entry_ms(str(entry_id))))
             else:
                 # Another instance's entry, or one trimmed away: either way not ours.
@@ -237,14 +239,3 @@ class ClaimOnlyStore:
 
     async def history(self, job: str, limit: int) -> list[RunResult]:
         return await read_history(self.conn, self.keys(job).results, job, limit)
-
-
-def _field(fields: Any, name: str) -> str | None:
-    """A field of a stream entry (a flat list, or a dict from some RESP3 clients)."""
-    if isinstance(fields, dict):
-        value = fields.get(name)
-        return None if value is None else str(value)
-    for index in range(0, len(fields) - 1, 2):
-        if fields[index] == name:
-            return str(fields[index + 1])
-    return None

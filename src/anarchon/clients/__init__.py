@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
-from typing import Any, cast
+from typing import Any
 
 from .._errors import InvalidOptionError, UnsupportedClientError
 from ._protocol import (
@@ -14,6 +14,7 @@ from ._protocol import (
     ServerReplyError,
     TransportError,
     normalize_reply,
+    stream_entries,
 )
 
 __all__ = [
@@ -27,14 +28,29 @@ __all__ = [
     "normalize_reply",
     "open_connection",
     "running_under_asyncio",
+    "stream_entries",
 ]
 
 #: What a backend's ``redis=`` / ``valkey=`` option accepts.
 ConnectionSpec = str | Mapping[str, Any] | object
 
-_OPTION_KEYS = frozenset({"host", "port", "password", "username", "db", "tls"})
+_OPTION_KEYS = frozenset(
+    {
+        "host",
+        "port",
+        "password",
+        "username",
+        "db",
+        "tls",
+        "tls_ca_certs",
+        "tls_certfile",
+        "tls_keyfile",
+    }
+)
 _TRIO_CLIENTS = (
-    "a URL or an options mapping, a sync redis.Redis, or any object with send(command, args)"
+    "a URL or an options mapping, a synchronous redis.Redis / RedisCluster or "
+    "valkey.Valkey / ValkeyCluster, a Valkey GLIDE client (glide or glide_sync), or any "
+    "object with send(command, args)"
 )
 
 
@@ -45,10 +61,6 @@ def running_under_asyncio() -> bool:
     except RuntimeError:
         return False
     return True
-
-
-def _type_names(client: object) -> set[str]:
-    return {f"{cls.__module__}.{cls.__qualname__}" for cls in type(client).__mro__}
 
 
 def describe_client(client: object) -> str:
@@ -96,6 +108,13 @@ def _open_from_options(options: Mapping[str, Any]) -> Connection:
         "ssl": bool(options.get("tls", False)),
         "protocol": 2,
     }
+    if kwargs["ssl"]:
+        # CA bundle to verify the server with; client certificate and key for mutual TLS.
+        kwargs["ssl_ca_certs"] = options.get("tls_ca_certs")
+        kwargs["ssl_certfile"] = options.get("tls_certfile")
+        kwargs["ssl_keyfile"] = options.get("tls_keyfile")
+    elif any(key in options for key in ("tls_ca_certs", "tls_certfile", "tls_keyfile")):
+        raise InvalidOptionError("tls_ca_certs, tls_certfile and tls_keyfile need tls=True")
     if running_under_asyncio():
         import redis.asyncio
 
@@ -109,6 +128,26 @@ def _open_from_options(options: Mapping[str, Any]) -> Connection:
     return RedisSyncConnection(redis.Redis(**kwargs), owned=True)
 
 
+def _classes(client: object) -> list[tuple[str, str]]:
+    """(top-level package, class name) of every class in the client's MRO."""
+    return [(cls.__module__.split(".", 1)[0], cls.__qualname__) for cls in type(client).__mro__]
+
+
+def _has_class(client: object, package: str, *names: str, module_part: str = "") -> bool:
+    return any(
+        top == package and qualname in names and module_part in cls.__module__
+        for (top, qualname), cls in zip(_classes(client), type(client).__mro__, strict=True)
+    )
+
+
+def _asyncio_only(client: object) -> None:
+    if not running_under_asyncio():
+        raise UnsupportedClientError(
+            f"{describe_client(client)} is an asyncio client and cannot run under trio; "
+            f"under trio pass {_TRIO_CLIENTS}"
+        )
+
+
 def open_connection(spec: ConnectionSpec) -> Connection:
     """Turn what the user passed into a ``Connection``, choosing the adapter by type.
 
@@ -119,26 +158,38 @@ def open_connection(spec: ConnectionSpec) -> Connection:
         return _open_from_url(spec)
     if isinstance(spec, Mapping):
         return _open_from_options(spec)
-    names = _type_names(spec)
-    if "redis.asyncio.client.Redis" in names:
-        if not running_under_asyncio():
-            raise UnsupportedClientError(
-                f"{describe_client(spec)} is an asyncio client and cannot run under trio; "
-                f"under trio pass {_TRIO_CLIENTS}"
-            )
-        from .redis_py import RedisAsyncConnection
+    client: Any = spec
+    for package in ("redis", "valkey"):
+        standalone = "Redis" if package == "redis" else "Valkey"
+        cluster = f"{standalone}Cluster"
+        is_async = _has_class(client, package, standalone, cluster, module_part=".asyncio")
+        is_sync = not is_async and _has_class(client, package, standalone, cluster)
+        if is_async:
+            _asyncio_only(client)
+        if is_async or is_sync:
+            if package == "redis":
+                from .redis_py import RedisAsyncConnection, RedisSyncConnection
 
-        return RedisAsyncConnection(cast(Any, spec), owned=False)
-    if "redis.client.Redis" in names:
-        from .redis_py import RedisSyncConnection
+                if is_async:
+                    return RedisAsyncConnection(client, owned=False)
+                return RedisSyncConnection(client, owned=False)
+            from .valkey_py import valkey_connection
 
-        return RedisSyncConnection(cast(Any, spec), owned=False)
-    if callable(getattr(spec, "send", None)):
+            return valkey_connection(client, is_async=is_async)
+    for package in ("glide", "glide_sync"):
+        if _has_class(client, package, "GlideClient", "GlideClusterClient"):
+            is_cluster = _has_class(client, package, "GlideClusterClient")
+            from .glide import GlideAsyncConnection, GlideSyncConnection
+
+            if package == "glide":
+                return GlideAsyncConnection(client, cluster=is_cluster)
+            return GlideSyncConnection(client, cluster=is_cluster)
+    if callable(getattr(client, "send", None)):
         from .send import SendConnection
 
-        return SendConnection(spec)
+        return SendConnection(client)
     raise UnsupportedClientError(
         f"cannot use {describe_client(spec)} as a Redis client: pass a URL "
-        "('redis://host:6379/0'), an options mapping ({'host': ..., 'port': ...}), "
-        "a redis-py client, or an object with a send(command, args) method"
+        "('redis://host:6379/0'), an options mapping ({'host': ..., 'port': ...}), a client of "
+        "redis-py, valkey-py or Valkey GLIDE, or an object with a send(command, args) method"
     )

@@ -19,6 +19,7 @@ __all__ = [
     "ServerReplyError",
     "TransportError",
     "normalize_reply",
+    "stream_entries",
 ]
 
 Arg = str | int | float | bytes
@@ -80,3 +81,23 @@ def normalize_reply(reply: Any) -> Any:
     if isinstance(reply, dict):
         return {normalize_reply(k): normalize_reply(v) for k, v in reply.items()}
     return reply
+
+
+def stream_entries(reply: Any) -> list[tuple[str, dict[str, str]]]:
+    """XRANGE's reply as ``[(id, {field: value})]``, whether the client gave the RESP2
+    shape ``[[id, [f, v, ...]], ...]`` or a map ``{id: [[f, v], ...]}`` (GLIDE)."""
+    if isinstance(reply, dict):
+        items = list(reply.items())
+    else:
+        items = [(entry[0], entry[1]) for entry in reply or []]
+    entries: list[tuple[str, dict[str, str]]] = []
+    for entry_id, raw in items:
+        fields: dict[str, str] = {}
+        if isinstance(raw, dict):
+            fields = {str(k): str(v) for k, v in raw.items()}
+        elif raw and isinstance(raw[0], list):
+            fields = {str(pair[0]): str(pair[1]) for pair in raw}
+        else:
+            fields = {str(raw[i]): str(raw[i + 1]) for i in range(0, len(raw) - 1, 2)}
+        entries.append((str(entry_id), fields))
+    return entries

@@ -1,64 +1,84 @@
-"""Adapter for redis-py: ``redis.asyncio.Redis`` natively, ``redis.Redis`` in worker threads."""
+"""Adapter for redis-py: ``redis.asyncio.Redis`` / ``RedisCluster`` natively, ``redis.Redis`` /
+``RedisCluster`` in worker threads. valkey-py, a fork with the same interface, reuses it
+(see ``valkey_py``) with its own exception classes."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from types import ModuleType
 from typing import Any, TypeVar
 
 import anyio
 import anyio.to_thread
-import redis
-import redis.asyncio
-import redis.exceptions
 
 from ._protocol import Command, Connection, ServerReplyError, TransportError, normalize_reply
 
-__all__ = ["RedisAsyncConnection", "RedisSyncConnection", "convert_error"]
+__all__ = ["ClientErrors", "RedisAsyncConnection", "RedisSyncConnection", "redis_errors"]
 
 T = TypeVar("T")
 
 
-# redis-py turns an error reply's code into an exception class and drops the
-# code from the message; these are the codes anarchon acts on.
-_REPLY_CODES: tuple[tuple[type[Exception], str], ...] = (
-    (redis.exceptions.NoScriptError, "NOSCRIPT"),
-    (redis.exceptions.ReadOnlyError, "READONLY"),
-)
+@dataclass(frozen=True, slots=True)
+class ClientErrors:
+    """A client library's exception classes, mapped to anarchon's transport errors."""
 
+    base: type[Exception]
+    response: type[Exception]
+    transport: tuple[type[Exception], ...]
+    # The library turns an error reply's code into a class and drops the code from
+    # the message; these are the codes anarchon acts on.
+    reply_codes: tuple[tuple[type[Exception], str], ...]
 
-def convert_error(exc: BaseException) -> Exception:
-    """Map a redis-py exception to anarchon's transport-level errors."""
-    for cls, code in _REPLY_CODES:
-        if isinstance(exc, cls):
-            return ServerReplyError(f"{code} {exc}", code)
-    if isinstance(exc, redis.exceptions.ResponseError):
-        return ServerReplyError(str(exc))
-    if isinstance(exc, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError):
+    @classmethod
+    def of(cls, exceptions: ModuleType) -> ClientErrors:
+        base_name = "ValkeyError" if hasattr(exceptions, "ValkeyError") else "RedisError"
+        return cls(
+            base=getattr(exceptions, base_name),
+            response=exceptions.ResponseError,
+            transport=(exceptions.ConnectionError, exceptions.TimeoutError),
+            reply_codes=(
+                (exceptions.NoScriptError, "NOSCRIPT"),
+                (exceptions.ReadOnlyError, "READONLY"),
+            ),
+        )
+
+    def convert(self, exc: BaseException) -> Exception:
+        for cls, code in self.reply_codes:
+            if isinstance(exc, cls):
+                return ServerReplyError(f"{code} {exc}", code)
+        if isinstance(exc, self.transport):
+            return TransportError(f"{type(exc).__name__}: {exc}")
+        if isinstance(exc, self.response | self.base):
+            return ServerReplyError(str(exc))
         return TransportError(f"{type(exc).__name__}: {exc}")
-    if isinstance(exc, redis.exceptions.RedisError):
-        return ServerReplyError(str(exc))
-    return TransportError(f"{type(exc).__name__}: {exc}")
+
+    def batch_reply(self, item: Any) -> Any:
+        if isinstance(item, BaseException):
+            return self.convert(item)
+        return normalize_reply(item)
 
 
-def _batch_reply(item: Any) -> Any:
-    if isinstance(item, BaseException):
-        return convert_error(item)
-    return normalize_reply(item)
+def redis_errors() -> ClientErrors:
+    import redis.exceptions
+
+    return ClientErrors.of(redis.exceptions)
 
 
 class RedisAsyncConnection(Connection):
-    """``redis.asyncio.Redis`` (asyncio only)."""
+    """An asyncio client of redis-py or valkey-py, standalone or cluster (asyncio only)."""
 
-    def __init__(self, client: redis.asyncio.Redis, *, owned: bool) -> None:
+    def __init__(self, client: Any, *, owned: bool, errors: ClientErrors | None = None) -> None:
         self.client = client
         self.owned = owned
-        self.description = "redis.asyncio.Redis"
+        self.errors = errors or redis_errors()
+        self.description = f"{type(client).__module__}.{type(client).__qualname__}"
 
     async def execute(self, command: Command) -> Any:
         try:
-            reply = await self.client.execute_command(*command)  # type: ignore[no-untyped-call]
-        except redis.exceptions.RedisError as exc:
-            raise convert_error(exc) from exc
+            reply = await self.client.execute_command(*command)
+        except self.errors.base as exc:
+            raise self.errors.convert(exc) from exc
         return normalize_reply(reply)
 
     async def pipeline(self, commands: Sequence[Command]) -> list[Any]:
@@ -69,9 +89,9 @@ class RedisAsyncConnection(Connection):
                 for command in commands:
                     pipe.execute_command(*command)
                 replies = await pipe.execute(raise_on_error=False)
-        except redis.exceptions.RedisError as exc:
-            raise convert_error(exc) from exc
-        return [_batch_reply(item) for item in replies]
+        except self.errors.base as exc:
+            raise self.errors.convert(exc) from exc
+        return [self.errors.batch_reply(item) for item in replies]
 
     async def aclose(self) -> None:
         with anyio.CancelScope(shield=True):
@@ -79,12 +99,21 @@ class RedisAsyncConnection(Connection):
 
 
 class RedisSyncConnection(Connection):
-    """``redis.Redis``: each call runs in an anyio worker thread (works under asyncio and trio)."""
+    """A synchronous client of redis-py or valkey-py, standalone or cluster: each call
+    runs in an anyio worker thread (works under asyncio and trio)."""
 
-    def __init__(self, client: redis.Redis, *, owned: bool, max_threads: int = 8) -> None:
+    def __init__(
+        self,
+        client: Any,
+        *,
+        owned: bool,
+        errors: ClientErrors | None = None,
+        max_threads: int = 8,
+    ) -> None:
         self.client = client
         self.owned = owned
-        self.description = "redis.Redis"
+        self.errors = errors or redis_errors()
+        self.description = f"{type(client).__module__}.{type(client).__qualname__}"
         self._limiter = anyio.CapacityLimiter(max_threads)
 
     async def _in_thread(self, call: Callable[[], T]) -> T:
@@ -92,9 +121,9 @@ class RedisSyncConnection(Connection):
 
     async def execute(self, command: Command) -> Any:
         try:
-            reply = await self._in_thread(lambda: self.client.execute_command(*command))  # type: ignore[no-untyped-call]
-        except redis.exceptions.RedisError as exc:
-            raise convert_error(exc) from exc
+            reply = await self._in_thread(lambda: self.client.execute_command(*command))
+        except self.errors.base as exc:
+            raise self.errors.convert(exc) from exc
         return normalize_reply(reply)
 
     async def pipeline(self, commands: Sequence[Command]) -> list[Any]:
@@ -104,14 +133,14 @@ class RedisSyncConnection(Connection):
         def send_batch() -> list[Any]:
             with self.client.pipeline(transaction=False) as pipe:
                 for command in commands:
-                    pipe.execute_command(*command)  # type: ignore[no-untyped-call]
-                return pipe.execute(raise_on_error=False)
+                    pipe.execute_command(*command)
+                return list(pipe.execute(raise_on_error=False))
 
         try:
             replies = await self._in_thread(send_batch)
-        except redis.exceptions.RedisError as exc:
-            raise convert_error(exc) from exc
-        return [_batch_reply(item) for item in replies]
+        except self.errors.base as exc:
+            raise self.errors.convert(exc) from exc
+        return [self.errors.batch_reply(item) for item in replies]
 
     async def aclose(self) -> None:
         with anyio.CancelScope(shield=True):

@@ -14,17 +14,26 @@ from ._protocol import Command, Connection, ServerReplyError, TransportError, no
 __all__ = ["SendConnection"]
 
 # Error replies start with an upper-case code word (ERR, NOSCRIPT, WRONGTYPE, ...).
-# A client that raises with such a message reports a server reply; anything
+# A client that raises with such a message, or with an exception class named for
+# a reply (NoScriptError, ResponseError, ...), reports a server reply; anything
 # else is taken as a transport failure.
 _REPLY_CODE_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZ_-")
 
 
+# Client libraries that strip the code from the message name it in the class.
+_CLASS_CODES = (("NoScript", "NOSCRIPT"), ("ReadOnly", "READONLY"))
+
+
 def _as_reply_error(exc: Exception) -> Exception:
     text = str(exc)
+    name = type(exc).__name__
+    for marker, code in _CLASS_CODES:
+        if marker in name:
+            return ServerReplyError(f"{code} {text}", code)
     word = text.split(" ", 1)[0]
-    if word and set(word) <= _REPLY_CODE_CHARS:
+    if (word and set(word) <= _REPLY_CODE_CHARS) or "Response" in name:
         return ServerReplyError(text)
-    return TransportError(f"{type(exc).__name__}: {text}")
+    return TransportError(f"{name}: {text}")
 
 
 class SendConnection(Connection):

@@ -1,0 +1,261 @@
+"""Every client, standalone and cluster, under every event loop it supports."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterator
+from contextlib import AsyncExitStack
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+import redis
+from redis.crc import key_slot
+
+from anarchon import (
+    ConnectionFailedError,
+    RedisBackend,
+    Run,
+    Scheduler,
+    UnsupportedClientError,
+)
+from anarchon._embedded import EmbeddedServer
+from tests.clients import CLIENT_KINDS, Target, make_client
+from tests.helpers import Ledger, OneShot, wait_until
+from tests.servers import MATRIX_FIRST, ServerSpec, cluster_matrix, running_cluster, running_server
+
+pytestmark = pytest.mark.anyio
+
+STANDALONE_CASES = [(loop, kind) for kind, (loops, _) in CLIENT_KINDS.items() for loop in loops]
+CLUSTER_CASES = [
+    (loop, kind)
+    for kind, (loops, on_cluster) in CLIENT_KINDS.items()
+    if on_cluster
+    for loop in loops
+]
+CLUSTERS = cluster_matrix()
+
+
+def case_id(case: tuple[str, str]) -> str:
+    return f"{case[1]}-{case[0]}"
+
+
+@pytest.fixture
+def standalone() -> Target:
+    return Target(url=running_server(MATRIX_FIRST))
+
+
+@pytest.fixture
+def cluster() -> Target:
+    """The cluster of the first cluster binary (every binary: see the last cluster test)."""
+    return Target(cluster_ports=running_cluster(CLUSTERS[0]))
+
+
+def ledger_client(target: Target) -> redis.Redis | redis.RedisCluster:
+    if target.cluster_ports:
+        return redis.RedisCluster(host="127.0.0.1", port=target.port, decode_responses=True)
+    assert target.url is not None
+    return redis.Redis.from_url(target.url, decode_responses=True, protocol=2)
+
+
+def spread_job_names(prefix: str, count: int) -> list[str]:
+    """Job names whose hash tags land on all three primaries (slot ranges of the fixture)."""
+    names: list[str] = []
+    per_node = [0, 0, 0]
+    index = 0
+    while len(names) < count:
+        name = f"job{index:03d}"
+        node = min(key_slot(f"{prefix}{name}".encode()) // 5462, 2)
+        if per_node[node] < math.ceil(count / 3):
+            per_node[node] += 1
+            names.append(name)
+        index += 1
+    return names
+
+
+async def run_exactly_once(
+    target: Target, kinds: list[str], strategy: str, prefix: str, seconds: float = 10
+) -> None:
+    """Five instances (clients of ``kinds``, in turn) x 20 jobs every second: each slot once."""
+    direct = ledger_client(target)
+    ledger = Ledger(direct, prefix)
+    names = spread_job_names(prefix, 20)
+    async with AsyncExitStack() as stack:
+        schedulers = []
+        for index in range(5):
+            client, close = await make_client(kinds[index % len(kinds)], target)
+            stack.push_async_callback(close)
+            backend: Any = RedisBackend(redis=client, prefix=prefix, strategy=strategy)  # type: ignore[call-overload]
+            scheduler: Scheduler[Any] = Scheduler(backend, instance_id=f"i{index}")
+            for name in names:
+
+                async def handler(run: Run) -> None:
+                    await ledger.record(run)
+
+                scheduler.add_job(handler, "* * * * * *", name=name)
+            schedulers.append(scheduler)
+        for scheduler in schedulers:
+            await stack.enter_async_context(scheduler)
+        started_ms = time.time() * 1000
+        await anyio.sleep(seconds)
+        stopping_ms = time.time() * 1000
+    counts = ledger.counts()
+    direct.close()
+    assert {slot: n for slot, n in counts.items() if n != 1} == {}
+    first, last = math.ceil(started_ms / 1000) * 1000, math.floor(stopping_ms / 1000) * 1000 - 1000
+    expected = {(name, slot) for name in names for slot in range(first, last + 1, 1000)}
+    assert len(expected) >= 20 * (seconds - 2)
+    assert sorted(expected - set(counts)) == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["lease", "script"])
+@pytest.mark.parametrize(
+    ("anyio_backend", "kind"), STANDALONE_CASES, ids=map(case_id, STANDALONE_CASES)
+)
+async def test_exactly_once_with_each_client_on_a_standalone_server(
+    standalone: Target, prefix: str, kind: str, strategy: str
+) -> None:
+    await run_exactly_once(standalone, [kind], strategy, prefix)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["lease", "script"])
+@pytest.mark.parametrize(("anyio_backend", "kind"), CLUSTER_CASES, ids=map(case_id, CLUSTER_CASES))
+async def test_exactly_once_with_each_client_on_a_cluster(
+    cluster: Target, prefix: str, kind: str, strategy: str
+) -> None:
+    await run_exactly_once(cluster, [kind], strategy, prefix)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("spec", CLUSTERS, ids=[s.id for s in CLUSTERS])
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_exactly_once_on_the_cluster_of_each_server(spec: ServerSpec, prefix: str) -> None:
+    await run_exactly_once(
+        Target(cluster_ports=running_cluster(spec)), ["glide-async"], "lease", prefix
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_instances_with_different_clients_run_each_slot_once(
+    standalone: Target, prefix: str
+) -> None:
+    await run_exactly_once(
+        standalone, ["redis-py-async", "glide-async", "valkey-py-sync"], "lease", prefix
+    )
+
+
+async def flush_scripts(target: Target) -> None:
+    ports = target.cluster_ports or [target.port]
+    for port in ports:
+        client = redis.Redis(port=port, protocol=2)
+        client.script_flush()
+        client.close()
+
+
+@pytest.mark.parametrize("topology", ["standalone", "cluster"])
+@pytest.mark.parametrize(
+    ("anyio_backend", "kind"), STANDALONE_CASES, ids=map(case_id, STANDALONE_CASES)
+)
+async def test_nothing_is_missed_after_script_flush(
+    request: pytest.FixtureRequest, prefix: str, kind: str, topology: str
+) -> None:
+    if topology == "cluster" and not CLIENT_KINDS[kind][1]:
+        pytest.skip(f"{kind} has no cluster mode (a send() object talks to one server)")
+    target: Target = request.getfixturevalue(topology)
+    slots: list[int] = []
+    client, close = await make_client(kind, target)
+    try:
+        scheduler = Scheduler(RedisBackend(redis=client, prefix=prefix))
+
+        @scheduler.job("* * * * * *", name="tick")
+        async def tick(run: Run) -> None:
+            slots.append(run.slot_ms)
+
+        async with scheduler:
+            await wait_until(lambda: len(slots) >= 1, 5, "a first run")
+            await flush_scripts(target)
+            count = len(slots)
+            await wait_until(lambda: len(slots) >= count + 2, 5, "runs after SCRIPT FLUSH")
+    finally:
+        await close()
+    assert slots == list(range(slots[0], slots[0] + 1000 * len(slots), 1000))
+
+
+@pytest.mark.parametrize("kind", ["redis-py-async", "valkey-py-async"])
+@pytest.mark.parametrize("anyio_backend", ["trio"])
+async def test_an_asyncio_client_under_trio_fails_at_start_naming_what_works(
+    standalone: Target, prefix: str, kind: str
+) -> None:
+    client, _ = await make_client(kind, standalone)  # never connects: nothing to close
+    with pytest.raises(UnsupportedClientError, match="under trio pass") as info:
+        async with Scheduler(RedisBackend(redis=client, prefix=prefix)):
+            pass
+    assert "GLIDE" in str(info.value)
+
+
+# ------------------------------------------------------------------ TLS
+
+
+@pytest.fixture(scope="module")
+def tls_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, Path, Path]]:
+    """Debian's redis-server (built with TLS) with a throwaway CA; also a CA it does not know."""
+    trustme = pytest.importorskip("trustme")
+    binary = Path("/usr/bin/redis-server")
+    if not binary.exists():
+        pytest.skip("needs Debian's redis-server (TLS-enabled): .ci/install-servers installs it")
+    folder = tmp_path_factory.mktemp("tls")
+    ca, stranger = trustme.CA(), trustme.CA()
+    cert = ca.issue_cert("127.0.0.1", "localhost")
+    ca.cert_pem.write_to_path(str(folder / "ca.pem"))
+    stranger.cert_pem.write_to_path(str(folder / "other-ca.pem"))
+    cert.cert_chain_pems[0].write_to_path(str(folder / "server.pem"))
+    cert.private_key_pem.write_to_path(str(folder / "server.key"))
+    from anarchon._embedded import free_port
+
+    tls_port = free_port()
+    server = EmbeddedServer(
+        binary,
+        ["--tls-port", str(tls_port), "--tls-cert-file", str(folder / "server.pem"),
+         "--tls-key-file", str(folder / "server.key"), "--tls-ca-cert-file", str(folder / "ca.pem"),
+         "--tls-auth-clients", "no"],
+    ).start()  # fmt: skip
+    yield tls_port, folder / "ca.pem", folder / "other-ca.pem"
+    server.stop()
+
+
+async def run_one(backend: RedisBackend[Any]) -> list[Run]:
+    runs: list[Run] = []
+    scheduler: Scheduler[Any] = Scheduler(backend)
+
+    async def once(run: Run) -> None:
+        runs.append(run)
+
+    scheduler.add_job(once, OneShot.in_ms(100), name="once")
+    async with scheduler:
+        await wait_until(lambda: bool(runs), 5, "the slot to run")
+    return runs
+
+
+async def test_rediss_with_the_servers_ca_runs_jobs(
+    tls_server: tuple[int, Path, Path], prefix: str
+) -> None:
+    port, ca, _ = tls_server
+    url = f"rediss://127.0.0.1:{port}/0?ssl_ca_certs={ca}"
+    assert [r.job for r in await run_one(RedisBackend(redis=url, prefix=prefix))] == ["once"]
+    options = {"host": "127.0.0.1", "port": port, "tls": True, "tls_ca_certs": str(ca)}
+    assert [r.job for r in await run_one(RedisBackend(redis=options, prefix=prefix))] == ["once"]
+
+
+async def test_rediss_with_a_wrong_ca_fails_with_a_clear_error(
+    tls_server: tuple[int, Path, Path], prefix: str
+) -> None:
+    port, _, wrong_ca = tls_server
+    url = f"rediss://127.0.0.1:{port}/0?ssl_ca_certs={wrong_ca}"
+    with pytest.raises(ConnectionFailedError, match="TLS handshake failed") as info:
+        await run_one(RedisBackend(redis=url, prefix=prefix))
+    assert info.value.code == "ANARCHON_CONNECTION"
