@@ -157,15 +157,17 @@ async def flush_scripts(target: Target) -> None:
         client.close()
 
 
-@pytest.mark.parametrize("topology", ["standalone", "cluster"])
+FLUSH_CASES = [(loop, kind, "standalone") for loop, kind in STANDALONE_CASES] + [
+    (loop, kind, "cluster") for loop, kind in CLUSTER_CASES
+]
+
+
 @pytest.mark.parametrize(
-    ("anyio_backend", "kind"), STANDALONE_CASES, ids=map(case_id, STANDALONE_CASES)
+    ("anyio_backend", "kind", "topology"), FLUSH_CASES, ids=["-".join(c) for c in FLUSH_CASES]
 )
 async def test_nothing_is_missed_after_script_flush(
     request: pytest.FixtureRequest, prefix: str, kind: str, topology: str
 ) -> None:
-    if topology == "cluster" and not CLIENT_KINDS[kind][1]:
-        pytest.skip(f"{kind} has no cluster mode (a send() object talks to one server)")
     target: Target = request.getfixturevalue(topology)
     slots: list[int] = []
     client, close = await make_client(kind, target)
