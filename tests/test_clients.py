@@ -261,3 +261,59 @@ async def test_rediss_with_a_wrong_ca_fails_with_a_clear_error(
     with pytest.raises(ConnectionFailedError, match="TLS handshake failed") as info:
         await run_one(RedisBackend(redis=url, prefix=prefix))
     assert info.value.code == "ANARCHON_CONNECTION"
+
+
+# ------------------------------------------------- connections anarchon opens
+
+
+def client_count(port: int) -> int:
+    probe = redis.Redis(port=port, protocol=2)
+    try:
+        return len(probe.client_list()) - 1  # not counting the probe itself
+    finally:
+        probe.close()
+
+
+async def test_a_unix_socket_url_works_and_is_closed_on_stop(tmp_path: Path, prefix: str) -> None:
+    binary = MATRIX_FIRST.binary
+    assert binary is not None
+    socket_path = tmp_path / "server.sock"
+    server = EmbeddedServer(binary, ["--unixsocket", str(socket_path), "--unixsocketperm", "700"])
+    with server:
+        before = client_count(server.port)
+        backend = RedisBackend(redis=f"unix://{socket_path}?db=0", prefix=prefix)
+        assert [r.job for r in await run_one(backend)] == ["once"]
+        await wait_until(lambda: client_count(server.port) == before, 5, "the connection to close")
+
+
+async def test_user_password_and_db_in_the_url_are_used(standalone: Target, prefix: str) -> None:
+    if MATRIX_FIRST.family == "redis" and MATRIX_FIRST.version < (6, 0):
+        pytest.skip("ACL users need Redis 6+ (the first server of this matrix is older)")
+    admin = redis.Redis(port=standalone.port, protocol=2, decode_responses=True)
+    user = f"u{prefix.strip(':')}"
+    admin.execute_command("ACL", "SETUSER", user, "on", ">s3cret", "~*", "&*", "+@all")
+    try:
+        url = f"redis://{user}:s3cret@127.0.0.1:{standalone.port}/3"
+        assert [r.job for r in await run_one(RedisBackend(redis=url, prefix=prefix))] == ["once"]
+        in_db3 = redis.Redis(port=standalone.port, db=3, protocol=2, decode_responses=True)
+        assert in_db3.get(f"{prefix}format") == "1"
+        assert admin.get(f"{prefix}format") is None  # nothing in db 0
+        in_db3.close()
+        wrong = f"redis://{user}:wrong@127.0.0.1:{standalone.port}/3"
+        with pytest.raises(ConnectionFailedError):
+            await run_one(RedisBackend(redis=wrong, prefix=prefix))
+    finally:
+        admin.execute_command("ACL", "DELUSER", user)
+        admin.close()
+
+
+async def test_a_connection_anarchon_opened_is_closed_on_stop_and_a_passed_one_is_not(
+    standalone: Target, prefix: str
+) -> None:
+    before = client_count(standalone.port)
+    await run_one(RedisBackend(redis=standalone.url or "", prefix=prefix))
+    await wait_until(lambda: client_count(standalone.port) == before, 5, "the connection to close")
+    passed = redis.Redis(port=standalone.port, protocol=2)
+    await run_one(RedisBackend(redis=passed, prefix=prefix))
+    assert passed.ping()  # still open and usable
+    passed.close()
