@@ -90,11 +90,12 @@ async def test_a_passed_asyncio_client_is_used_and_left_open(
     await client.aclose()
 
 
+@pytest.mark.parametrize("decode_responses", [False, True])
 @pytest.mark.parametrize("protocol", [2, 3])
 async def test_a_passed_sync_client_is_used_and_left_open(
-    server: ServerSpec, server_url: str, prefix: str, protocol: int
+    server: ServerSpec, server_url: str, prefix: str, protocol: int, decode_responses: bool
 ) -> None:
-    client = redis.Redis.from_url(server_url, protocol=protocol)
+    client = redis.Redis.from_url(server_url, protocol=protocol, decode_responses=decode_responses)
     if protocol == 3 and not speaks_resp3(server):
         with pytest.raises(UnsupportedServerError, match="protocol=2"):
             await run_one_slot(RedisBackend(redis=client, prefix=prefix))
