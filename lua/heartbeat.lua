@@ -1,17 +1,29 @@
 -- heartbeat: extend the lease of the caller's attempt.
--- KEYS[1] state (hash)
--- ARGV: slot, token, lease_ms
+-- KEYS[1] state (hash)   KEYS[2] active (set)
+-- ARGV: slot, token, lease_ms, allow_overlap (0/1)
 -- Replies {1, lease_ms} while the caller's token holds the run, even after the
 -- expiry if nobody has taken over yet; otherwise {0, status} and changes nothing.
-local state_key = KEYS[1]
+-- An expired lease is not revived while another run of the job holds a live one
+-- (unless the job allows overlapping runs): that run started because this lease
+-- had expired, and two live runs would break overlap protection.
+local state_key, active_key = KEYS[1], KEYS[2]
 local slot = ARGV[1]
 local token = ARGV[2]
 local lease_ms = tonumber(ARGV[3])
+local allow_overlap = ARGV[4] == '1'
 
 local now = server_now_ms()
 local s = decode_state(redis.call('HGET', state_key, slot))
 if not s then return {0, 'gone'} end
 if s.token ~= token or s.status ~= 'running' then return {0, s.status} end
+if s.until_ms <= now and not allow_overlap then
+  for _, other in ipairs(redis.call('SMEMBERS', active_key)) do
+    if other ~= slot then
+      local o = decode_state(redis.call('HGET', state_key, other))
+      if o and o.status == 'running' and o.until_ms > now then return {0, 'overlapped'} end
+    end
+  end
+end
 s.until_ms = now + lease_ms
 redis.call('HSET', state_key, slot, encode_state(s))
 return {1, lease_ms}

@@ -212,7 +212,9 @@ class ClaimOnlyStore:
              "slot", slot_id, "token", token, "runner", self.runner)
         )  # fmt: skip
 
-    async def heartbeat(self, job: str, slot_id: str, token: str, lease_ms: int) -> bool:
+    async def heartbeat(
+        self, job: str, slot_id: str, token: str, lease_ms: int, allow_overlap: bool
+    ) -> bool:
         raise NotImplementedError("claim-only strategies hold no leases")
 
     async def finish(self, end: AttemptEnd) -> FinishReply:

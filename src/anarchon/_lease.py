@@ -132,10 +132,15 @@ class LeaseStore:
             for reply in replies
         ]
 
-    async def heartbeat(self, job: str, slot_id: str, token: str, lease_ms: int) -> bool:
+    async def heartbeat(
+        self, job: str, slot_id: str, token: str, lease_ms: int, allow_overlap: bool
+    ) -> bool:
         """Extend the lease; False means the lease is lost."""
+        keys = self.keys(job)
         call = ScriptCall(
-            lease_script("heartbeat"), (self.keys(job).state,), (slot_id, token, lease_ms)
+            lease_script("heartbeat"),
+            (keys.state, keys.active),
+            (slot_id, token, lease_ms, 1 if allow_overlap else 0),
         )
         (reply,) = await run_scripts(self.conn, [call])
         if isinstance(reply, ServerReplyError):

@@ -902,7 +902,11 @@ class Scheduler(Generic[K]):
             sent = time.monotonic()
             try:
                 held = await self._store.heartbeat(
-                    attempt.job.name, attempt.slot_id, attempt.token, self.lease_ms
+                    attempt.job.name,
+                    attempt.slot_id,
+                    attempt.token,
+                    self.lease_ms,
+                    attempt.job.overlap,
                 )
             except (TransportError, ServerReplyError) as exc:
                 if time.monotonic() >= held_until:

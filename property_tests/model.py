@@ -1,0 +1,148 @@
+"""A reference model of the lease rules, in plain Python.
+
+Written from the design's lease section and the seed's flowchart, not from the
+implementation: it imports nothing from anarchon. The state machine compares
+every reply of the real scripts with this model's.
+
+Rules (design section 3):
+- claim with no state: if another slot of the job holds a live lease and overlap
+  is not allowed, answer overlap (with that lease's time left); else win attempt 1.
+- claim of a running slot: the caller's own token gets its win back; a live lease
+  answers running (time left); an expired one ends that attempt (interrupted)
+  and, with attempts left, the run waits for its next attempt at once; without,
+  the run is interrupted (done).
+- claim of a run waiting for a retry: before the retry time, running (time left);
+  then, unless another slot holds a live lease (running, its time left), win the
+  next attempt (trigger retry).
+- heartbeat: only the current token of a running slot, expired or not (but an
+  expired lease is not revived while another slot holds a live one, unless
+  overlap is allowed); extends the lease to now + lease.
+- finish: only the current token of a running slot. ok settles ok; failed or
+  cancelled with attempts left waits for a retry (cancelled: at once); without
+  attempts left settles with the outcome.
+- Every win increments the job's fence.
+- A first claim of a slot also reports orphans: other unsettled slots whose
+  lease expired or whose retry is due.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class RunState:
+    status: str  # running, retry, ok, failed, interrupted, cancelled
+    attempt: int
+    token: str
+    until_ms: int
+    fence: int
+    trigger: str
+
+
+@dataclass
+class Reply:
+    kind: str
+    attempt: int = 0
+    fence: int = 0
+    wait_ms: int = 0
+    trigger: str = ""
+    status: str = ""
+    orphans: frozenset[str] = frozenset()
+
+
+@dataclass
+class JobModel:
+    lease_ms: int
+    max_attempts: int
+    allow_overlap: bool
+    runs: dict[str, RunState] = field(default_factory=dict)
+    fence: int = 0
+    # Results recorded per (slot, attempt): the status each attempt ended with.
+    results: dict[tuple[str, int], str] = field(default_factory=dict)
+
+    def active(self) -> list[str]:
+        return [slot for slot, run in self.runs.items() if run.status in ("running", "retry")]
+
+    def _scan(self, slot: str, now: int) -> tuple[int | None, frozenset[str]]:
+        blocked: int | None = None
+        orphans = set()
+        for other in self.active():
+            if other == slot:
+                continue
+            run = self.runs[other]
+            if run.until_ms > now:
+                if run.status == "running" and not self.allow_overlap and blocked is None:
+                    blocked = run.until_ms - now
+            else:
+                orphans.add(other)
+        return blocked, frozenset(orphans)
+
+    def _blocked_any(self, slot: str, now: int) -> int | None:
+        """Time left on a live lease of another slot (the real script reports the first one
+        it meets; the machine only compares whether there is one)."""
+        return self._scan(slot, now)[0]
+
+    def _win(self, slot: str, attempt: int, token: str, trigger: str, now: int) -> Reply:
+        self.fence += 1
+        self.runs[slot] = RunState(
+            "running", attempt, token, now + self.lease_ms, self.fence, trigger
+        )
+        return Reply("won", attempt, self.fence, self.lease_ms, trigger)
+
+    def claim(self, slot: str, token: str, trigger: str, now: int) -> Reply:
+        run = self.runs.get(slot)
+        if run is None:
+            blocked, orphans = self._scan(slot, now)
+            if blocked is not None:
+                return Reply("overlap", wait_ms=blocked, orphans=orphans)
+            reply = self._win(slot, 1, token, trigger, now)
+            reply.orphans = orphans
+            return reply
+        if run.status == "running" and run.token == token:
+            return Reply("won", run.attempt, run.fence, run.until_ms - now, run.trigger)
+        if run.status == "running":
+            if run.until_ms > now:
+                return Reply("running", wait_ms=run.until_ms - now)
+            self.results[(slot, run.attempt)] = "interrupted"
+            if run.attempt >= self.max_attempts:
+                run.status, run.until_ms = "interrupted", now
+                return Reply("done", status="interrupted")
+            run.status, run.until_ms = "retry", now
+        if run.status == "retry":
+            if run.until_ms > now:
+                return Reply("running", wait_ms=run.until_ms - now)
+            blocked = self._blocked_any(slot, now)
+            if blocked is not None:
+                return Reply("running", wait_ms=blocked)
+            return self._win(slot, run.attempt + 1, token, "retry", now)
+        return Reply("done", status=run.status)
+
+    def heartbeat(self, slot: str, token: str, now: int) -> bool:
+        run = self.runs.get(slot)
+        if run is None or run.token != token or run.status != "running":
+            return False
+        if run.until_ms <= now and not self.allow_overlap:
+            # An expired lease is not revived while another run holds a live one.
+            for other, other_run in self.runs.items():
+                if other != slot and other_run.status == "running" and other_run.until_ms > now:
+                    return False
+        run.until_ms = now + self.lease_ms
+        return True
+
+    def finish(self, slot: str, token: str, outcome: str, retry_delay_ms: int, now: int) -> str:
+        """The run's status afterwards, or 'lost'."""
+        run = self.runs.get(slot)
+        if run is None or run.token != token:
+            return "lost"
+        if run.status != "running":
+            return run.status
+        self.results[(slot, run.attempt)] = outcome
+        if outcome == "ok":
+            run.status, run.until_ms = "ok", now
+        elif run.attempt < self.max_attempts:
+            run.status = "retry"
+            run.until_ms = now + (0 if outcome == "cancelled" else retry_delay_ms)
+        else:
+            run.status, run.until_ms = outcome, now
+        return run.status
