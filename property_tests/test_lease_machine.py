@@ -28,7 +28,6 @@ from hypothesis.stateful import (
     initialize,
     invariant,
     multiple,
-    precondition,
     rule,
 )
 
@@ -135,7 +134,8 @@ class LeaseMachine(RuleBasedStateMachine):
         expected = self.model.finish(slot_id, token, outcome, RETRY_DELAY_MS, self.now)
         got = self.client.evalsha(
             self.scripts["finish"], 3, self.keys[0], self.keys[1], self.keys[4],
-            slot_id, slot_id, token, outcome, self.model.max_attempts, RETRY_DELAY_MS, "", 10**6, 0, self.now,
+            slot_id, slot_id, token, outcome, self.model.max_attempts, RETRY_DELAY_MS, "",
+            10**6, 0, self.now,
         )  # fmt: skip
         if expected == "lost":
             assert got[0] == "lost"
@@ -164,8 +164,8 @@ class LeaseMachine(RuleBasedStateMachine):
         for slot_id, raw in state.items():
             status, attempt, token, until_ms, run_fence, trigger, _, _ = raw.split("|", 7)
             run = self.model.runs[slot_id]
-            assert (status, int(attempt), token, int(until_ms), int(run_fence)) == (
-                run.status, run.attempt, run.token, run.until_ms, run.fence,
+            assert (status, int(attempt), token, int(until_ms), int(run_fence), trigger) == (
+                run.status, run.attempt, run.token, run.until_ms, run.fence, run.trigger,
             )  # fmt: skip
             assert 1 <= int(attempt) <= self.model.max_attempts  # invariant 3
         assert set(self.client.smembers(self.keys[1])) == set(self.model.active())
