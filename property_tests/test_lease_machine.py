@@ -33,7 +33,7 @@ from hypothesis.stateful import (
 
 from property_tests.lease_scripts import timed_script
 from property_tests.model import JobModel, Reply
-from tests.servers import MATRIX_FIRST, running_server
+from tests.servers import MATRIX_FIRST, ServerSpec, matrix, running_server
 
 LEASE_MS = 1000
 RETRY_DELAY_MS = 300
@@ -43,10 +43,12 @@ INSTANCES = ["a", "b", "c"]
 class LeaseMachine(RuleBasedStateMachine):
     held = Bundle("held")  # (instance, slot, token) of attempts an instance believes it holds
 
+    server: ServerSpec = MATRIX_FIRST
+
     def __init__(self) -> None:
         super().__init__()
         self.client = redis.Redis.from_url(
-            running_server(MATRIX_FIRST), protocol=2, decode_responses=True
+            running_server(self.server), protocol=2, decode_responses=True
         )
         self.scripts = {
             name: self.client.script_load(timed_script(name))
@@ -188,7 +190,12 @@ class LeaseMachine(RuleBasedStateMachine):
         assert recorded == self.model.results
 
 
-TestLeaseMachine = LeaseMachine.TestCase
+# One test case per server of the matrix (all of them in CI).
+for _spec in matrix():
+    _machine = type(f"LeaseMachine_{_spec.id}", (LeaseMachine,), {"server": _spec})
+    globals()[f"TestLeaseMachine_{_spec.id.replace('-', '_').replace('.', '_')}"] = (
+        _machine.TestCase
+    )
 
 
 def test_the_timed_scripts_differ_from_the_shipped_ones_only_in_the_clock_read() -> None:
