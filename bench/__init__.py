@@ -1,0 +1,1 @@
+"""Benchmarks of anarchon: ``python -m bench --help``."""
