@@ -126,13 +126,16 @@ def scenario_ceiling(url: str, quick: bool) -> dict[str, Any]:
     claim = lease_script("claim")
     client.script_load(claim.body)
     total = 5_000 if quick else 50_000
-    keys = JobKeys.for_job(f"ceil{uuid.uuid4().hex[:6]}:", "job")
+    prefix = f"ceil{uuid.uuid4().hex[:6]}:"
     started = time.perf_counter()
     sent = 0
     while sent < total:
         pipe = client.pipeline(transaction=False)
         for _ in range(100):
-            slot = 1_800_000_000_000 + sent * 1000
+            # A winning first claim, as each slot's first claimer makes: one slot of a
+            # job of its own (the jobs that fire together in one instant).
+            keys = JobKeys.for_job(prefix, f"job{sent}")
+            slot = 1_800_000_000_000
             pipe.evalsha(
                 claim.sha, 5, keys.state, keys.active, keys.slots, keys.runs, keys.results,
                 slot, slot, secrets.token_hex(8), "bench", 30_000, 3, 1, "schedule", 600_000,
