@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -43,6 +44,21 @@ class Ledger:
     async def record(self, run: Run) -> None:
         key = f"{self.key_prefix}{run.job}:{run.slot_ms}"
         await anyio.to_thread.run_sync(self.client.incr, key)
+
+    def assert_each_slot_ran_once(
+        self, jobs: list[str], started_ms: float, stopping_ms: float, every_ms: int = 1000
+    ) -> int:
+        """No slot ran twice, and every slot due after ``started_ms`` (all instances up)
+        and a period before ``stopping_ms`` (the stop began) ran. Returns that count."""
+        counts = self.counts()
+        duplicates = {slot: n for slot, n in counts.items() if n != 1}
+        assert not duplicates, f"slots that ran more than once: {duplicates}"
+        first = math.ceil(started_ms / every_ms) * every_ms
+        last = math.floor(stopping_ms / every_ms) * every_ms - every_ms
+        expected = {(job, slot) for job in jobs for slot in range(first, last + 1, every_ms)}
+        missed = sorted(expected - set(counts))
+        assert not missed, f"{len(missed)} slots never ran, e.g. {missed[:5]}"
+        return len(expected)
 
     def counts(self) -> dict[tuple[str, int], int]:
         keys = list(self.client.scan_iter(match=f"{self.key_prefix}*", count=1000))
