@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
-import shutil
 import socket
 import subprocess
 import tempfile
@@ -127,8 +126,3 @@ class EmbeddedServer:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
-
-
-def which_server(name: str) -> Path | None:
-    found = shutil.which(name)
-    return Path(found) if found else None

@@ -702,6 +702,9 @@ class Scheduler(Generic[K]):
         while self._due and self._due[0].at_ms <= now_ms:
             due = heapq.heappop(self._due)
             self._pending.discard((due.job, due.slot_id))
+            waiters = self._overlap_waiters.get(due.job)
+            if waiters and due in waiters:
+                waiters.remove(due)  # claimed now: nothing left to wake
             job = self._jobs.get(due.job)
             if job is None:
                 continue
