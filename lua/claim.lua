@@ -50,15 +50,27 @@ local function scan_active()
   return blocked_ms, orphans
 end
 
--- Forget settled runs that no late or catch-up claim can ask for any more.
--- Active runs are never forgotten. A few per call keep the script short.
+-- Forget settled runs that no claim can ask for any more: a slot is kept for
+-- keep_ms after its instant (late and catch-up claims) and for keep_ms after it
+-- settled (a backup of a long run asks again after the run ends). Scores start
+-- as the slot's instant; a run still active, or settled less than keep_ms ago,
+-- is scored again with the time to look at it next. A few per call keep the
+-- script short.
 local function trim_old_state()
-  local old = redis.call('ZRANGEBYSCORE', slots_key, '-inf', '(' .. int(now - keep_ms),
+  local horizon = now - keep_ms
+  local old = redis.call('ZRANGEBYSCORE', slots_key, '-inf', '(' .. int(horizon),
     'LIMIT', 0, 32)
   for _, other in ipairs(old) do
-    if other ~= slot and redis.call('SISMEMBER', active_key, other) == 0 then
-      redis.call('HDEL', state_key, other)
-      redis.call('ZREM', slots_key, other)
+    if other ~= slot then
+      local o = decode_state(redis.call('HGET', state_key, other))
+      if o and (o.status == 'running' or o.status == 'retry') then
+        redis.call('ZADD', slots_key, int(now), other)
+      elseif o and o.until_ms >= horizon then
+        redis.call('ZADD', slots_key, int(o.until_ms), other)
+      else
+        redis.call('HDEL', state_key, other)
+        redis.call('ZREM', slots_key, other)
+      end
     end
   end
 end

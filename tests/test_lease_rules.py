@@ -285,18 +285,22 @@ async def test_fences_of_successive_wins_strictly_increase(server_url: str, pref
 async def test_five_thousand_slots_keep_every_key_of_the_job_within_bounds(
     server_url: str, prefix: str, direct: redis.Redis
 ) -> None:
+    """History stays within history_size; the state holds the active runs and the
+    runs settled within the last keep_ms (and, without a finish, nothing more)."""
     history_size = 100
     backend = RedisBackend(redis=server_url, prefix=prefix)
     store = await backend.open(
         {"runner": "r", "history_size": history_size, "history_ttl_ms": None}
     )
     keys = JobKeys.for_job(prefix, "busy")
-    keep_ms = 80_000  # what a job with max_late_ms=10 s keeps (see Job.keep_ms)
+    keep_ms = 500
     now_ms = int(time.time() * 1000)
     slots = [now_ms - (5000 - i) * 1000 for i in range(5000)]
+    finished_at: list[float] = []
     try:
         for slot in slots:
             token = secrets.token_hex(8)
+            last_claim = time.time()
             (reply,) = await store.claim_many(
                 [
                     ClaimRequest(
@@ -308,15 +312,60 @@ async def test_five_thousand_slots_keep_every_key_of_the_job_within_bounds(
             await store.finish(
                 AttemptEnd("busy", str(slot), token, 1, "schedule", 0, 0, 0, "ok", None, 3, 0)
             )
+            finished_at.append(time.time())
     finally:
         await store.conn.aclose()
 
     assert direct.xlen(keys.runs) <= history_size
     assert direct.zcard(keys.results) <= history_size
-    # State: the slots of the last keep_ms (one per second), plus the fence counter.
-    assert direct.zcard(keys.slots) <= keep_ms // 1000 + 1
-    assert direct.hlen(keys.state) <= keep_ms // 1000 + 2
+    # The last claim trimmed every run settled more than keep_ms before it (100 ms of
+    # margin for the two clocks' reading granularity), but never the slot it claimed.
+    recent = sum(1 for t in finished_at if t >= last_claim - keep_ms / 1000 - 0.1)
+    assert len(slots) > recent
+    assert direct.zcard(keys.slots) <= recent + 1
+    assert direct.hlen(keys.state) <= recent + 2  # and the fence counter
     assert direct.scard(keys.active) == 0
+
+
+async def test_a_long_run_is_remembered_after_it_settles_while_its_backup_may_still_ask(
+    server_url: str, prefix: str
+) -> None:
+    """Invariant 5: a run that outlived the keep window (a long job, heartbeating) is
+    still remembered for keep_ms after it settles, so its backup's next claim is told
+    ``done`` instead of winning the slot again; a newer slot's first claim trims
+    only runs that settled long enough ago."""
+    backend = RedisBackend(redis=server_url, prefix=prefix)
+    store = await backend.open({"runner": "r", "history_size": 100, "history_ttl_ms": None})
+    keep_ms = 2_000
+    now_ms = int(time.time() * 1000)
+    old_slot = now_ms - 10_000  # older than the keep window when it settles
+
+    def request(slot: int, token: str) -> ClaimRequest:
+        return ClaimRequest("long", str(slot), slot, token, "schedule", 30_000, 1, True, keep_ms)
+
+    try:
+        runner, backup = secrets.token_hex(8), secrets.token_hex(8)
+        (won,) = await store.claim_many([request(old_slot, runner)])
+        assert getattr(won, "kind", won) == "won"
+        (waiting,) = await store.claim_many([request(old_slot, backup)])
+        assert getattr(waiting, "kind", waiting) == "running"
+        await store.finish(
+            AttemptEnd("long", str(old_slot), runner, 1, "schedule", 0, 0, 0, "ok", None, 1, 0)
+        )
+        # A newer slot's first claim trims old settled runs...
+        (newer,) = await store.claim_many([request(now_ms, secrets.token_hex(8))])
+        assert getattr(newer, "kind", newer) == "won"
+        # ...but not the one that settled a moment ago: the backup hears it is done.
+        (again,) = await store.claim_many([request(old_slot, backup)])
+        assert (getattr(again, "kind", again), getattr(again, "status", None)) == ("done", "ok")
+        # Once it has been settled for longer than keep_ms, it is forgotten.
+        await anyio.sleep(keep_ms / 1000 + 0.1)
+        (later,) = await store.claim_many([request(now_ms + 5_000, secrets.token_hex(8))])
+        assert getattr(later, "kind", later) == "won"
+        keys = JobKeys.for_job(prefix, "long")
+        assert await store.conn.execute(("HEXISTS", keys.state, str(old_slot))) == 0
+    finally:
+        await store.conn.aclose()
 
 
 # ----------------------------------------------------------------- cost

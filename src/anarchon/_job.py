@@ -120,12 +120,12 @@ class Job:
         """How old a slot may be when this instance first claims it."""
         return self.max_late_ms + self.jitter_ms
 
-    @property
-    def keep_ms(self) -> int:
-        """How long the store keeps a settled slot's state: twice the longest a late or
-        catch-up claim could come after the slot, so that instance clocks offset by up
-        to that much still find it."""
-        return 2 * max(self.late_window_ms, self.catch_up_ms) + 60_000
+    def keep_ms(self, lease_ms: int) -> int:
+        """How long the store keeps a slot's state after its instant and after it
+        settles: twice the longest a late or catch-up claim could come after the slot
+        (so instance clocks offset by up to that much still find it), plus a lease (a
+        backup asks again at most a lease after its last answer), plus a minute."""
+        return 2 * max(self.late_window_ms, self.catch_up_ms) + lease_ms + 60_000
 
     async def invoke(self, run: Run) -> None:
         args = (run,) if self.takes_run else ()

@@ -600,7 +600,7 @@ class Scheduler(Generic[K]):
             lease_ms=self.lease_ms,
             max_attempts=1,
             allow_overlap=job.overlap,
-            keep_ms=job.keep_ms,
+            keep_ms=job.keep_ms(self.lease_ms),
         )
         (reply,) = await self._store.claim_many([request])
         if isinstance(reply, ServerReplyError):
@@ -770,7 +770,7 @@ class Scheduler(Generic[K]):
             lease_ms=self.lease_ms,
             max_attempts=job.max_attempts,
             allow_overlap=job.overlap,
-            keep_ms=job.keep_ms,
+            keep_ms=job.keep_ms(self.lease_ms),
         )
 
     def _retry_claims(self, batch: list[_Due]) -> None:
