@@ -8,7 +8,7 @@
 --   {'won', attempt, fence, lease_ms_left, trigger, orphans}  the caller runs this attempt
 --   {'running', ms}   the run is in progress (or waits for its retry): be a backup, ask again in ms
 --   {'overlap', ms, orphans}  another slot of the job holds a live lease; this new run does not start
---   {'done', status}  the run is settled
+--   {'done', status}  the run is settled ('forgotten': a later claim found no state)
 -- orphans (on a slot's first claim only): other unsettled slots of the job that
 -- nobody holds any more (lease expired, or retry due). Claiming them is how
 -- instances notice a dead runner without polling every run they back up.
@@ -26,6 +26,7 @@ local keep_ms = tonumber(ARGV[9])
 local history_size = tonumber(ARGV[10])
 local history_ttl_ms = tonumber(ARGV[11])
 local trim_runs_by_id = ARGV[12] == '1'
+local may_start = ARGV[13] == '1'
 
 local now = server_now_ms()
 
@@ -95,6 +96,10 @@ local function win(attempt, win_trigger, orphans)
 end
 
 local s = decode_state(redis.call('HGET', state_key, slot))
+
+-- No state on a later claim: the run settled and was forgotten. Only a first
+-- claim, made while the slot is young enough to be remembered, starts a run.
+if not s and not may_start then return {'done', 'forgotten'} end
 
 -- No state: nobody has claimed this run yet.
 if not s then

@@ -23,6 +23,12 @@ Rules (design section 3):
 - Every win increments the job's fence.
 - A first claim of a slot also reports orphans: other unsettled slots whose
   lease expired or whose retry is due.
+- max_attempts comes with each claim and finish (a manual run is claimed with 1;
+  a backup taking over an orphan sends the job's).
+- Remembering: the store may forget a settled run once both its instant and its
+  settling are more than keep_ms ago; it must remember every other run
+  (``must_remember``). Only a first claim may start a run: a later claim (a
+  backup's, a retry's) of a slot without state is told done, forgotten.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ class RunState:
     until_ms: int
     fence: int
     trigger: str
+    slot_ms: int
 
 
 @dataclass
@@ -54,7 +61,6 @@ class Reply:
 @dataclass
 class JobModel:
     lease_ms: int
-    max_attempts: int
     allow_overlap: bool
     runs: dict[str, RunState] = field(default_factory=dict)
     fence: int = 0
@@ -83,20 +89,49 @@ class JobModel:
         it meets; the machine only compares whether there is one)."""
         return self._scan(slot, now)[0]
 
-    def _win(self, slot: str, attempt: int, token: str, trigger: str, now: int) -> Reply:
+    def must_remember(self, now: int, keep_ms: int) -> set[str]:
+        """The runs the store may not have forgotten at ``now``."""
+        horizon = now - keep_ms
+        return {
+            slot
+            for slot, run in self.runs.items()
+            if run.status in ("running", "retry")
+            or run.slot_ms >= horizon
+            or run.until_ms >= horizon
+        }
+
+    def _win(
+        self, slot: str, slot_ms: int, attempt: int, token: str, trigger: str, now: int
+    ) -> Reply:
         self.fence += 1
         self.runs[slot] = RunState(
-            "running", attempt, token, now + self.lease_ms, self.fence, trigger
+            "running", attempt, token, now + self.lease_ms, self.fence, trigger, slot_ms
         )
         return Reply("won", attempt, self.fence, self.lease_ms, trigger)
 
-    def claim(self, slot: str, token: str, trigger: str, now: int) -> Reply:
+    def forget(self, slots: set[str]) -> None:
+        """The store forgot these runs (each one it was allowed to)."""
+        for slot in slots:
+            del self.runs[slot]
+
+    def claim(
+        self,
+        slot: str,
+        slot_ms: int,
+        token: str,
+        trigger: str,
+        now: int,
+        max_attempts: int,
+        may_start: bool = True,
+    ) -> Reply:
         run = self.runs.get(slot)
+        if run is None and not may_start:
+            return Reply("done", status="forgotten")
         if run is None:
             blocked, orphans = self._scan(slot, now)
             if blocked is not None:
                 return Reply("overlap", wait_ms=blocked, orphans=orphans)
-            reply = self._win(slot, 1, token, trigger, now)
+            reply = self._win(slot, slot_ms, 1, token, trigger, now)
             reply.orphans = orphans
             return reply
         if run.status == "running" and run.token == token:
@@ -105,7 +140,7 @@ class JobModel:
             if run.until_ms > now:
                 return Reply("running", wait_ms=run.until_ms - now)
             self.results[(slot, run.attempt)] = "interrupted"
-            if run.attempt >= self.max_attempts:
+            if run.attempt >= max_attempts:
                 run.status, run.until_ms = "interrupted", now
                 return Reply("done", status="interrupted")
             run.status, run.until_ms = "retry", now
@@ -115,7 +150,7 @@ class JobModel:
             blocked = self._blocked_any(slot, now)
             if blocked is not None:
                 return Reply("running", wait_ms=blocked)
-            return self._win(slot, run.attempt + 1, token, "retry", now)
+            return self._win(slot, run.slot_ms, run.attempt + 1, token, "retry", now)
         return Reply("done", status=run.status)
 
     def heartbeat(self, slot: str, token: str, now: int) -> bool:
@@ -130,7 +165,9 @@ class JobModel:
         run.until_ms = now + self.lease_ms
         return True
 
-    def finish(self, slot: str, token: str, outcome: str, retry_delay_ms: int, now: int) -> str:
+    def finish(
+        self, slot: str, token: str, outcome: str, retry_delay_ms: int, now: int, max_attempts: int
+    ) -> str:
         """The run's status afterwards, or 'lost'."""
         run = self.runs.get(slot)
         if run is None or run.token != token:
@@ -140,7 +177,7 @@ class JobModel:
         self.results[(slot, run.attempt)] = outcome
         if outcome == "ok":
             run.status, run.until_ms = "ok", now
-        elif run.attempt < self.max_attempts:
+        elif run.attempt < max_attempts:
             run.status = "retry"
             run.until_ms = now + (0 if outcome == "cancelled" else retry_delay_ms)
         else:

@@ -1,7 +1,13 @@
 """The lease scripts against a reference model, step by step, on a real server.
 
-Several simulated instances claim slots of one job, heartbeat, finish (ok,
-failed, cancelled), crash (stop heartbeating and forget their tokens), and time
+Three simulated instances, each with its own clock offset (up to the lateness
+window either way), run one job the way the scheduler does: a first claim of a
+slot only while the instance's own clock says the slot is at most the lateness
+window old; a backup asks again when the answer's time runs out; orphans
+reported by a claim are taken over at once; ``run_now`` claims a manual slot
+with one attempt. Handlers heartbeat, finish ok / failed / cancelled, or hang
+(stop heartbeating); instances stop (cancelling and releasing what they hold),
+crash (forgetting everything) and start again with another clock; time
 advances. Every reply of the real scripts must equal the model's
 (property_tests/model.py), and after every step the invariants hold:
 
@@ -10,26 +16,25 @@ advances. Every reply of the real scripts must equal the model's
 2. No overlap: without overlap, at most one slot holds a live lease.
 3. Attempts: attempts are numbered 1..max_attempts, never more.
 4. Fencing: a stale token's heartbeat or finish changes nothing and reports loss.
+5. Remembered: no slot is won as attempt 1 twice, and the store still holds
+   every run a late, catch-up or backup claim could ask about.
 6. Settled: a run without live lease or pending retry is settled.
-7. Bounded: the state holds the model's slots and the fence counter, nothing else.
+7. Bounded: the state holds the model's runs and the fence counter, nothing
+   else, and after a first claim nothing the store may forget.
+8. Skew-proof: the instances' clock offsets change none of the above.
 """
 
 from __future__ import annotations
 
 import secrets
 import uuid
+from dataclasses import dataclass, field
+from typing import Any
 
 import redis
+from hypothesis import event
 from hypothesis import strategies as st
-from hypothesis.stateful import (
-    Bundle,
-    RuleBasedStateMachine,
-    consumes,
-    initialize,
-    invariant,
-    multiple,
-    rule,
-)
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from property_tests.lease_scripts import timed_script
 from property_tests.model import JobModel, Reply
@@ -37,52 +42,131 @@ from tests.servers import MATRIX_FIRST, ServerSpec, matrix, running_server
 
 LEASE_MS = 1000
 RETRY_DELAY_MS = 300
-INSTANCES = ["a", "b", "c"]
+LATE_MS = 1500  # the lateness window: a first claim only of slots this young
+KEEP_MS = 2 * LATE_MS + LEASE_MS + 500  # what the scheduler sends, without its minute
+TRIM_PER_CLAIM = 32  # the claim script forgets at most this many runs per first claim
+BASE_MS = 1_800_000_000_000
+INSTANCES = ("a", "b", "c")
+OFFSETS = st.integers(-LATE_MS, LATE_MS)
+
+
+@dataclass
+class Held:
+    """An attempt an instance believes it runs."""
+
+    token: str
+    max_attempts: int
+    first: bool  # won by the instance's first claim of the slot
+    won_at: int
+
+
+@dataclass
+class Instance:
+    name: str
+    offset_ms: int
+    up: bool = True
+    held: dict[str, Held] = field(default_factory=dict)  # slot -> attempt
+    # slot -> (when, trigger, may_start) of the instance's next claim of it
+    asks: dict[str, tuple[int, str, bool]] = field(default_factory=dict)
+    first_claims: set[str] = field(default_factory=set)
+
+
+def slot_ms_of(slot: str) -> int:
+    return int(slot.lstrip("m").split("-")[0])
 
 
 class LeaseMachine(RuleBasedStateMachine):
-    held = Bundle("held")  # (instance, slot, token) of attempts an instance believes it holds
-
     server: ServerSpec = MATRIX_FIRST
 
     def __init__(self) -> None:
         super().__init__()
-        self.client = redis.Redis.from_url(
-            running_server(self.server), protocol=2, decode_responses=True
-        )
-        self.scripts = {
-            name: self.client.script_load(timed_script(name))
-            for name in ("claim", "heartbeat", "finish")
-        }
-        self.now = 1_800_000_000_000
+        self.client = self.connect(running_server(self.server))
+        self.now = BASE_MS
         tag = "{" + f"pm{uuid.uuid4().hex[:8]}:job" + "}"
-        self.keys = [
-            f"{tag}:state",
-            f"{tag}:active",
-            f"{tag}:slots",
-            f"{tag}:runs",
-            f"{tag}:results",
-        ]
-        self.model: JobModel | None = None
+        self.keys = [f"{tag}:{name}" for name in ("state", "active", "slots", "runs", "results")]
+        self.model = JobModel(LEASE_MS, allow_overlap=False)
+        self.max_attempts = 1
+        self.instances: dict[str, Instance] = {}
+        # Invariant 5: the fence of each slot's attempt-1 win.
+        self.first_wins: dict[str, int] = {}
 
-    @initialize(max_attempts=st.integers(1, 3), allow_overlap=st.booleans())
-    def configure(self, max_attempts: int, allow_overlap: bool) -> None:
-        self.model = JobModel(LEASE_MS, max_attempts, allow_overlap)
+    @staticmethod
+    def connect(url: str) -> redis.Redis:
+        return redis.Redis.from_url(url, protocol=2, decode_responses=True)
+
+    @initialize(
+        max_attempts=st.integers(1, 3),
+        allow_overlap=st.booleans(),
+        offsets=st.tuples(OFFSETS, OFFSETS, OFFSETS),
+    )
+    def configure(self, max_attempts: int, allow_overlap: bool, offsets: tuple[int, ...]) -> None:
+        self.max_attempts = max_attempts
+        self.model = JobModel(LEASE_MS, allow_overlap)
+        self.instances = {
+            name: Instance(name, offset) for name, offset in zip(INSTANCES, offsets, strict=True)
+        }
 
     def teardown(self) -> None:
         self.client.delete(*self.keys)
         self.client.close()
 
-    # -- calling the real scripts, clock last
+    # -- the real scripts, clock last
 
-    def _claim(self, instance: str, slot: str, token: str) -> Reply:
-        assert self.model is not None
-        raw = self.client.evalsha(
-            self.scripts["claim"], 5, *self.keys,
-            slot, slot.lstrip("m").split("-")[0], token, instance, LEASE_MS,
-            self.model.max_attempts, 1 if self.model.allow_overlap else 0, "schedule",
-            10**9, 10**6, 0, 0, self.now,
+    def call(self, name: str, keys: list[str], args: list[Any]) -> Any:
+        # EVAL (not EVALSHA) so that a promoted replica, whose script cache is
+        # empty, runs them too.
+        return self.client.eval(timed_script(name), len(keys), *keys, *args, self.now)
+
+    def write_happened(self) -> None:
+        """Called after every script call (a subclass records the model's states)."""
+
+    def _claim(
+        self,
+        instance: Instance,
+        slot: str,
+        token: str,
+        trigger: str,
+        max_attempts: int,
+        may_start: bool,
+    ) -> Reply:
+        # What the store forgot since the last claim, the model forgets too (the
+        # invariants check it forgot only what it may).
+        forgotten = set(self.model.runs) - set(self.client.hkeys(self.keys[0]))
+        if forgotten:
+            event("the store forgot settled runs")
+        self.model.forget(forgotten)
+        had_state = slot in self.model.runs
+        fence_before = self.model.fence  # the store's too (checked after every step)
+        must_forget = self._trimmable() if not had_state else set()
+        expected = self.model.claim(
+            slot, slot_ms_of(slot), token, trigger, self.now, max_attempts, may_start
+        )
+        raw = self.call(
+            "claim", self.keys,
+            [slot, slot_ms_of(slot), token, instance.name, LEASE_MS, max_attempts,
+             1 if self.model.allow_overlap else 0, trigger, KEEP_MS, 10**6, 0, 0,
+             1 if may_start else 0],
         )  # fmt: skip
+        self.write_happened()
+        got = self._reply(raw)
+        event(f"claim: {got.kind} {got.status or got.attempt}, may_start={may_start}")
+        if expected.kind == "overlap" or (expected.kind == "running" and got.kind == "running"):
+            # The time left is the first live lease the script meets: compare presence.
+            assert (got.kind, got.wait_ms > 0) == (expected.kind, expected.wait_ms > 0)
+            assert got.orphans == expected.orphans
+        else:
+            assert got == expected, (got, expected)
+        if got.kind == "won" and got.attempt == 1 and got.fence > fence_before:
+            # Invariant 5: a fresh win of attempt 1 happens once per slot.
+            assert slot not in self.first_wins, f"{slot} won as attempt 1 twice"
+            self.first_wins[slot] = got.fence
+        if not had_state and may_start and len(must_forget) <= TRIM_PER_CLAIM:
+            # Invariant 7: a first claim forgot every run the store may forget.
+            assert not set(self.client.hkeys(self.keys[0])) & must_forget
+        return got
+
+    @staticmethod
+    def _reply(raw: list[Any]) -> Reply:
         kind = raw[0]
         if kind == "won":
             return Reply(
@@ -94,87 +178,181 @@ class LeaseMachine(RuleBasedStateMachine):
             return Reply("running", wait_ms=int(raw[1]))
         return Reply("done", status=raw[1])
 
+    def _trimmable(self) -> set[str]:
+        return set(self.model.runs) - self.model.must_remember(self.now, KEEP_MS)
+
+    def claim_as(
+        self, instance: Instance, slot: str, trigger: str, max_attempts: int, may_start: bool
+    ) -> Reply:
+        """One claim as the scheduler makes it, and what the instance does with the answer:
+        a backup asks again when the answer's time runs out (a claim waiting behind an
+        overlapping run still may start it), orphans are taken over at once."""
+        token = secrets.token_hex(4)
+        instance.asks.pop(slot, None)
+        got = self._claim(instance, slot, token, trigger, max_attempts, may_start)
+        if got.kind == "won":
+            instance.held[slot] = Held(token, max_attempts, may_start, self.now)
+        elif got.kind == "running":
+            instance.asks[slot] = (self.now + max(got.wait_ms, 1), trigger, False)
+        elif got.kind == "overlap" and trigger not in ("schedule", "manual"):
+            instance.asks[slot] = (self.now + max(got.wait_ms, 1), trigger, may_start)
+        for orphan in sorted(got.orphans):
+            if orphan not in instance.held and orphan not in instance.asks:
+                self.claim_as(instance, orphan, "retry", self.max_attempts, may_start=False)
+        return got
+
     # -- rules
 
-    @rule(target=held, instance=st.sampled_from(INSTANCES), slot=st.integers(0, 5))
-    def claim(self, instance: str, slot: int):  # type: ignore[no-untyped-def]
-        assert self.model is not None
-        slot_id = str(1_800_000_000_000 + slot * 1000)
-        token = secrets.token_hex(4)
-        expected = self.model.claim(slot_id, token, "schedule", self.now)
-        got = self._claim(instance, slot_id, token)
-        if expected.kind == "overlap" or (expected.kind == "running" and got.kind == "running"):
-            # The time left is the first live lease the script meets: compare presence.
-            assert (got.kind, got.wait_ms > 0) == (expected.kind, expected.wait_ms > 0)
-            assert got.orphans == expected.orphans
-        else:
-            assert got == expected, (got, expected)
-        if got.kind == "won":
-            return (instance, slot_id, token)
-        return multiple()
+    @rule(name=st.sampled_from(INSTANCES), lag=st.integers(0, LATE_MS - 1000))
+    def claim_a_due_slot(self, name: str, lag: int) -> None:
+        """A first claim: the slot the instance's own clock says is ``lag`` ms or so old
+        (at most the lateness window)."""
+        instance = self.instances[name]
+        clock = self.now + instance.offset_ms
+        slot_ms = (clock - lag) // 1000 * 1000
+        slot = str(slot_ms)
+        if not instance.up or slot_ms < BASE_MS or slot in instance.first_claims:
+            return  # the instance does not claim it (again)
+        instance.first_claims.add(slot)
+        self.claim_as(instance, slot, "schedule", self.max_attempts, may_start=True)
 
-    @rule(attempt=held)
-    def heartbeat(self, attempt: tuple[str, str, str]) -> None:
-        assert self.model is not None
-        _, slot_id, token = attempt
-        before = self.client.hget(self.keys[0], slot_id)
-        expected = self.model.heartbeat(slot_id, token, self.now)
+    @rule(name=st.sampled_from(INSTANCES))
+    def run_now(self, name: str) -> None:
+        instance = self.instances[name]
+        if not instance.up:
+            return
+        slot = f"m{self.now + instance.offset_ms}-{secrets.token_hex(2)}"
+        self.claim_as(instance, slot, "manual", 1, may_start=True)
+
+    def _held(self, data: st.DataObject) -> tuple[Instance, str, Held]:
+        holders = [i for i in self.instances.values() if i.held]
+        instance = data.draw(st.sampled_from(holders), label="instance")
+        slot = data.draw(st.sampled_from(sorted(instance.held)), label="slot")
+        return instance, slot, instance.held[slot]
+
+    def _anyone_holds(self) -> bool:
+        return any(i.held for i in self.instances.values())
+
+    @precondition(_anyone_holds)
+    @rule(data=st.data())
+    def heartbeat(self, data: st.DataObject) -> None:
+        _, slot, held = self._held(data)
+        before = self.client.hget(self.keys[0], slot)
+        expected = self.model.heartbeat(slot, held.token, self.now)
         overlap = 1 if self.model.allow_overlap else 0
-        got = self.client.evalsha(
-            self.scripts["heartbeat"], 2, self.keys[0], self.keys[1], slot_id, token, LEASE_MS,
-            overlap, self.now,
-        )  # fmt: skip
+        got = self.call("heartbeat", self.keys[:2], [slot, held.token, LEASE_MS, overlap])
+        self.write_happened()
         assert (int(got[0]) == 1) == expected
         if not expected:  # invariant 4: a stale token changes nothing
-            assert self.client.hget(self.keys[0], slot_id) == before
+            assert self.client.hget(self.keys[0], slot) == before
 
-    @rule(attempt=consumes(held), outcome=st.sampled_from(["ok", "failed", "cancelled"]))
-    def finish(self, attempt: tuple[str, str, str], outcome: str) -> None:
-        assert self.model is not None
-        _, slot_id, token = attempt
+    def _finish(self, instance: Instance, slot: str, outcome: str) -> None:
+        held = instance.held.pop(slot)
         before = self.client.hgetall(self.keys[0])
-        expected = self.model.finish(slot_id, token, outcome, RETRY_DELAY_MS, self.now)
-        got = self.client.evalsha(
-            self.scripts["finish"], 3, self.keys[0], self.keys[1], self.keys[4],
-            slot_id, slot_id, token, outcome, self.model.max_attempts, RETRY_DELAY_MS, "",
-            10**6, 0, self.now,
+        expected = self.model.finish(
+            slot, held.token, outcome, RETRY_DELAY_MS, self.now, held.max_attempts
+        )
+        got = self.call(
+            "finish", [self.keys[0], self.keys[1], self.keys[4]],
+            [slot, slot_ms_of(slot), held.token, outcome, held.max_attempts, RETRY_DELAY_MS,
+             "", 10**6, 0],
         )  # fmt: skip
+        self.write_happened()
         if expected == "lost":
             assert got[0] == "lost"
             assert self.client.hgetall(self.keys[0]) == before  # invariant 4
         else:
             assert (got[0], got[1]) == ("settled", expected)
 
-    @rule(attempt=consumes(held))
-    def crash(self, attempt: tuple[str, str, str]) -> None:
-        """The runner dies: it never heartbeats or finishes this attempt again."""
+    @precondition(_anyone_holds)
+    @rule(data=st.data(), outcome=st.sampled_from(["ok", "failed", "cancelled"]))
+    def finish(self, data: st.DataObject, outcome: str) -> None:
+        instance, slot, _ = self._held(data)
+        self._finish(instance, slot, outcome)
 
-    @rule(ms=st.sampled_from([1, 100, 299, 300, 500, 999, 1000, 1001, 2500]))
+    @precondition(_anyone_holds)
+    @rule(data=st.data())
+    def repeat_a_claim(self, data: st.DataObject) -> None:
+        """The reply to a claim was lost: the instance sends it again, same token (a first
+        claim only while the slot is still young enough for the instance's clock)."""
+        instance, slot, held = self._held(data)
+        if held.first and self.now - held.won_at > LATE_MS:
+            return
+        self._claim(instance, slot, held.token, "schedule", held.max_attempts, held.first)
+
+    @precondition(_anyone_holds)
+    @rule(data=st.data())
+    def hang(self, data: st.DataObject) -> None:
+        """A handler hangs: its attempt is never heartbeated or finished again."""
+        instance, slot, _ = self._held(data)
+        del instance.held[slot]
+
+    @rule(name=st.sampled_from(INSTANCES))
+    def stop(self, name: str) -> None:
+        """stop(): running handlers are cancelled and their leases released."""
+        instance = self.instances[name]
+        if not instance.up:
+            return
+        for slot in sorted(instance.held):
+            self._finish(instance, slot, "cancelled")
+        instance.asks.clear()
+        instance.up = False
+
+    @rule(name=st.sampled_from(INSTANCES))
+    def crash(self, name: str) -> None:
+        """The process dies: no heartbeat, finish or claim of it ever again."""
+        instance = self.instances[name]
+        instance.held.clear()
+        instance.asks.clear()
+        instance.up = False
+
+    @rule(name=st.sampled_from(INSTANCES), offset=OFFSETS)
+    def start(self, name: str, offset: int) -> None:
+        instance = self.instances[name]
+        if instance.up:
+            return
+        self.instances[name] = Instance(name, offset)
+
+    @rule(ms=st.sampled_from([1, 100, 299, 300, 500, 999, 1000, 1001, 2500, 6000]))
     def advance_time(self, ms: int) -> None:
-        self.now += ms
+        """Time passes; backups ask again exactly when their answers said to."""
+        end = self.now + ms
+        while True:
+            due = [
+                (at, name, slot, trigger, may_start)
+                for name, instance in self.instances.items()
+                for slot, (at, trigger, may_start) in instance.asks.items()
+                if at <= end
+            ]
+            if not due:
+                break
+            at, name, slot, trigger, may_start = min(due)
+            self.now = at
+            self.claim_as(self.instances[name], slot, trigger, self.max_attempts, may_start)
+        self.now = end
 
     # -- invariants
 
     @invariant()
     def state_matches_the_model(self) -> None:
-        if self.model is None:
-            return
         state = self.client.hgetall(self.keys[0])
         fence = state.pop("fence", "0")
-        assert int(fence) == self.model.fence  # invariant 7: nothing but slots and the fence
-        assert set(state) == set(self.model.runs)
-        for slot_id, raw in state.items():
+        assert int(fence) == self.model.fence  # invariant 7: nothing but runs and the fence
+        assert set(state) <= set(self.model.runs)
+        # Invariant 5: every run a claim could still ask about is remembered.
+        assert self.model.must_remember(self.now, KEEP_MS) <= set(state)
+        for slot, raw in state.items():
             status, attempt, token, until_ms, run_fence, trigger, _, _ = raw.split("|", 7)
-            run = self.model.runs[slot_id]
+            run = self.model.runs[slot]
             assert (status, int(attempt), token, int(until_ms), int(run_fence), trigger) == (
                 run.status, run.attempt, run.token, run.until_ms, run.fence, run.trigger,
             )  # fmt: skip
-            assert 1 <= int(attempt) <= self.model.max_attempts  # invariant 3
+            assert 1 <= int(attempt) <= max(self.max_attempts, 1)  # invariant 3
         assert set(self.client.smembers(self.keys[1])) == set(self.model.active())
 
     @invariant()
     def at_most_one_live_lease_without_overlap(self) -> None:
-        if self.model is None or self.model.allow_overlap:
+        if self.model.allow_overlap:
             return
         live = [
             s for s, r in self.model.runs.items() if r.status == "running" and r.until_ms > self.now
@@ -183,8 +361,6 @@ class LeaseMachine(RuleBasedStateMachine):
 
     @invariant()
     def results_match_the_model(self) -> None:
-        if self.model is None:
-            return
         members = self.client.zrange(self.keys[4], 0, -1)
         recorded = {(m.split("|")[0], int(m.split("|")[1])): m.split("|")[2] for m in members}
         assert recorded == self.model.results

@@ -368,6 +368,33 @@ async def test_a_long_run_is_remembered_after_it_settles_while_its_backup_may_st
         await store.conn.aclose()
 
 
+async def test_a_backups_claim_of_a_forgotten_slot_is_told_done_and_starts_nothing(
+    server_url: str, prefix: str
+) -> None:
+    """Only a first claim starts a run: a later claim (a backup's, a retry's) that finds
+    no state is answered done, forgotten, and leaves no state behind."""
+    backend = RedisBackend(redis=server_url, prefix=prefix)
+    store = await backend.open({"runner": "r", "history_size": 100, "history_ttl_ms": None})
+    slot = int(time.time() * 1000) - 600_000
+    try:
+        (reply,) = await store.claim_many(
+            [
+                ClaimRequest(
+                    "gone", str(slot), slot, secrets.token_hex(8), "retry", 30_000, 3, False,
+                    60_000, may_start=False,
+                )
+            ]
+        )  # fmt: skip
+        assert (getattr(reply, "kind", reply), getattr(reply, "status", None)) == (
+            "done",
+            "forgotten",
+        )
+        keys = JobKeys.for_job(prefix, "gone")
+        assert await store.conn.execute(("EXISTS", keys.state, keys.active, keys.runs)) == 0
+    finally:
+        await store.conn.aclose()
+
+
 # ----------------------------------------------------------------- cost
 
 

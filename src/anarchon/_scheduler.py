@@ -99,6 +99,13 @@ class _Due:
     first: bool = field(compare=False)
     token: str = field(compare=False, default_factory=lambda: secrets.token_hex(8))
     failures: int = field(compare=False, default=0)
+    #: Whether this claim may start the run: a first claim, or one waiting behind an
+    #: overlapping run after its first claim found the slot not started. A backup's
+    #: or a retry's claim of a slot whose state was forgotten must not start it again.
+    may_start: bool = field(compare=False, default=False)
+
+    def __post_init__(self) -> None:
+        self.may_start = self.may_start or self.first
 
 
 @dataclass(slots=True)
@@ -627,9 +634,14 @@ class Scheduler(Generic[K]):
         if due.at_ms < first_before:
             self._wake.set()
 
-    def _push_follow_up(self, job: Job, slot_id: str, trigger: Trigger, at_ms: float) -> _Due:
+    def _push_follow_up(
+        self, job: Job, slot_id: str, trigger: Trigger, at_ms: float, may_start: bool = False
+    ) -> _Due:
         """A later claim of a slot this instance already asked about: a backup's, a retry's."""
-        due = _Due(at_ms, next(self._seq), job.name, slot_id, slot_ms_of(slot_id), trigger, False)
+        due = _Due(
+            at_ms, next(self._seq), job.name, slot_id, slot_ms_of(slot_id), trigger, False,
+            may_start=may_start,
+        )  # fmt: skip
         self._push(due)
         return due
 
@@ -771,6 +783,7 @@ class Scheduler(Generic[K]):
             max_attempts=job.max_attempts,
             allow_overlap=job.overlap,
             keep_ms=job.keep_ms(self.lease_ms),
+            may_start=due.may_start,
         )
 
     def _retry_claims(self, batch: list[_Due]) -> None:
@@ -824,7 +837,9 @@ class Scheduler(Generic[K]):
     def _wait_behind_overlap(self, job: Job, due: _Due, wait_ms: int, now_ms: float) -> None:
         """Ask again when the live run's lease runs out, or as soon as a run of the job on
         this instance ends, whichever is first."""
-        waiting = self._push_follow_up(job, due.slot_id, due.trigger, now_ms + max(wait_ms, 1))
+        waiting = self._push_follow_up(
+            job, due.slot_id, due.trigger, now_ms + max(wait_ms, 1), may_start=due.may_start
+        )
         self._overlap_waiters.setdefault(job.name, []).append(waiting)
 
     def _wake_overlap_waiters(self, job: Job) -> None:

@@ -40,6 +40,9 @@ class ClaimRequest:
     max_attempts: int = 1
     allow_overlap: bool = False
     keep_ms: int = 0
+    #: The caller's first claim of the slot (made in time): only it may start a run.
+    #: A backup's or a retry's later claim of a forgotten slot is told it is done.
+    may_start: bool = True
 
 
 @dataclass(frozen=True, slots=True)
