@@ -80,19 +80,26 @@ class LeaseMachine(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        self.client = self.connect(running_server(self.server))
+        self.client = self.connect(self.primary_url())
         self.now = BASE_MS
         tag = "{" + f"pm{uuid.uuid4().hex[:8]}:job" + "}"
         self.keys = [f"{tag}:{name}" for name in ("state", "active", "slots", "runs", "results")]
         self.model = JobModel(LEASE_MS, allow_overlap=False)
         self.max_attempts = 1
         self.instances: dict[str, Instance] = {}
-        # Invariant 5: the fence of each slot's attempt-1 win.
-        self.first_wins: dict[str, int] = {}
+        # Invariants 3 and 5: the fence of each attempt won, by (slot, attempt).
+        self.wins: dict[tuple[str, int], int] = {}
+        self.lost_wins: set[tuple[str, int]] = set()  # wins a failover lost
+
+    def primary_url(self) -> str:
+        return running_server(self.server)
 
     @staticmethod
     def connect(url: str) -> redis.Redis:
         return redis.Redis.from_url(url, protocol=2, decode_responses=True)
+
+    def configured(self) -> None:
+        """Called once the job is configured, before the first write."""
 
     @initialize(
         max_attempts=st.integers(1, 3),
@@ -105,6 +112,7 @@ class LeaseMachine(RuleBasedStateMachine):
         self.instances = {
             name: Instance(name, offset) for name, offset in zip(INSTANCES, offsets, strict=True)
         }
+        self.configured()
 
     def teardown(self) -> None:
         self.client.delete(*self.keys)
@@ -156,10 +164,13 @@ class LeaseMachine(RuleBasedStateMachine):
             assert got.orphans == expected.orphans
         else:
             assert got == expected, (got, expected)
-        if got.kind == "won" and got.attempt == 1 and got.fence > fence_before:
-            # Invariant 5: a fresh win of attempt 1 happens once per slot.
-            assert slot not in self.first_wins, f"{slot} won as attempt 1 twice"
-            self.first_wins[slot] = got.fence
+        if got.kind == "won" and got.fence > fence_before:
+            # Invariants 3 and 5: each attempt of a slot is won once (attempt 1 too:
+            # a slot is never started twice).
+            assert (slot, got.attempt) not in self.wins, f"{slot} won attempt {got.attempt} twice"
+            self.wins[(slot, got.attempt)] = got.fence
+            if (slot, got.attempt) in self.lost_wins:
+                event("a win lost in a failover was won again")
         if not had_state and may_start and len(must_forget) <= TRIM_PER_CLAIM:
             # Invariant 7: a first claim forgot every run the store may forget.
             assert not set(self.client.hkeys(self.keys[0])) & must_forget

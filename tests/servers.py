@@ -32,6 +32,7 @@ __all__ = [
     "full_matrix",
     "matrix",
     "running_cluster",
+    "running_pair",
     "running_server",
 ]
 
@@ -181,10 +182,40 @@ def running_server(spec: ServerSpec) -> str:
     return _running[spec.id].url
 
 
+_pairs: dict[str, list[EmbeddedServer]] = {}
+
+# Replication as fast as loopback allows: no RDB file, no waiting for more replicas.
+_REPLICATION_ARGS = ("--repl-diskless-sync", "yes", "--repl-diskless-sync-delay", "0")
+
+
+def running_pair(spec: ServerSpec) -> list[EmbeddedServer]:
+    """Two servers of ``spec``'s binary, the second a replica of the first, in sync.
+
+    The list is shared: a test that fails over swaps its two entries, so that the
+    first is always the primary."""
+    import redis
+
+    if spec.id not in _pairs:
+        assert spec.binary is not None
+        pair = [EmbeddedServer(spec.binary, _REPLICATION_ARGS).start() for _ in range(2)]
+        _pairs[spec.id] = pair
+        with redis.Redis(port=pair[1].port, protocol=2) as replica:
+            replica.execute_command("REPLICAOF", "127.0.0.1", pair[0].port)
+        with redis.Redis(port=pair[0].port, protocol=2) as primary:
+            primary.set("anarchon-test:pair", 1)
+            if primary.execute_command("WAIT", 1, 30_000) < 1:
+                raise RuntimeError(f"the {spec.id} replica did not sync within 30 s")
+    return _pairs[spec.id]
+
+
 def stop_all() -> None:
     for server in _running.values():
         server.stop()
     _running.clear()
+    for pair in _pairs.values():
+        for server in pair:
+            server.stop()
+    _pairs.clear()
     for nodes in _clusters.values():
         for node in nodes:
             node.stop()
