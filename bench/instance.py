@@ -1,10 +1,12 @@
 """One scheduler instance in a process of its own, for benchmarks.
 
-    python -m bench.instance URL PREFIX NAME JOBS SECONDS EVENT_LOOP STRATEGY
+    python -m bench.instance CONFIG_JSON      (the fields of bench.common.InstanceConfig)
 
-Runs JOBS jobs firing every second for SECONDS and prints one JSON line: the
-lateness of every run it started (handler start minus slot instant, ms) and its
-process CPU time.
+Registers the jobs, prints ``{"ready": true}``, reads ``{"start_at": t, "end_at": t}``
+(wall clock; optionally ``phase_ms``) from stdin, runs the scheduler from
+``start_at`` to ``end_at`` and prints ``{"result": ...}``: every run it started
+(slot, handler start, attempt) and samples of its process CPU time. With
+``events`` it also prints each handler start as it happens.
 """
 
 from __future__ import annotations
@@ -12,32 +14,120 @@ from __future__ import annotations
 import json
 import sys
 import time
+from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import urlparse
 
 import anyio
+import anyio.to_thread
 
 from anarchon import RedisBackend, Run, Scheduler
 
 
+class Phased:
+    """Fires every ``period_ms`` at ``phase_ms`` modulo it (epoch milliseconds)."""
+
+    def __init__(self, period_ms: int, phase_ms: int) -> None:
+        self.period_ms = period_ms
+        self.phase_ms = phase_ms
+
+    def next_after(self, moment: datetime, /) -> datetime:
+        after_ms = int(moment.timestamp() * 1000)
+        ticks = (after_ms - self.phase_ms) // self.period_ms + 1
+        return datetime.fromtimestamp((self.phase_ms + ticks * self.period_ms) / 1000, UTC)
+
+    def __repr__(self) -> str:
+        return f"Phased({self.period_ms}, {self.phase_ms})"
+
+
+def schedule_for(period_ms: int, phase_ms: int) -> Any:
+    # The cron path users take, where one exists.
+    if phase_ms == 0 and period_ms == 1000:
+        return "* * * * * *"
+    if phase_ms == 0 and period_ms == 60_000:
+        return "* * * * *"
+    return Phased(period_ms, phase_ms)
+
+
+async def open_client(kind: str, url: str, loop: str) -> tuple[Any, Any]:
+    """The ``redis=`` value for a client kind, and how to close it afterwards."""
+    if kind == "redis-py":
+        return url, None  # anarchon opens (and closes) the connection itself
+    if kind == "valkey-py":
+        if loop == "asyncio":
+            import valkey.asyncio
+
+            client: Any = valkey.asyncio.Valkey.from_url(url, protocol=2)
+            return client, client.aclose
+        import valkey
+
+        sync_client = valkey.Valkey.from_url(url, protocol=2)
+        return sync_client, lambda: anyio.to_thread.run_sync(sync_client.close)
+    if kind == "glide":
+        import glide
+
+        parsed = urlparse(url)
+        address = [glide.NodeAddress(parsed.hostname or "127.0.0.1", parsed.port or 6379)]
+        glide_client = await glide.GlideClient.create(glide.GlideClientConfiguration(address))
+        return glide_client, glide_client.close
+    raise SystemExit(f"unknown client {kind!r}")
+
+
 def main() -> None:
-    url, prefix, name, jobs, seconds, event_loop, strategy = sys.argv[1:8]
-    lateness_ms: list[float] = []
-    backend: Any = RedisBackend(redis=url, prefix=prefix, strategy=strategy)
-    scheduler: Any = Scheduler(backend, instance_id=name)
+    config = json.loads(sys.argv[1])
+    runs: list[tuple[int, float, int]] = []
+    samples: list[tuple[float, float]] = []
+    handler_ms = float(config["handler_ms"])
+    events = bool(config["events"])
 
     async def handler(run: Run) -> None:
-        lateness_ms.append(time.time() * 1000 - run.slot_ms)
+        started_ms = time.time() * 1000
+        runs.append((run.slot_ms, round(started_ms, 2), run.attempt))
+        if events:
+            event = {"job": run.job, "slot_ms": run.slot_ms, "attempt": run.attempt}
+            print(json.dumps({"event": "start", "t": started_ms / 1000, **event}), flush=True)
+        if handler_ms < 0:
+            await anyio.sleep_forever()
+        elif handler_ms > 0:
+            await anyio.sleep(handler_ms / 1000)
 
-    for index in range(int(jobs)):
-        scheduler.add_job(handler, "* * * * * *", name=f"job{index:05d}")
+    schedule = schedule_for(config["period_ms"], config["phase_ms"])
+    options: dict[str, Any] = {"instance_id": config["name"]}
+    options["history_size"] = config["history_size"]
+    for name in ("lease_ms", "heartbeat_ms"):
+        if config[name] is not None:
+            options[name] = config[name]
+    job_names = [f"job{index:05d}" for index in range(config["jobs"])]
+
+    async def sample_cpu() -> None:
+        while True:
+            samples.append((time.time(), time.process_time()))
+            await anyio.sleep(0.25)
 
     async def run_for_a_while() -> None:
-        async with scheduler:
-            await anyio.sleep(float(seconds))
+        redis_value, close = await open_client(config["client"], config["url"], config["loop"])
+        backend: Any = RedisBackend(
+            redis=redis_value, prefix=config["prefix"], strategy=config["strategy"]
+        )
+        scheduler: Any = Scheduler(backend, **options)
+        for name in job_names:
+            scheduler.add_job(handler, schedule, name=name)
+        print(json.dumps({"ready": True}), flush=True)
+        window = json.loads(await anyio.to_thread.run_sync(sys.stdin.readline))
+        if "phase_ms" in window:  # the slot instant, chosen once every instance is ready
+            schedule.phase_ms = window["phase_ms"]
+        await anyio.sleep(window["start_at"] - time.time())
+        async with anyio.create_task_group() as group:
+            group.start_soon(sample_cpu)
+            async with scheduler:
+                await anyio.sleep(window["end_at"] - time.time())
+            samples.append((time.time(), time.process_time()))
+            group.cancel_scope.cancel()
+        if close is not None:
+            await close()
 
-    cpu_before = time.process_time()
-    anyio.run(run_for_a_while, backend=event_loop)
-    print(json.dumps({"lateness_ms": lateness_ms, "cpu_sec": time.process_time() - cpu_before}))
+    anyio.run(run_for_a_while, backend=config["loop"])
+    print(json.dumps({"result": {"name": config["name"], "runs": runs, "cpu": samples}}))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,713 @@
+"""The scenarios: each takes the server URL (None: start its own) and the mode, returns a
+JSON-able result, and has a Markdown rendering of it."""
+
+from __future__ import annotations
+
+import random
+import secrets
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from anarchon._lease import JobKeys, LeaseStore
+from anarchon._store import AttemptEnd, ClaimRequest
+from anarchon.clients import open_connection
+from bench.common import (
+    KEEP_MS,
+    CommandLog,
+    Fleet,
+    InstanceConfig,
+    bytes_between,
+    median,
+    new_prefix,
+    raw_client_ceiling,
+    redis_client,
+    round_trip_ms,
+    run_instances,
+    server,
+    server_ceiling,
+    server_info,
+    server_name,
+    summary_ms,
+    timer_floor_ms,
+)
+
+Result = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Mode:
+    quick: bool
+
+    def pick(self, quick: Any, full: Any) -> Any:
+        return quick if self.quick else full
+
+
+# ------------------------------------------------------------------ load runs
+
+
+def cpu_at(samples: Sequence[Sequence[float]], moment: float) -> float:
+    """Process CPU seconds at a wall-clock moment, interpolated between samples."""
+    before = [s for s in samples if s[0] <= moment]
+    after = [s for s in samples if s[0] >= moment]
+    if not before:
+        return float(samples[0][1])
+    if not after:
+        return float(samples[-1][1])
+    (t0, c0), (t1, c1) = before[-1], after[0]
+    return float(c0 if t1 == t0 else c0 + (c1 - c0) * (moment - t0) / (t1 - t0))
+
+
+def run_load(
+    url: str,
+    instances: int,
+    jobs: int,
+    seconds: float,
+    *,
+    loop: str = "asyncio",
+    client: str = "redis-py",
+    strategy: str = "lease",
+    warmup_sec: float = 2.0,
+) -> Result:
+    """``instances`` processes each scheduling the same ``jobs`` jobs every second.
+
+    Measured over a window after ``warmup_sec`` (connections, script loading):
+    decided slots per second (runs started in the window), the lateness of the
+    runs of slots in the window (slot instant to handler start), and the CPU
+    time of all instances per decided slot."""
+    prefix = new_prefix("load")
+    configs = [
+        InstanceConfig(url, prefix, f"i{i}", jobs, loop=loop, client=client, strategy=strategy)
+        for i in range(instances)
+    ]
+    results, start_at, end_at, logged = run_instances(configs, seconds)
+    w0, w1 = start_at + warmup_sec, end_at - 0.1
+    first_slot = int(w0) + 1
+    last_slot = int(end_at - 1.0)  # slots at least a second before the end
+    slots = range(first_slot, last_slot + 1)
+    late: list[float] = []
+    started_in_window = 0
+    for result in results:
+        for slot_ms, start_ms, _attempt in result["runs"]:
+            if first_slot * 1000 <= slot_ms <= last_slot * 1000:
+                late.append(start_ms - slot_ms)
+            started_in_window += w0 * 1000 <= start_ms <= w1 * 1000
+    cpu_sec = sum(cpu_at(r["cpu"], w1) - cpu_at(r["cpu"], w0) for r in results)
+    decided_per_sec = started_in_window / (w1 - w0)
+    offered = jobs * len(slots)
+    return {
+        "instances": instances,
+        "jobs": jobs,
+        "loop": loop,
+        "client": client,
+        "strategy": strategy,
+        "seconds": seconds,
+        "offered_per_sec": float(jobs),
+        "decided_per_sec": decided_per_sec,
+        "ran_in_time": len(late) / offered if offered else float("nan"),
+        "cpu_us_per_slot": cpu_sec / started_in_window * 1e6 if started_in_window else None,
+        "cpu_core_share": cpu_sec / (w1 - w0),
+        **summary_ms(late),
+        "log_lines": len(logged),
+        "log_sample": logged[:3],
+    }
+
+
+# ------------------------------------------------------------------ 1: throughput
+
+
+def scenario_throughput(url: str | None, mode: Mode) -> Result:
+    """Decided slots per second as the jobs per second rise until it saturates, next
+    to the raw client ceiling (same claim script, same library, same number of
+    processes, pipelined) and the server ceiling (valkey-benchmark), all in this run."""
+    fleet_sizes = mode.pick([1], [1, 2, 4])
+    loads = mode.pick([1000, 4000], [1000, 2000, 5000, 10_000, 20_000])
+    seconds = mode.pick(5, 12)
+    rows = []
+    ceilings = []
+    with server(url) as live:
+        server_ceil = server_ceiling(live, mode.pick(100_000, 400_000), clients=1)
+        for instances in fleet_sizes:
+            raw = raw_client_ceiling(live, "redis-py", instances, mode.pick(5000, 20_000))
+            ceilings.append(raw)
+            server_slots = (
+                server_ceil["claims_per_sec"] / instances if server_ceil["claims_per_sec"] else None
+            )
+            for jobs in loads:
+                row = run_load(live, instances, jobs, seconds)
+                row["raw_slots_per_sec"] = raw["slots_per_sec"]
+                row["ratio"] = row["decided_per_sec"] / raw["slots_per_sec"]
+                row["server_slots_per_sec"] = server_slots
+                row["server_ratio"] = (
+                    row["decided_per_sec"] / server_slots if server_slots else None
+                )
+                # CPU per claim the scheduler makes vs the raw client's CPU per claim.
+                cpu = row["cpu_us_per_slot"]
+                row["cpu_per_claim_ratio"] = (
+                    cpu / instances / raw["cpu_us_per_claim"] if cpu is not None else None
+                )
+                rows.append(row)
+                print(f"  throughput {instances}x{jobs}: {_short(row)}", flush=True)
+                if row["decided_per_sec"] < 0.9 * jobs:
+                    break  # saturated: more load only queues
+        name = server_name(live)
+    best = {}
+    for row in rows:
+        key = row["instances"]
+        if key not in best or row["decided_per_sec"] > best[key]["decided_per_sec"]:
+            best[key] = row
+    return {
+        "server": name,
+        "server_ceiling": server_ceil,
+        "raw_ceilings": ceilings,
+        "rows": rows,
+        "saturation": list(best.values()),
+    }
+
+
+def _short(row: Result) -> str:
+    cpu = row.get("cpu_us_per_slot")
+    return (
+        f"decided={row['decided_per_sec']:.0f}/s p50={row['p50_ms']:.1f} ms "
+        f"p99={row['p99_ms']:.1f} ms cpu={cpu if cpu is None else round(cpu)} us/slot"
+        + (f" ratio={row['ratio']:.2f}" if "ratio" in row else "")
+        + (f" server_ratio={row['server_ratio']:.2f}" if row.get("server_ratio") else "")
+        + (f" ({row['log_lines']} log lines: {row['log_sample'][0]})" if row["log_lines"] else "")
+    )
+
+
+def markdown_throughput(result: Result) -> str:
+    ceil = result["server_ceiling"]
+    lines = [
+        f"Server: {result['server']}. Server ceiling: "
+        + (
+            f"{ceil['claims_per_sec']:,.0f} claims/s ({ceil['tool']}, pipeline 100)"
+            if ceil["claims_per_sec"]
+            else f"not measured ({ceil['reason']})"
+        ),
+        "",
+        "| processes | raw client ceiling, slots/s | claims/s | CPU us/claim |",
+        "| --- | --- | --- | --- |",
+    ]
+    for raw in result["raw_ceilings"]:
+        lines.append(
+            f"| {raw['processes']} | {raw['slots_per_sec']:,.0f} | {raw['claims_per_sec']:,.0f} "
+            f"| {raw['cpu_us_per_claim']:.1f} |"
+        )
+    lines += [
+        "",
+        "| instances x jobs/s | decided/s | ratio | server_ratio | p50 ms | p99 ms "
+        "| CPU us/slot | CPU per claim vs raw |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for row in result["rows"]:
+        lines.append(
+            f"| {row['instances']} x {row['jobs']} | {row['decided_per_sec']:,.0f} "
+            f"| {row['ratio']:.2f} | {_num(row['server_ratio'], '.2f')} | {row['p50_ms']:.1f} "
+            f"| {row['p99_ms']:.1f} | {_num(row['cpu_us_per_slot'], '.0f')} "
+            f"| {_num(row['cpu_per_claim_ratio'], '.2f')}x |"
+        )
+    for row in result["saturation"]:
+        lines.append(
+            f"\n{row['instances']} instance(s): ratio={row['ratio']:.2f} "
+            f"server_ratio={_num(row['server_ratio'], '.2f')} "
+            f"(best {row['decided_per_sec']:,.0f} decided slots/s)"
+        )
+    return "\n".join(lines)
+
+
+def _num(value: float | None, spec: str) -> str:
+    return "n/a" if value is None else format(value, spec)
+
+
+# ------------------------------------------------------------------ 2: latency
+
+
+def floors(url: str, samples: int) -> Result:
+    floor = timer_floor_ms(samples)
+    return {
+        "timer_floor_ms": {"median": median(floor), "max": max(floor)},
+        "round_trip_ms": round_trip_ms(url),
+    }
+
+
+def scenario_latency(url: str | None, mode: Mode) -> Result:
+    """Slot instant to handler start at several loads, with the floors of this run."""
+    # 3 x 10 is the load other schedulers were measured at (see docs/performance.md).
+    loads = mode.pick([(1, 10), (4, 100)], [(1, 10), (3, 10), (4, 100), (8, 1000)])
+    seconds = mode.pick(5, 20)
+    with server(url) as live:
+        result = floors(live, mode.pick(3, 10))
+        rows = []
+        for instances, jobs in loads:
+            row = run_load(live, instances, jobs, seconds)
+            rows.append(row)
+            print(f"  latency {instances}x{jobs}: {_short(row)}", flush=True)
+        result["loads"] = rows
+    return result
+
+
+def markdown_latency(result: Result) -> str:
+    lines = [
+        f"Floors: a bare event-loop sleep to the next whole second wakes "
+        f"{result['timer_floor_ms']['median']:.2f} ms late (median; max "
+        f"{result['timer_floor_ms']['max']:.2f} ms); one loopback round trip "
+        f"{result['round_trip_ms']:.3f} ms.",
+        "",
+        "| instances x jobs/s | runs | p50 ms | p95 ms | p99 ms | max ms | p50 - timer floor |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for row in result["loads"]:
+        lines.append(
+            f"| {row['instances']} x {row['jobs']} | {row['count']} | {row['p50_ms']:.2f} "
+            f"| {row['p95_ms']:.2f} | {row['p99_ms']:.2f} | {row['max_ms']:.2f} "
+            f"| {row['p50_ms'] - result['timer_floor_ms']['median']:+.2f} |"
+        )
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------ 3: cost per run
+
+
+def _redis_86() -> Path | None:
+    """A Redis 8.6 server (idempotent XADD) found the way the tests find servers."""
+    from tests.servers import discover_servers
+
+    for spec in discover_servers():
+        if spec.family == "redis" and spec.version >= (8, 6) and spec.binary is not None:
+            return spec.binary
+    return None
+
+
+def _cost_variant(url: str | None, variant: Result, seconds: float, binary: Path | None) -> Result:
+    """One strategy on a server of its own: commands and bytes per run over whole seconds."""
+    with server(url, binary) as live:
+        log = CommandLog(live)
+        prefix = new_prefix("cost")
+        configs = [
+            InstanceConfig(
+                live,
+                prefix,
+                f"i{i}",
+                variant["jobs"],
+                strategy=variant["strategy"],
+                lease_ms=variant.get("lease_ms"),
+                heartbeat_ms=variant.get("heartbeat_ms"),
+                handler_ms=variant.get("handler_ms", 0),
+            )
+            for i in range(variant["instances"])
+        ]
+        with Fleet([c.argv() for c in configs]) as fleet:
+            start_at, _ = fleet.start_soon(seconds + 3.5)
+            # The window starts 0.8 s after a whole second, when every command of the
+            # slot before is done, and spans whole seconds.
+            t_a = int(start_at) + 2.8
+            t_b = t_a + seconds
+            time.sleep(max(0.0, t_a - time.time()))
+            bytes_a = log.client_bytes()
+            time.sleep(max(0.0, t_b - time.time()))
+            bytes_b = log.client_bytes()
+            results = fleet.results()
+        counts = log.counts(t_a, t_b)
+        log.close()
+    runs = sum(
+        1 for r in results for slot_ms, _, _ in r["runs"] if t_a * 1000 < slot_ms < t_b * 1000
+    )
+    read, written = bytes_between(bytes_a, bytes_b)
+    per_command = {name: count / runs for name, count in counts.items()}
+    return {
+        **variant,
+        "runs": runs,
+        "commands_per_run": sum(per_command.values()),
+        "per_command": per_command,
+        "bytes_in_per_run": read / runs,
+        "bytes_out_per_run": written / runs,
+    }
+
+
+def scenario_cost(url: str | None, mode: Mode) -> Result:
+    """Server commands and bytes per run for each strategy, 3 instances x 10 jobs every
+    second, each strategy on a server of its own (run side by side)."""
+    seconds = mode.pick(4, 10)
+    base = {"instances": 3, "jobs": 10}
+    variants: list[Result] = [
+        {**base, "strategy": "lease", "label": "lease"},
+        {
+            **base,
+            "strategy": "lease",
+            "label": "lease, 500 ms handler, heartbeat 200 ms",
+            "lease_ms": 1000,
+            "heartbeat_ms": 200,
+            "handler_ms": 500,
+        },
+        {**base, "strategy": "script", "label": "script"},
+        {**base, "strategy": "stream-id", "label": "stream-id"},
+    ]
+    redis86 = None if url is not None else _redis_86()
+    skipped = []
+    if redis86 is not None:
+        variants.append({**base, "strategy": "idmp", "label": "idmp (Redis 8.6)"})
+    else:
+        skipped.append(
+            "idmp: needs Redis 8.6+ (python -m tests.build_servers redis-8.6)"
+            if url is None
+            else "idmp: not measured on a given --redis server"
+        )
+    binaries = [redis86 if v["strategy"] == "idmp" else None for v in variants]
+    # Each strategy on a server of its own, side by side; one at a time on a given server.
+    with ThreadPoolExecutor(len(variants) if url is None else 1) as pool:
+        rows = list(
+            pool.map(
+                lambda vb: _cost_variant(url, vb[0], seconds, vb[1]),
+                zip(variants, binaries, strict=True),
+            )
+        )
+    for row in rows:
+        # Lease: a claim per instance and a finish; claim-only: a claim per instance and
+        # the result write.
+        expected = row["instances"] + 1
+        if row.get("handler_ms"):
+            expected += int(row["handler_ms"] // row["heartbeat_ms"])
+        row["target_commands"] = expected
+    return {"rows": rows, "skipped": skipped}
+
+
+def markdown_cost(result: Result) -> str:
+    lines = [
+        "| strategy (3 instances x 10 jobs/s) | runs | commands/run | target | "
+        "commands | bytes in/run | bytes out/run |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for row in result["rows"]:
+        detail = ", ".join(f"{name} {count:.2f}" for name, count in row["per_command"].items())
+        lines.append(
+            f"| {row['label']} | {row['runs']} | {row['commands_per_run']:.2f} "
+            f"| {row['target_commands']} | {detail} | {row['bytes_in_per_run']:,.0f} "
+            f"| {row['bytes_out_per_run']:,.0f} |"
+        )
+    for reason in result["skipped"]:
+        lines.append(f"\nNot measured: {reason}")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------ 4: takeover
+
+
+def _takeover_trial(url: str, lease_ms: int, heartbeat_ms: int) -> Result:
+    fire_ms = int((time.time() + 3.0) * 1000)
+    configs = [
+        InstanceConfig(
+            url,
+            new_prefix("take"),
+            f"i{i}",
+            1,
+            period_ms=3_600_000,
+            phase_ms=fire_ms,
+            lease_ms=lease_ms,
+            heartbeat_ms=heartbeat_ms,
+            handler_ms=-1,
+            events=True,
+        )
+        for i in range(2)
+    ]
+    # Both instances share the prefix.
+    for config in configs[1:]:
+        config.prefix = configs[0].prefix
+    with Fleet([c.argv() for c in configs]) as fleet:
+        fleet.start_soon(600)
+        killed_at = None
+        # The kill lands at a random moment between heartbeats, a heartbeat or more in.
+        delay = (heartbeat_ms + random.uniform(0, heartbeat_ms)) / 1000
+        for index, event in fleet.events(30 + 3 * lease_ms / 1000):
+            if event.get("event") != "start":
+                continue
+            if killed_at is None and event["attempt"] == 1:
+                time.sleep(delay)
+                killed_at = time.time()
+                fleet.kill(index)
+            elif killed_at is not None and event["attempt"] == 2:
+                return {"takeover_ms": (event["t"] - killed_at) * 1000}
+    return {"takeover_ms": None}
+
+
+def scenario_takeover(url: str | None, mode: Mode) -> Result:
+    """SIGKILL of the instance running a slot to attempt 2 starting on the backup."""
+    pairs = mode.pick([(1000, 250), (2000, 500)], [(1000, 250), (2000, 500), (5000, 1000),
+                                                   (10_000, 2500)])  # fmt: skip
+    trials = mode.pick(2, 4)
+    with server(url) as live:
+        jobs = [(lease, hb) for lease, hb in pairs for _ in range(trials)]
+        # Trials run side by side (each a pair of processes on a prefix of its own).
+        with ThreadPoolExecutor(len(jobs)) as pool:
+            outcomes = list(pool.map(lambda p: _takeover_trial(live, *p), jobs))
+    rows = []
+    for lease_ms, heartbeat_ms in pairs:
+        times = [
+            o["takeover_ms"]
+            for (lease, hb), o in zip(jobs, outcomes, strict=True)
+            if (lease, hb) == (lease_ms, heartbeat_ms) and o["takeover_ms"] is not None
+        ]
+        rows.append(
+            {
+                "lease_ms": lease_ms,
+                "heartbeat_ms": heartbeat_ms,
+                "trials": trials,
+                "takeovers": len(times),
+                "times_ms": times,
+                "median_ms": median(times),
+                "max_ms": max(times) if times else None,
+                "bound_ms": lease_ms + heartbeat_ms + 100,
+            }
+        )
+    return {"rows": rows}
+
+
+def markdown_takeover(result: Result) -> str:
+    lines = [
+        "| lease_ms | heartbeat_ms | takeovers | median ms | max ms | target ms |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for row in result["rows"]:
+        lines.append(
+            f"| {row['lease_ms']} | {row['heartbeat_ms']} | {row['takeovers']}/{row['trials']} "
+            f"| {row['median_ms']:.0f} | {_num(row['max_ms'], '.0f')} | {row['bound_ms']} |"
+        )
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------ 5: idle cost
+
+
+def scenario_idle(url: str | None, mode: Mode) -> Result:
+    """Process CPU of one instance per minute with jobs at a one-minute cadence."""
+    sizes = [1000, 10_000]
+    seconds = mode.pick(9, 63)
+    lead_sec = 2.0
+    with server(url) as live:
+        configs = [
+            InstanceConfig(live, new_prefix("idle"), f"i{jobs}", jobs, period_ms=60_000,
+                           phase_ms=1)
+            for jobs in sizes
+        ]  # fmt: skip
+        # Both sizes run side by side (process CPU time hardly depends on what else
+        # runs); the minute's instant falls 2 s into the run.
+        with Fleet([c.argv() for c in configs]) as fleet:
+            fleet.wait_ready()
+            start_at = time.time() + 0.5
+            fire_ms = int((start_at + lead_sec) * 1000)
+            fleet.go(start_at, start_at + seconds, phase_ms=fire_ms)
+            results = fleet.results()
+    rows = []
+    fire = fire_ms / 1000
+    for jobs, result in zip(sizes, results, strict=True):
+        samples = result["cpu"]
+        span_end = min(fire + 59, start_at + seconds - 0.1)
+        span_cpu = cpu_at(samples, span_end) - cpu_at(samples, fire - 1)
+        quiet_from = fire + 4
+        quiet_end = start_at + seconds - 0.1
+        idle_rate = (cpu_at(samples, quiet_end) - cpu_at(samples, quiet_from)) / (
+            quiet_end - quiet_from
+        )
+        measured_sec = span_end - (fire - 1)
+        per_minute = span_cpu + idle_rate * max(0.0, 60 - measured_sec)
+        rows.append(
+            {
+                "jobs": jobs,
+                "runs": len(result["runs"]),
+                "measured_sec": measured_sec,
+                "cpu_sec_per_minute": per_minute,
+                "core_percent": per_minute / 60 * 100,
+                "idle_cpu_ms_per_sec": idle_rate * 1000,
+                "firing_cpu_sec": span_cpu - idle_rate * measured_sec,
+            }
+        )
+    return {"rows": rows}
+
+
+def markdown_idle(result: Result) -> str:
+    lines = [
+        "| jobs (every minute) | measured s | CPU s/minute | % of a core | CPU ms/s between "
+        "instants | CPU s per instant |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for row in result["rows"]:
+        lines.append(
+            f"| {row['jobs']:,} | {row['measured_sec']:.0f} | {row['cpu_sec_per_minute']:.3f} "
+            f"| {row['core_percent']:.2f} | {row['idle_cpu_ms_per_sec']:.2f} "
+            f"| {row['firing_cpu_sec']:.3f} |"
+        )
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------ 6: memory
+
+
+async def _drive_runs(url: str, prefix: str, jobs: int, runs: int, history_size: int) -> None:
+    """``runs`` claim + finish pairs per job through the lease store, as the scheduler
+    makes them: the claims of one instant in one batch, the finishes side by side."""
+    conn = open_connection(url)
+    store = LeaseStore(
+        conn, prefix=prefix, runner="mem", history_size=history_size, history_ttl_ms=None,
+        trim_runs_by_id=True,
+    )  # fmt: skip
+    names = [f"job{i:03d}" for i in range(jobs)]
+    first_ms = int(time.time() * 1000) - runs * 1000
+    for k in range(runs):
+        slot_ms = first_ms + k * 1000
+        requests = [
+            ClaimRequest(name, str(slot_ms), slot_ms, secrets.token_hex(8), "schedule",
+                         lease_ms=30_000, max_attempts=3, keep_ms=KEEP_MS)
+            for name in names
+        ]  # fmt: skip
+        replies = await store.claim_many(requests)
+        async with anyio.create_task_group() as group:
+            for request, reply in zip(requests, replies, strict=True):
+                assert not isinstance(reply, Exception) and reply.kind == "won", reply
+                end = AttemptEnd(
+                    request.job, request.slot_id, request.token, reply.attempt, "schedule",
+                    reply.fence, slot_ms, slot_ms + 1, "ok", None, 3, 1000,
+                )  # fmt: skip
+                group.start_soon(store.finish, end)
+    await conn.aclose()
+
+
+def scenario_memory(url: str | None, mode: Mode) -> Result:
+    """Server memory per job after many runs of each job, per history_size."""
+    jobs = 10
+    runs = mode.pick(1500, 10_000)
+    rows = []
+    for history_size in (1000, 100):
+        with server(url) as live:
+            client = redis_client(live)
+            before = int(server_info(live, "memory")["used_memory"])
+            prefix = new_prefix("mem")
+            anyio.run(_drive_runs, live, prefix, jobs, runs, history_size)
+            after = int(server_info(live, "memory")["used_memory"])
+            keys = JobKeys.for_job(prefix, "job000")
+            per_key = {
+                name: int(client.memory_usage(getattr(keys, name), samples=0) or 0)
+                for name in ("state", "active", "slots", "runs", "results")
+            }
+            sizes = {
+                "state": client.hlen(keys.state),
+                "slots": client.zcard(keys.slots),
+                "runs": client.xlen(keys.runs),
+                "results": client.zcard(keys.results),
+            }
+            client.close()
+        rows.append(
+            {
+                "history_size": history_size,
+                "jobs": jobs,
+                "runs_per_job": runs,
+                "bytes_per_job": (after - before) / jobs,
+                "key_bytes": per_key,
+                "entries": sizes,
+            }
+        )
+        print(f"  memory history_size={history_size}: {rows[-1]['bytes_per_job']:,.0f} B/job")
+    return {"rows": rows}
+
+
+def markdown_memory(result: Result) -> str:
+    lines = [
+        "| history_size | runs per job | bytes per job | per key (MEMORY USAGE) | entries |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for row in result["rows"]:
+        keys = ", ".join(f"{k} {v:,}" for k, v in row["key_bytes"].items())
+        entries = ", ".join(f"{k} {v:,}" for k, v in row["entries"].items())
+        lines.append(
+            f"| {row['history_size']} | {row['runs_per_job']:,} | {row['bytes_per_job']:,.0f} "
+            f"| {keys} | {entries} |"
+        )
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------ 7: scaling
+
+
+def scenario_scaling(url: str | None, mode: Mode) -> Result:
+    """Throughput and p99 latency against jobs, instances, event loop and client, and
+    strategy; each point a run of its own."""
+    seconds = mode.pick(4, 10)
+    curves: dict[str, list[Result]] = {}
+    plan: dict[str, list[dict[str, Any]]] = {
+        "jobs": [
+            {"instances": 1, "jobs": j}
+            for j in mode.pick([10, 1000], [10, 100, 1000, 3000, 10_000])
+        ],
+        "instances": [
+            {"instances": i, "jobs": mode.pick(100, 1000)}
+            for i in mode.pick([1, 4], [1, 2, 4, 8, 16])
+        ],
+        "clients": [
+            {"instances": 1, "jobs": 1000, "loop": loop, "client": client}
+            for loop, client in mode.pick(
+                [("trio", "glide")],
+                [(x, c) for x in ("asyncio", "trio") for c in ("redis-py", "glide", "valkey-py")],
+            )
+        ],
+        "strategies": [
+            {"instances": 2, "jobs": 1000, "strategy": s}
+            for s in mode.pick(["script"], ["lease", "script", "stream-id", "idmp"])
+        ],
+    }
+    redis86 = _redis_86() if url is None else None
+    for curve, points in plan.items():
+        rows = curves.setdefault(curve, [])
+        for point in points:
+            binary = redis86 if point.get("strategy") == "idmp" else None
+            if point.get("strategy") == "idmp" and binary is None:
+                continue
+            with server(url, binary) as live:
+                row = run_load(live, seconds=seconds, **point)
+            rows.append(row)
+            print(f"  scaling {curve} {_label(row)}: {_short(row)}", flush=True)
+    return {"curves": curves}
+
+
+def _label(row: Result) -> str:
+    return f"{row['instances']}x{row['jobs']} {row['loop']} {row['client']} {row['strategy']}"
+
+
+def markdown_scaling(result: Result) -> str:
+    lines = [
+        "| curve | instances x jobs/s | event loop | client | strategy | decided/s | p50 ms "
+        "| p99 ms | CPU us/slot |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for curve, rows in result["curves"].items():
+        for row in rows:
+            lines.append(
+                f"| {curve} | {row['instances']} x {row['jobs']} | {row['loop']} "
+                f"| {row['client']} | {row['strategy']} | {row['decided_per_sec']:,.0f} "
+                f"| {row['p50_ms']:.1f} | {row['p99_ms']:.1f} "
+                f"| {_num(row['cpu_us_per_slot'], '.0f')} |"
+            )
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------ registry
+
+
+@dataclass(frozen=True)
+class Scenario:
+    run: Callable[[str | None, Mode], Result]
+    markdown: Callable[[Result], str]
+
+
+SCENARIOS: dict[str, Scenario] = {
+    "throughput": Scenario(scenario_throughput, markdown_throughput),
+    "latency": Scenario(scenario_latency, markdown_latency),
+    "cost": Scenario(scenario_cost, markdown_cost),
+    "takeover": Scenario(scenario_takeover, markdown_takeover),
+    "idle": Scenario(scenario_idle, markdown_idle),
+    "memory": Scenario(scenario_memory, markdown_memory),
+    "scaling": Scenario(scenario_scaling, markdown_scaling),
+}
