@@ -1,12 +1,5 @@
-"""Hypothesis profiles: ``ci`` (the default, the whole suite in minutes) and ``long``
-(a soak: ``HYPOTHESIS_PROFILE=long``). Failures print a reproducible example."""
+"""Loads the Hypothesis profile (property_tests/profiles.py) before any test."""
 
 from __future__ import annotations
 
-import os
-
-from hypothesis import settings
-
-settings.register_profile("ci", max_examples=150, stateful_step_count=40, deadline=None)
-settings.register_profile("long", max_examples=20_000, stateful_step_count=100, deadline=None)
-settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+import property_tests.profiles  # noqa: F401

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from anarchon import RedisBackend
 from anarchon._store import ClaimReply, ClaimRequest, Store
+from property_tests.profiles import examples
 from tests.servers import ServerSpec, running_server
 
 STRATEGIES = ["lease", "stream-id", "idmp", "script"]
@@ -61,7 +62,9 @@ async def claim_all_at_once(
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
 @settings(
-    max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=examples(20),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(
     instances=st.integers(min_value=2, max_value=8),

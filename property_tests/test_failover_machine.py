@@ -31,6 +31,7 @@ from hypothesis.stateful import precondition, rule
 
 from anarchon._embedded import free_port
 from property_tests.model import JobModel
+from property_tests.profiles import examples
 from property_tests.test_lease_machine import LeaseMachine
 from tests.servers import MATRIX_FIRST, ServerSpec, matrix, running_pair
 
@@ -127,7 +128,7 @@ for _spec in matrix():
     _case = _machine.TestCase
     # Redis 5 replicas reconnect only once a second, so each failover there costs
     # about a second: fewer examples keep it within the suite's time.
-    _examples = 200 if _spec.version >= (6,) else 40
+    _examples = examples(200 if _spec.version >= (6,) else 40)
     _case.settings = settings(_case.settings, max_examples=_examples)
     globals()[f"TestFailoverMachine_{_spec.id.replace('-', '_').replace('.', '_')}"] = _case
     del _case

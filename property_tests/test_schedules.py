@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from anarchon import CronSchedule, IntervalSchedule
+from property_tests.profiles import examples
 
 ZONES = ["UTC", "Europe/Berlin", "America/New_York", "Australia/Lord_Howe", "Asia/Kolkata"]
 
@@ -38,7 +39,7 @@ moments = st.datetimes(
 )
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(
     expression=cron_expressions,
     zone=st.sampled_from(ZONES),
@@ -57,7 +58,7 @@ def test_cron_slots_move_forward_and_nothing_lies_between(
     assert schedule.next_after(between) == fire
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(every_ms=st.integers(1, 10 * 86_400_000), moment=moments)
 def test_interval_slots_are_the_next_multiple_of_the_interval(
     every_ms: int, moment: datetime
