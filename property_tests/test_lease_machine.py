@@ -32,12 +32,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import redis
-from hypothesis import event
+from hypothesis import event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from property_tests.lease_scripts import timed_script
 from property_tests.model import JobModel, Reply
+from property_tests.profiles import examples
 from tests.servers import MATRIX_FIRST, ServerSpec, matrix, running_server
 
 LEASE_MS = 1000
@@ -137,12 +138,7 @@ class LeaseMachine(RuleBasedStateMachine):
         max_attempts: int,
         may_start: bool,
     ) -> Reply:
-        # What the store forgot since the last claim, the model forgets too (the
-        # invariants check it forgot only what it may).
-        forgotten = set(self.model.runs) - set(self.client.hkeys(self.keys[0]))
-        if forgotten:
-            event("the store forgot settled runs")
-        self.model.forget(forgotten)
+        self.forget_what_the_store_forgot()
         had_state = slot in self.model.runs
         fence_before = self.model.fence  # the store's too (checked after every step)
         must_forget = self._trimmable() if not had_state else set()
@@ -175,6 +171,14 @@ class LeaseMachine(RuleBasedStateMachine):
             # Invariant 7: a first claim forgot every run the store may forget.
             assert not set(self.client.hkeys(self.keys[0])) & must_forget
         return got
+
+    def forget_what_the_store_forgot(self) -> None:
+        """The model forgets the runs the store forgot (the invariants check that the
+        store forgot only what it may)."""
+        forgotten = set(self.model.runs) - set(self.client.hkeys(self.keys[0]))
+        if forgotten:
+            event("the store forgot settled runs")
+        self.model.forget(forgotten)
 
     @staticmethod
     def _reply(raw: list[Any]) -> Reply:
@@ -248,6 +252,7 @@ class LeaseMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def heartbeat(self, data: st.DataObject) -> None:
         _, slot, held = self._held(data)
+        self.forget_what_the_store_forgot()
         before = self.client.hget(self.keys[0], slot)
         expected = self.model.heartbeat(slot, held.token, self.now)
         overlap = 1 if self.model.allow_overlap else 0
@@ -259,6 +264,7 @@ class LeaseMachine(RuleBasedStateMachine):
 
     def _finish(self, instance: Instance, slot: str, outcome: str) -> None:
         held = instance.held.pop(slot)
+        self.forget_what_the_store_forgot()
         before = self.client.hgetall(self.keys[0])
         expected = self.model.finish(
             slot, held.token, outcome, RETRY_DELAY_MS, self.now, held.max_attempts
@@ -380,9 +386,10 @@ class LeaseMachine(RuleBasedStateMachine):
 # One test case per server of the matrix (all of them in CI).
 for _spec in matrix():
     _machine = type(f"LeaseMachine_{_spec.id}", (LeaseMachine,), {"server": _spec})
-    globals()[f"TestLeaseMachine_{_spec.id.replace('-', '_').replace('.', '_')}"] = (
-        _machine.TestCase
-    )
+    _case = _machine.TestCase
+    _case.settings = settings(_case.settings, max_examples=examples(1000))
+    globals()[f"TestLeaseMachine_{_spec.id.replace('-', '_').replace('.', '_')}"] = _case
+    del _case
 
 
 def test_the_timed_scripts_differ_from_the_shipped_ones_only_in_the_clock_read() -> None:
