@@ -22,6 +22,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 import anyio
 import redis
@@ -316,6 +317,18 @@ def run_instances(
     with Fleet([c.argv() for c in configs]) as fleet:
         start_at, end_at = fleet.start_soon(seconds)
         return fleet.results(), start_at, end_at, fleet.log_lines()
+
+
+async def open_glide(url: str) -> Any:
+    """A Valkey GLIDE client (async) for ``url``. A claim batch of thousands of jobs can
+    take longer than GLIDE's default request timeout (250 ms) on a busy machine; the
+    benchmarks measure throughput, so they allow 10 s."""
+    import glide
+
+    parsed = urlparse(url)
+    address = [glide.NodeAddress(parsed.hostname or "127.0.0.1", parsed.port or 6379)]
+    config = glide.GlideClientConfiguration(address, request_timeout=10_000)
+    return await glide.GlideClient.create(config)
 
 
 # -------------------------------------------------------------- floors

@@ -16,12 +16,12 @@ import sys
 import time
 from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import urlparse
 
 import anyio
 import anyio.to_thread
 
 from anarchon import RedisBackend, Run, Scheduler
+from bench.common import open_glide
 
 
 class Phased:
@@ -64,11 +64,7 @@ async def open_client(kind: str, url: str, loop: str) -> tuple[Any, Any]:
         sync_client = valkey.Valkey.from_url(url, protocol=2)
         return sync_client, lambda: anyio.to_thread.run_sync(sync_client.close)
     if kind == "glide":
-        import glide
-
-        parsed = urlparse(url)
-        address = [glide.NodeAddress(parsed.hostname or "127.0.0.1", parsed.port or 6379)]
-        glide_client = await glide.GlideClient.create(glide.GlideClientConfiguration(address))
+        glide_client = await open_glide(url)
         return glide_client, glide_client.close
     raise SystemExit(f"unknown client {kind!r}")
 

@@ -18,9 +18,8 @@ import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
-from urllib.parse import urlparse
 
-from bench.common import claim_args
+from bench.common import claim_args, open_glide
 
 Send = Callable[[Sequence[Sequence[Any]]], Awaitable[list[Any]]]
 
@@ -47,9 +46,7 @@ async def connect(kind: str, url: str) -> tuple[Send, Callable[[], Awaitable[Any
     if kind == "glide":
         import glide
 
-        parsed = urlparse(url)
-        address = [glide.NodeAddress(parsed.hostname or "127.0.0.1", parsed.port or 6379)]
-        glide_client = await glide.GlideClient.create(glide.GlideClientConfiguration(address))
+        glide_client = await open_glide(url)
 
         async def send_glide(calls: Sequence[Sequence[Any]]) -> list[Any]:
             batch = glide.Batch(is_atomic=False)
