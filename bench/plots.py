@@ -128,6 +128,7 @@ def scaling(result: Result, out: Path) -> list[Path]:
             ax.set_xticks(range(len(rows)), labels, fontsize=7)
             xs = list(range(len(rows)))
         ax.set_ylabel("decided slots per second")
+        ax.set_ylim(bottom=0)
         twin = ax.twinx()
         twin.plot(xs, [r["p99_ms"] for r in rows], "r^", label="p99 ms")
         twin.set_yscale("log")
