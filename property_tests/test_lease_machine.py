@@ -193,6 +193,10 @@ class LeaseMachine(RuleBasedStateMachine):
             return Reply("running", wait_ms=int(raw[1]))
         return Reply("done", status=raw[1])
 
+    def attempts(self, slot: str) -> int:
+        """What the scheduler sends: one attempt for a manual run, the job's otherwise."""
+        return 1 if slot.startswith("m") else self.max_attempts
+
     def _trimmable(self) -> set[str]:
         return set(self.model.runs) - self.model.must_remember(self.now, KEEP_MS)
 
@@ -213,7 +217,7 @@ class LeaseMachine(RuleBasedStateMachine):
             instance.asks[slot] = (self.now + max(got.wait_ms, 1), trigger, may_start)
         for orphan in sorted(got.orphans):
             if orphan not in instance.held and orphan not in instance.asks:
-                self.claim_as(instance, orphan, "retry", self.max_attempts, may_start=False)
+                self.claim_as(instance, orphan, "retry", self.attempts(orphan), may_start=False)
         return got
 
     # -- rules
@@ -345,7 +349,7 @@ class LeaseMachine(RuleBasedStateMachine):
                 break
             at, name, slot, trigger, may_start = min(due)
             self.now = at
-            self.claim_as(self.instances[name], slot, trigger, self.max_attempts, may_start)
+            self.claim_as(self.instances[name], slot, trigger, self.attempts(slot), may_start)
         self.now = end
 
     # -- invariants
@@ -364,7 +368,7 @@ class LeaseMachine(RuleBasedStateMachine):
             assert (status, int(attempt), token, int(until_ms), int(run_fence), trigger) == (
                 run.status, run.attempt, run.token, run.until_ms, run.fence, run.trigger,
             )  # fmt: skip
-            assert 1 <= int(attempt) <= max(self.max_attempts, 1)  # invariant 3
+            assert 1 <= int(attempt) <= self.attempts(slot)  # invariant 3
         assert set(self.client.smembers(self.keys[1])) == set(self.model.active())
 
     @invariant()

@@ -45,6 +45,7 @@ from ._store import (
     ClaimRequest,
     Outcome,
     Store,
+    is_manual,
     manual_slot_id,
     slot_ms_of,
 )
@@ -68,6 +69,11 @@ _CLAIM_RETRY_MS = (250, 500, 1000, 2000, 5000)
 
 def _now_ms() -> float:
     return time.time() * 1000.0
+
+
+def _attempts_for(job: Job, slot_id: str) -> int:
+    """A manual run has one attempt, whoever claims it; a scheduled one the job's."""
+    return 1 if is_manual(slot_id) else job.max_attempts
 
 
 def _refuse_lease_options(strategy: str, **options: object) -> None:
@@ -780,7 +786,7 @@ class Scheduler(Generic[K]):
             token=due.token,
             trigger=due.trigger,
             lease_ms=self.lease_ms,
-            max_attempts=job.max_attempts,
+            max_attempts=_attempts_for(job, due.slot_id),
             allow_overlap=job.overlap,
             keep_ms=job.keep_ms(self.lease_ms),
             may_start=due.may_start,
@@ -804,7 +810,7 @@ class Scheduler(Generic[K]):
         for orphan in reply.orphans:
             self._take_over(job, orphan, now_ms)
         if reply.kind == "won":
-            self._start_attempt(job, due.slot_id, due.token, reply, job.max_attempts)
+            self._start_attempt(job, due.slot_id, due.token, reply, _attempts_for(job, due.slot_id))
         elif reply.kind == "running":
             self._back_up(job, due, reply.wait_ms, now_ms)
         elif reply.kind == "overlap":

@@ -119,6 +119,12 @@ def manual_slot_id(requested_ms: int, nonce: str) -> str:
     return f"m{requested_ms}-{nonce}"
 
 
+def is_manual(slot_id: str) -> bool:
+    """Whether a slot id is a manual run's (``run_now``: one attempt, even when a backup
+    takes it over)."""
+    return not slot_id.isdigit()
+
+
 def slot_ms_of(slot_id: str) -> int:
     """The instant of a slot id: scheduled ids are epoch ms, manual ids carry theirs."""
     if slot_id.isdigit():
