@@ -10,6 +10,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from ._coalesce import pipeline
 from .clients import Arg, Command, Connection, ServerReplyError
 
 __all__ = ["Script", "ScriptCall", "lease_script", "lua_source", "run_scripts"]
@@ -66,16 +67,17 @@ async def run_scripts(conn: Connection, calls: Sequence[ScriptCall]) -> list[Any
 
     Calls go by SHA. A server that does not know a script (after SCRIPT FLUSH,
     a restart or a failover) answers NOSCRIPT; those calls are sent once more
-    with the script's text, which also caches it again.
+    with the script's text, which also caches it again. Calls that other tasks make
+    at the same moment share the round trip.
     """
-    replies = await conn.pipeline([call.command(by_sha=True) for call in calls])
+    replies = await pipeline(conn, [call.command(by_sha=True) for call in calls])
     missing = [
         index
         for index, reply in enumerate(replies)
         if isinstance(reply, ServerReplyError) and reply.kind == "NOSCRIPT"
     ]
     if missing:
-        again = await conn.pipeline([calls[index].command(by_sha=False) for index in missing])
+        again = await pipeline(conn, [calls[index].command(by_sha=False) for index in missing])
         for index, reply in zip(missing, again, strict=True):
             replies[index] = reply
     return replies
