@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from ._coalesce import pipeline
 from ._scripts import Script, ScriptCall, lua_source, run_scripts
 from ._store import (
     AttemptEnd,
@@ -133,7 +134,7 @@ class ClaimOnlyStore:
             for r in requests
         ]  # fmt: skip
         replies: list[ClaimReply | ServerReplyError] = []
-        for request, reply in zip(requests, await self.conn.pipeline(commands), strict=True):
+        for request, reply in zip(requests, await pipeline(self.conn, commands), strict=True):
             if isinstance(reply, ServerReplyError):
                 if "equal or smaller" in str(reply):
                     replies.append(ClaimReply("done", status="claimed"))
@@ -154,13 +155,13 @@ class ClaimOnlyStore:
              self.history_size, "*", *self._fields(r))
             for r in requests
         ]  # fmt: skip
-        ids = await self.conn.pipeline(adds)
+        ids = await pipeline(self.conn, adds)
         reads: list[Command] = [
             ("XRANGE", self.keys(r.job).runs, entry_id, entry_id)
             for r, entry_id in zip(requests, ids, strict=True)
             if not isinstance(entry_id, ServerReplyError)
         ]
-        entries = iter(await self.conn.pipeline(reads))
+        entries = iter(await pipeline(self.conn, reads))
         replies: list[ClaimReply | ServerReplyError] = []
         for request, entry_id in zip(requests, ids, strict=True):
             if isinstance(entry_id, ServerReplyError):
@@ -220,7 +221,8 @@ class ClaimOnlyStore:
     async def finish(self, end: AttemptEnd) -> FinishReply:
         """Record the run's result: one member of the results sorted set (trimmed)."""
         key = self.keys(end.job).results
-        replies = await self.conn.pipeline(
+        replies = await pipeline(
+            self.conn,
             [
                 (
                     "ZADD",
@@ -229,7 +231,7 @@ class ClaimOnlyStore:
                     result_member(end, end.outcome, self.runner),
                 ),
                 ("ZREMRANGEBYRANK", key, 0, -(self.history_size + 1)),
-            ]
+            ],
         )
         for reply in replies:
             if isinstance(reply, ServerReplyError):

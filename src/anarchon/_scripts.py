@@ -10,6 +10,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from ._coalesce import pipeline
 from .clients import Arg, Command, Connection, ServerReplyError
 
 __all__ = ["Script", "ScriptCall", "lease_script", "lua_source", "run_scripts"]
@@ -65,17 +66,27 @@ async def run_scripts(conn: Connection, calls: Sequence[ScriptCall]) -> list[Any
     """Run script calls in one round trip; error replies come back as ServerReplyError items.
 
     Calls go by SHA. A server that does not know a script (after SCRIPT FLUSH,
-    a restart or a failover) answers NOSCRIPT; those calls are sent once more
-    with the script's text, which also caches it again.
+    a restart or a failover) answers NOSCRIPT; those calls are sent again, the first
+    of each script with the script's text (which caches it) and the rest by SHA
+    behind it, then any still refused (a cluster node that lacks the script) with
+    the text. Calls that other tasks make at the same moment share the round trip.
     """
-    replies = await conn.pipeline([call.command(by_sha=True) for call in calls])
-    missing = [
-        index
-        for index, reply in enumerate(replies)
-        if isinstance(reply, ServerReplyError) and reply.kind == "NOSCRIPT"
-    ]
-    if missing:
-        again = await conn.pipeline([calls[index].command(by_sha=False) for index in missing])
+    replies = await pipeline(conn, [call.command(by_sha=True) for call in calls])
+    for by_sha in (True, False):
+        missing = [
+            index
+            for index, reply in enumerate(replies)
+            if isinstance(reply, ServerReplyError) and reply.kind == "NOSCRIPT"
+        ]
+        if not missing:
+            break
+        loading: set[str] = set()
+        commands = []
+        for index in missing:
+            script = calls[index].script
+            commands.append(calls[index].command(by_sha=by_sha and script.sha in loading))
+            loading.add(script.sha)
+        again = await pipeline(conn, commands)
         for index, reply in zip(missing, again, strict=True):
             replies[index] = reply
     return replies
