@@ -10,6 +10,7 @@ import anyio.lowlevel
 import pytest
 
 from anarchon import RedisBackend, Run, Scheduler
+from anarchon._scripts import lease_script
 from anarchon.clients import Command, Connection
 from tests.helpers import wait_until
 
@@ -17,23 +18,32 @@ pytestmark = pytest.mark.anyio
 
 
 class CountingConnection(Connection):
-    """Passes everything to the real connection and records each batch's commands."""
+    """Passes everything to the real connection and records each round trip's commands."""
 
     def __init__(self, inner: Connection) -> None:
         self.inner = inner
         self.owned = inner.owned
-        self.batches: list[list[str]] = []
+        self.batches: list[list[tuple[str, ...]]] = []
 
     async def execute(self, command: Command) -> Any:
-        self.batches.append([str(command[0])])
+        self.batches.append([tuple(str(a) for a in command)])
         return await self.inner.execute(command)
 
     async def pipeline(self, commands: Sequence[Command]) -> list[Any]:
-        self.batches.append([str(c[0]) for c in commands])
+        self.batches.append([tuple(str(a) for a in c) for c in commands])
         return await self.inner.pipeline(commands)
 
     async def aclose(self) -> None:
         await self.inner.aclose()
+
+
+def script_of(command: tuple[str, ...]) -> str:
+    """Which lease script a call runs: EVALSHA names it, EVAL carries its text."""
+    for name in ("claim", "heartbeat", "finish"):
+        script = lease_script(name)
+        if command[1] in (script.sha, script.body):
+            return name
+    return command[0]
 
 
 async def test_twenty_jobs_due_together_are_claimed_in_one_pipelined_batch(
@@ -55,20 +65,50 @@ async def test_twenty_jobs_due_together_are_claimed_in_one_pipelined_batch(
         await wait_until(lambda: len({r.slot_ms for r in runs}) >= 3, 10, "three slots")
         await anyio.lowlevel.checkpoint()
 
-    slots_run = {r.slot_ms for r in runs}
-    # A fresh server does not know the scripts yet: the first batch of each script
-    # is answered NOSCRIPT and sent again as EVAL (once), which loads it.
-    # That happens for the first instant only.
-    loading = [i for i, b in enumerate(counting.batches) if b and set(b) == {"EVAL"}]
-    claim_batches = [i for i, b in enumerate(counting.batches) if len(b) > 1 and b[0] == "EVALSHA"]
-    assert not loading or loading[-1] < claim_batches[1]
-    sent = [b for i, b in enumerate(counting.batches) if i not in loading]
-    claims = [b for b in sent if len(b) > 1]
-    singles = [b for b in sent if len(b) == 1]
-    # Every claim batch holds the 20 jobs' claims of one instant ...
-    assert claims and all(b == ["EVALSHA"] * 20 for b in claims), claims
-    assert len(claims) in (len(slots_run), len(slots_run) + 1)
-    # ... and the only other round trips are one finish per run (no heartbeat is
-    # due with the default heartbeat_ms).
-    assert singles == [["EVALSHA"]] * len(singles)
-    assert len(singles) == len(runs)
+    # The claims of each instant (ARGV[1], after the five keys, is the slot) went out
+    # in one round trip: the 20 jobs' claims of a slot are all in one batch. A fresh
+    # server does not know the scripts yet, so the first instant's batch is answered
+    # NOSCRIPT and sent once more (the script's text first, the rest by SHA).
+    batches_of_slot: dict[str, list[int]] = {}
+    for index, batch in enumerate(counting.batches):
+        claims = [c for c in batch if script_of(c) == "claim"]
+        for slot in {c[8] for c in claims}:
+            assert [c[8] for c in claims].count(slot) == 20, (slot, batch)
+            batches_of_slot.setdefault(slot, []).append(index)
+    slots = sorted(batches_of_slot)
+    assert len(slots) >= 3
+    assert all(len(batches_of_slot[slot]) == 1 for slot in slots[1:]), batches_of_slot
+    assert len(batches_of_slot[slots[0]]) <= 2
+    # The only other commands are one finish per run (no heartbeat is due with the
+    # default heartbeat_ms), resent only after NOSCRIPT.
+    sent = [c for b in counting.batches for c in b if script_of(c) != "claim"]
+    assert {script_of(c) for c in sent} == {"finish"}
+    finished = {(c[6], c[8]) for c in sent}  # (slot, token)
+    assert len(finished) == len(runs)
+
+
+async def test_runs_that_end_together_send_their_finishes_in_one_round_trip(
+    server_url: str, prefix: str
+) -> None:
+    runs: list[Run] = []
+    scheduler = Scheduler(RedisBackend(redis=server_url, prefix=prefix))
+    for index in range(20):
+
+        async def handler(run: Run) -> None:
+            runs.append(run)
+
+        scheduler.add_job(handler, "* * * * * *", name=f"job{index}")
+
+    async with scheduler:
+        assert scheduler._store is not None
+        counting = CountingConnection(scheduler._store.conn)
+        scheduler._store.conn = counting
+        await wait_until(lambda: len({r.slot_ms for r in runs}) >= 3, 10, "three slots")
+        await anyio.lowlevel.checkpoint()
+
+    finishes_per_trip = [sum(1 for c in b if script_of(c) == "finish") for b in counting.batches]
+    finishes_per_trip = [n for n in finishes_per_trip if n]
+    # Twenty handlers that return at once end in the same scheduling turn: their
+    # finishes share round trips instead of taking one (and a connection) each.
+    assert sum(finishes_per_trip) >= len(runs)
+    assert len(finishes_per_trip) < len(runs) / 2, finishes_per_trip
