@@ -18,6 +18,7 @@ from ._store import (
     ClaimReply,
     ClaimRequest,
     FinishReply,
+    HeartbeatRequest,
     read_history,
     read_result,
     result_member,
@@ -213,9 +214,9 @@ class ClaimOnlyStore:
              "slot", slot_id, "token", token, "runner", self.runner)
         )  # fmt: skip
 
-    async def heartbeat(
-        self, job: str, slot_id: str, token: str, lease_ms: int, allow_overlap: bool
-    ) -> bool:
+    async def heartbeat_many(
+        self, beats: Sequence[HeartbeatRequest]
+    ) -> list[bool | ServerReplyError]:
         raise NotImplementedError("claim-only strategies hold no leases")
 
     async def finish(self, end: AttemptEnd) -> FinishReply:

@@ -13,6 +13,7 @@ from ._store import (
     ClaimReply,
     ClaimRequest,
     FinishReply,
+    HeartbeatRequest,
     read_history,
     read_result,
     slot_ms_of,
@@ -133,20 +134,25 @@ class LeaseStore:
             for reply in replies
         ]
 
-    async def heartbeat(
-        self, job: str, slot_id: str, token: str, lease_ms: int, allow_overlap: bool
-    ) -> bool:
-        """Extend the lease; False means the lease is lost."""
-        keys = self.keys(job)
-        call = ScriptCall(
-            lease_script("heartbeat"),
-            (keys.state, keys.active),
-            (slot_id, token, lease_ms, 1 if allow_overlap else 0),
-        )
-        (reply,) = await run_scripts(self.conn, [call])
-        if isinstance(reply, ServerReplyError):
-            raise reply
-        return int(reply[0]) == 1
+    async def heartbeat_many(
+        self, beats: Sequence[HeartbeatRequest]
+    ) -> list[bool | ServerReplyError]:
+        """Extend leases in one round trip; False means that lease is lost."""
+        calls = []
+        for beat in beats:
+            keys = self.keys(beat.job)
+            calls.append(
+                ScriptCall(
+                    lease_script("heartbeat"),
+                    (keys.state, keys.active),
+                    (beat.slot_id, beat.token, beat.lease_ms, 1 if beat.allow_overlap else 0),
+                )
+            )
+        replies = await run_scripts(self.conn, calls)
+        return [
+            reply if isinstance(reply, ServerReplyError) else int(reply[0]) == 1
+            for reply in replies
+        ]
 
     async def begin_manual(self, job: str, slot_id: str, token: str) -> None:
         """Nothing to do: the manual claim itself writes the runs entry."""

@@ -43,6 +43,7 @@ from ._store import (
     AttemptEnd,
     ClaimReply,
     ClaimRequest,
+    HeartbeatRequest,
     Outcome,
     Store,
     is_manual,
@@ -128,6 +129,10 @@ class _Attempt:
     lost: bool = False
     #: Set once the attempt has ended and its result is recorded (or given up).
     settled: anyio.Event = field(default_factory=anyio.Event)
+    #: When the lease runs out as far as this instance knows, and when to heartbeat
+    #: next (monotonic seconds; kept by the scheduler's lease keeper).
+    held_until: float = 0.0
+    next_beat: float = math.inf
 
     def cancel(self, reason: str) -> None:
         """Tell the handler its lease is gone (threads) and cancel it (async)."""
@@ -267,6 +272,9 @@ class Scheduler(Generic[K]):
         self._next_slot_ms: dict[str, int] = {}
         self._idle = anyio.Event()
         self._idle.set()
+        #: Wakes the lease keeper when an attempt needs a heartbeat before its next tick.
+        self._beat_wake = anyio.Event()
+        self._next_beat_at = math.inf
         self._claim_loop_done = anyio.Event()
         self._stopped = anyio.Event()
 
@@ -500,6 +508,8 @@ class Scheduler(Generic[K]):
         for job in self._jobs.values():
             self._schedule_first_slots(job, now)
         self._group.start_soon(self._claim_loop)
+        if self._store.leases:
+            self._group.start_soon(self._lease_keeper)
         return self
 
     async def __aexit__(
@@ -541,6 +551,7 @@ class Scheduler(Generic[K]):
         if self._store.conn.owned:
             await self._store.conn.aclose()
         self._state = "stopped"
+        self._beat_wake.set()  # the lease keeper ends
         self._stopped.set()
 
     # --------------------------------------------------------------- reading
@@ -874,37 +885,36 @@ class Scheduler(Generic[K]):
             fence=reply.fence,
         )
         attempt = _Attempt(job, run, slot_id, token, max_attempts)
+        now = time.monotonic()
+        attempt.held_until = now + reply.wait_ms / 1000
+        attempt.next_beat = now + self.heartbeat_ms / 1000
+        if attempt.next_beat < self._next_beat_at:
+            self._beat_wake.set()
         self._attempts[(job.name, slot_id)] = attempt
         if self._idle.is_set():
             self._idle = anyio.Event()
-        self._group.start_soon(
-            self._run_attempt, attempt, reply.wait_ms, name=f"anarchon {job.name} {slot_id}"
-        )
+        self._group.start_soon(self._run_attempt, attempt, name=f"anarchon {job.name} {slot_id}")
         return attempt
 
-    async def _run_attempt(self, attempt: _Attempt, lease_left_ms: int) -> None:
+    async def _run_attempt(self, attempt: _Attempt) -> None:
         outcome: Outcome = "cancelled"
         error: str | None = None
         try:
-            async with anyio.create_task_group() as group:
-                if self._store is not None and self._store.leases:
-                    group.start_soon(self._keep_lease, attempt, lease_left_ms)
-                with attempt.scope:
-                    try:
-                        await attempt.job.invoke(attempt.run)
-                        outcome = "ok"
-                    except Exception as exc:
-                        outcome = "failed"
-                        error = "".join(traceback.format_exception_only(exc)).strip()
-                        log.warning(
-                            "%s slot %s attempt %d failed: %s",
-                            attempt.job.name,
-                            attempt.slot_id,
-                            attempt.run.attempt,
-                            error,
-                            exc_info=exc,
-                        )
-                group.cancel_scope.cancel()
+            with attempt.scope:
+                try:
+                    await attempt.job.invoke(attempt.run)
+                    outcome = "ok"
+                except Exception as exc:
+                    outcome = "failed"
+                    error = "".join(traceback.format_exception_only(exc)).strip()
+                    log.warning(
+                        "%s slot %s attempt %d failed: %s",
+                        attempt.job.name,
+                        attempt.slot_id,
+                        attempt.run.attempt,
+                        error,
+                        exc_info=exc,
+                    )
             if attempt.scope.cancelled_caught:
                 outcome = "cancelled"
         finally:
@@ -916,34 +926,58 @@ class Scheduler(Generic[K]):
                 if not self._attempts:
                     self._idle.set()
 
-    async def _keep_lease(self, attempt: _Attempt, lease_left_ms: int) -> None:
-        """Heartbeat every heartbeat_ms; a refused heartbeat, or none accepted for a whole
-        lease, means the lease is lost and the handler is cancelled."""
-        assert self._store is not None
-        held_until = time.monotonic() + lease_left_ms / 1000
-        while True:
-            await anyio.sleep(self.heartbeat_ms / 1000)
-            sent = time.monotonic()
-            try:
-                held = await self._store.heartbeat(
-                    attempt.job.name,
-                    attempt.slot_id,
-                    attempt.token,
-                    self.lease_ms,
-                    attempt.job.overlap,
-                )
-            except (TransportError, ServerReplyError) as exc:
-                if time.monotonic() >= held_until:
-                    attempt.lost = True
-                    attempt.cancel(f"no heartbeat got through for a whole lease ({exc})")
-                    return
-                log.warning("%s: heartbeat failed, will retry: %s", attempt.job.name, exc)
+    async def _lease_keeper(self) -> None:
+        """Heartbeat the leases of every running attempt, in one round trip per tick.
+
+        An attempt's lease is extended every heartbeat_ms (those due within a quarter
+        of that go along, so ticks stay few). A refused heartbeat, or none accepted
+        for a whole lease, means the lease is lost and the handler is cancelled. Ends
+        once the scheduler has stopped."""
+        early_sec = self.heartbeat_ms / 4000
+        while not (self._state == "stopped" and not self._attempts):
+            now = time.monotonic()
+            due = [a for a in self._attempts.values() if a.next_beat <= now + early_sec]
+            if due:
+                await self._heartbeat(due)
                 continue
-            if not held:
+            self._next_beat_at = min(
+                (a.next_beat for a in self._attempts.values()), default=math.inf
+            )
+            with anyio.move_on_after(self._next_beat_at - now):
+                await self._beat_wake.wait()
+            self._next_beat_at = math.inf
+            if self._beat_wake.is_set():
+                self._beat_wake = anyio.Event()
+
+    async def _heartbeat(self, attempts: list[_Attempt]) -> None:
+        assert self._store is not None
+        beats = [
+            HeartbeatRequest(a.job.name, a.slot_id, a.token, self.lease_ms, a.job.overlap)
+            for a in attempts
+        ]
+        sent = time.monotonic()
+        replies: list[bool | ServerReplyError] | None = None
+        failure = "timed out"
+        with anyio.move_on_after(_CLAIM_TIMEOUT_SEC):
+            try:
+                replies = await self._store.heartbeat_many(beats)
+            except TransportError as exc:
+                failure = str(exc)
+        for index, attempt in enumerate(attempts):
+            if self._attempts.get((attempt.job.name, attempt.slot_id)) is not attempt:
+                continue  # ended meanwhile
+            attempt.next_beat = sent + self.heartbeat_ms / 1000
+            reply = replies[index] if replies is not None else failure
+            if reply is True:
+                attempt.held_until = sent + self.lease_ms / 1000
+            elif reply is False:
                 attempt.lost = True
                 attempt.cancel("another attempt holds the run now")
-                return
-            held_until = sent + self.lease_ms / 1000
+            elif time.monotonic() >= attempt.held_until:
+                attempt.lost = True
+                attempt.cancel(f"no heartbeat got through for a whole lease ({reply})")
+            else:
+                log.warning("%s: heartbeat failed, will retry: %s", attempt.job.name, reply)
 
     async def _settle(self, attempt: _Attempt, outcome: Outcome, error: str | None) -> None:
         """Record how the attempt ended; retried a few times if the connection drops.

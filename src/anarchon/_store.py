@@ -62,6 +62,17 @@ class ClaimReply:
 
 
 @dataclass(frozen=True, slots=True)
+class HeartbeatRequest:
+    """Extend the lease of an attempt this instance runs."""
+
+    job: str
+    slot_id: str
+    token: str
+    lease_ms: int
+    allow_overlap: bool
+
+
+@dataclass(frozen=True, slots=True)
 class AttemptEnd:
     """How an attempt ended, as the runner reports it."""
 
@@ -101,9 +112,9 @@ class Store(Protocol):
         self, requests: Sequence[ClaimRequest]
     ) -> list[ClaimReply | ServerReplyError]: ...
 
-    async def heartbeat(
-        self, job: str, slot_id: str, token: str, lease_ms: int, allow_overlap: bool
-    ) -> bool: ...
+    async def heartbeat_many(
+        self, beats: Sequence[HeartbeatRequest]
+    ) -> list[bool | ServerReplyError]: ...
 
     async def begin_manual(self, job: str, slot_id: str, token: str) -> None: ...
 
