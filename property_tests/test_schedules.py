@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from anarchon import CronSchedule, IntervalSchedule
+from anarchon._schedule import SlotClock, from_epoch_ms, to_epoch_ms
 from property_tests.profiles import examples
 
 ZONES = ["UTC", "Europe/Berlin", "America/New_York", "Australia/Lord_Howe", "Asia/Kolkata"]
@@ -34,6 +35,15 @@ cron_expressions = st.one_of(
         field(0, 59), field(0, 59), field(0, 23), st.just("*"), st.just("*"), st.just("*")
     ).map(" ".join),
 )
+# Half an hour before each clock change of 2026 in the zones above.
+DST_CHANGES = [
+    datetime(2026, 3, 29, 0, 30, tzinfo=UTC),  # Berlin, spring
+    datetime(2026, 10, 25, 0, 30, tzinfo=UTC),  # Berlin, autumn
+    datetime(2026, 3, 8, 6, 30, tzinfo=UTC),  # New York, spring
+    datetime(2026, 11, 1, 5, 30, tzinfo=UTC),  # New York, autumn
+    datetime(2026, 4, 4, 14, 30, tzinfo=UTC),  # Lord Howe, autumn (half an hour)
+    datetime(2026, 10, 3, 15, 30, tzinfo=UTC),  # Lord Howe, spring
+]
 moments = st.datetimes(
     min_value=datetime(2024, 1, 1), max_value=datetime(2030, 12, 31), timezones=st.just(UTC)
 )
@@ -68,3 +78,24 @@ def test_interval_slots_are_the_next_multiple_of_the_interval(
     assert fire > moment
     assert fire - moment <= timedelta(milliseconds=every_ms)
     assert round(fire.timestamp() * 1000) % every_ms == 0
+
+
+@settings(max_examples=examples(200), deadline=None)
+@given(
+    expression=cron_expressions,
+    zone=st.sampled_from(ZONES),
+    moment=moments | st.sampled_from(DST_CHANGES),
+)
+def test_a_slot_clock_walking_a_cron_schedule_finds_what_next_after_finds(
+    expression: str, zone: str, moment: datetime
+) -> None:
+    """The scheduler asks its clock for the slot after the last one; the clock then
+    walks one parsed schedule instead of parsing it again: the same slots."""
+    schedule = CronSchedule(expression, zone)
+    clock = SlotClock(schedule)
+    after_ms = to_epoch_ms(moment)
+    for _ in range(30):
+        slot_ms = clock.next_slot_ms(after_ms)
+        fire = schedule.next_after(from_epoch_ms(after_ms))
+        assert fire is not None and slot_ms == to_epoch_ms(fire)
+        after_ms = slot_ms

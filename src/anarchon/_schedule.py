@@ -6,6 +6,7 @@ instance derives the same slot ids from the same schedule.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta, tzinfo
 from typing import Protocol, runtime_checkable
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -83,12 +84,13 @@ class CronSchedule:
             ) from exc
 
     def next_after(self, moment: datetime, /) -> datetime | None:
+        return next(self.fires_after(moment), None)
+
+    def fires_after(self, moment: datetime, /) -> Iterator[datetime]:
+        """Every fire time after ``moment``, in order (cheaper than ``next_after`` each
+        time: the expression is parsed once)."""
         local = moment.astimezone(self._zone)
-        try:
-            fire = next(CronSim(self.expression, local))
-        except StopIteration:
-            return None
-        return fire.astimezone(UTC)
+        return (fire.astimezone(UTC) for fire in CronSim(self.expression, local))
 
     def __repr__(self) -> str:
         return f"CronSchedule({self.expression!r}, {self.timezone!r})"
@@ -128,21 +130,30 @@ def from_epoch_ms(epoch_ms: int) -> datetime:
 class SlotClock:
     """Turns a schedule into slot ids (epoch milliseconds)."""
 
-    __slots__ = ("_schedule",)
+    __slots__ = ("_fires", "_last_ms", "_schedule")
 
     def __init__(self, schedule: Schedule) -> None:
         self._schedule = schedule
+        #: A cron schedule's fire times after the last slot returned (asked for the
+        #: slot after that one, as the scheduler does, it takes the next of them).
+        self._fires: Iterator[datetime] | None = None
+        self._last_ms: int | None = None
 
     def next_slot_ms(self, after_ms: int) -> int | None:
         """The first slot strictly after ``after_ms``, or None if there is none."""
-        fire = self._schedule.next_after(from_epoch_ms(after_ms))
+        if isinstance(self._schedule, CronSchedule):
+            if self._fires is None or after_ms != self._last_ms:
+                self._fires = self._schedule.fires_after(from_epoch_ms(after_ms))
+            fire = next(self._fires, None)
+        else:
+            fire = self._schedule.next_after(from_epoch_ms(after_ms))
         if fire is None:
             return None
         if fire.tzinfo is None:
             raise InvalidScheduleError(
                 f"{self._schedule!r}.next_after() returned a naive datetime; return an aware one"
             )
-        slot_ms = to_epoch_ms(fire)
+        slot_ms = self._last_ms = to_epoch_ms(fire)
         if slot_ms <= after_ms:
             raise InvalidScheduleError(
                 f"{self._schedule!r}.next_after() returned {fire.isoformat()}, which is not "
