@@ -10,6 +10,7 @@ import socket
 import threading
 import time
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import anyio
 import pytest
@@ -19,6 +20,7 @@ from anarchon import RedisBackend, Run, RunOverlapError, Scheduler
 from anarchon._lease import JobKeys
 from anarchon._store import AttemptEnd, ClaimRequest
 from tests.helpers import Ledger, OneShot, wait_until
+from tests.servers import ServerSpec
 
 pytestmark = pytest.mark.anyio
 
@@ -470,3 +472,37 @@ async def test_a_short_run_costs_one_claim_per_instance_and_one_finish(
     assert slots == 5
     # One claim per instance per slot, one finish per slot, and nothing else.
     assert commands == ["EVALSHA"] * (slots * (instances + 1))
+
+
+@pytest.mark.parametrize("strategy", ["stream-id", "idmp", "script"])
+async def test_a_claim_only_run_costs_one_claim_per_instance_and_one_result_write(
+    server: ServerSpec, server_url: str, prefix: str, strategy: str
+) -> None:
+    if strategy == "idmp" and not (server.family == "redis" and server.version >= (8, 6)):
+        pytest.skip(f"{server.id} has no idempotent XADD (Redis 8.6+): idmp is refused there")
+    instances = 3
+    runs: list[int] = []
+    schedulers: list[Any] = []
+    for index in range(instances):
+        backend: Any = RedisBackend(redis=server_url, prefix=prefix, strategy=strategy)  # type: ignore[call-overload]
+        scheduler: Any = Scheduler(backend, instance_id=f"i{index}")
+
+        @scheduler.job("* * * * * *", name="short")
+        async def short(run: Run) -> None:
+            runs.append(run.slot_ms)
+
+        schedulers.append(scheduler)
+
+    async with schedulers[0], schedulers[1], schedulers[2]:
+        await sleep_until_after_second(0.5)
+        monitor = CommandLog(server_url)
+        runs_before = len(runs)
+        await anyio.sleep(5)
+        commands = await anyio.to_thread.run_sync(monitor.close)
+        slots = len(runs) - runs_before
+
+    assert slots == 5
+    # One claim per instance per slot (XADD for stream-id, one script call for the
+    # others), one result write per slot, and nothing else.
+    claim = "XADD" if strategy == "stream-id" else "EVALSHA"
+    assert sorted(commands) == sorted([claim] * (slots * instances) + ["EVALSHA"] * slots)

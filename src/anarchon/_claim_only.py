@@ -25,7 +25,7 @@ from ._store import (
     slot_ms_of,
 )
 from ._structures import RunResult
-from .clients import Command, Connection, ServerReplyError, stream_entries
+from .clients import Command, Connection, ServerReplyError
 
 __all__ = ["ClaimOnlyKeys", "ClaimOnlyStore", "IdmpSettings", "ScriptSettings"]
 
@@ -149,34 +149,24 @@ class ClaimOnlyStore:
         self, requests: Sequence[ClaimRequest]
     ) -> list[ClaimReply | ServerReplyError]:
         # The server keeps the first entry for (job, slot) and answers repeats with
-        # its id; reading that entry tells whose it is.
+        # its id; the script reads that entry to tell whose it is (one call each).
         await self.prepare_jobs(sorted({r.job for r in requests}))
-        adds: list[Command] = [
-            ("XADD", self.keys(r.job).runs, "IDMP", r.job, r.slot_ms, "MAXLEN", "~",
-             self.history_size, "*", *self._fields(r))
+        claim = _script("idmp_claim")
+        calls = [
+            ScriptCall(
+                claim,
+                (self.keys(r.job).runs,),
+                (r.job, r.slot_ms, self.history_size, r.slot_id, r.token, self.runner),
+            )
             for r in requests
-        ]  # fmt: skip
-        ids = await pipeline(self.conn, adds)
-        reads: list[Command] = [
-            ("XRANGE", self.keys(r.job).runs, entry_id, entry_id)
-            for r, entry_id in zip(requests, ids, strict=True)
-            if not isinstance(entry_id, ServerReplyError)
         ]
-        entries = iter(await pipeline(self.conn, reads))
         replies: list[ClaimReply | ServerReplyError] = []
-        for request, entry_id in zip(requests, ids, strict=True):
-            if isinstance(entry_id, ServerReplyError):
-                replies.append(entry_id)
-                continue
-            entry = next(entries)
-            if isinstance(entry, ServerReplyError):
-                replies.append(entry)
-                continue
-            found = stream_entries(entry)
-            if found and found[0][1].get("token") == request.token:
-                replies.append(self._won(request, _entry_ms(str(entry_id))))
+        for request, reply in zip(requests, await run_scripts(self.conn, calls), strict=True):
+            if isinstance(reply, ServerReplyError):
+                replies.append(reply)
+            elif reply[0] == "won":
+                replies.append(self._won(request, _entry_ms(str(reply[1]))))
             else:
-                # Another instance's entry, or one trimmed away: either way not ours.
                 replies.append(ClaimReply("done", status="claimed"))
         return replies
 
@@ -221,22 +211,15 @@ class ClaimOnlyStore:
 
     async def finish(self, end: AttemptEnd) -> FinishReply:
         """Record the run's result: one member of the results sorted set (trimmed)."""
-        key = self.keys(end.job).results
-        replies = await pipeline(
-            self.conn,
-            [
-                (
-                    "ZADD",
-                    key,
-                    slot_ms_of(end.slot_id),
-                    result_member(end, end.outcome, self.runner),
-                ),
-                ("ZREMRANGEBYRANK", key, 0, -(self.history_size + 1)),
-            ],
-        )
-        for reply in replies:
-            if isinstance(reply, ServerReplyError):
-                raise reply
+        call = ScriptCall(
+            _script("record_result"),
+            (self.keys(end.job).results,),
+            (slot_ms_of(end.slot_id), result_member(end, end.outcome, self.runner),
+             self.history_size),
+        )  # fmt: skip
+        (reply,) = await run_scripts(self.conn, [call])
+        if isinstance(reply, ServerReplyError):
+            raise reply
         return FinishReply(held=True, status=end.outcome)
 
     async def result_of(self, job: str, slot_id: str, attempt: int) -> RunResult:
