@@ -112,3 +112,32 @@ async def test_runs_that_end_together_send_their_finishes_in_one_round_trip(
     # finishes share round trips instead of taking one (and a connection) each.
     assert sum(finishes_per_trip) >= len(runs)
     assert len(finishes_per_trip) < len(runs) / 2, finishes_per_trip
+
+
+async def test_a_large_instant_is_claimed_in_parts_of_at_most_two_hundred(
+    server_url: str, prefix: str
+) -> None:
+    runs: list[Run] = []
+    scheduler = Scheduler(RedisBackend(redis=server_url, prefix=prefix))
+    for index in range(450):
+
+        async def handler(run: Run) -> None:
+            runs.append(run)
+
+        scheduler.add_job(handler, "* * * * * *", name=f"job{index}")
+
+    async with scheduler:
+        assert scheduler._store is not None
+        counting = CountingConnection(scheduler._store.conn)
+        scheduler._store.conn = counting
+        await wait_until(lambda: len({r.slot_ms for r in runs}) >= 3, 15, "three slots")
+        await anyio.lowlevel.checkpoint()
+
+    sizes_of_slot: dict[str, list[int]] = {}
+    for batch in counting.batches:
+        claims = [c for c in batch if script_of(c) == "claim" and c[0] == "EVALSHA"]
+        for slot in {c[8] for c in claims}:
+            sizes_of_slot.setdefault(slot, []).append(sum(1 for c in claims if c[8] == slot))
+    complete = [sizes for sizes in sizes_of_slot.values() if sum(sizes) == 450]
+    assert len(complete) >= 2, sizes_of_slot
+    assert all(sorted(sizes) == [50, 200, 200] for sizes in complete), complete
