@@ -46,12 +46,14 @@ def script_of(command: tuple[str, ...]) -> str:
     return command[0]
 
 
-async def test_twenty_jobs_due_together_are_claimed_in_one_pipelined_batch(
-    server_url: str, prefix: str
-) -> None:
+async def three_instants(
+    server_url: str, prefix: str, jobs: int
+) -> tuple[list[Run], CountingConnection]:
+    """Runs ``jobs`` jobs firing every second until three instants have run, counting
+    the round trips after start."""
     runs: list[Run] = []
     scheduler = Scheduler(RedisBackend(redis=server_url, prefix=prefix))
-    for index in range(20):
+    for index in range(jobs):
 
         async def handler(run: Run) -> None:
             runs.append(run)
@@ -62,8 +64,15 @@ async def test_twenty_jobs_due_together_are_claimed_in_one_pipelined_batch(
         assert scheduler._store is not None
         counting = CountingConnection(scheduler._store.conn)
         scheduler._store.conn = counting
-        await wait_until(lambda: len({r.slot_ms for r in runs}) >= 3, 10, "three slots")
+        await wait_until(lambda: len({r.slot_ms for r in runs}) >= 3, 15, "three slots")
         await anyio.lowlevel.checkpoint()
+    return runs, counting
+
+
+async def test_twenty_jobs_due_together_are_claimed_in_one_pipelined_batch(
+    server_url: str, prefix: str
+) -> None:
+    runs, counting = await three_instants(server_url, prefix, jobs=20)
 
     # The claims of each instant (ARGV[1], after the five keys, is the slot) went out
     # in one round trip: the 20 jobs' claims of a slot are all in one batch. A fresh
@@ -90,21 +99,7 @@ async def test_twenty_jobs_due_together_are_claimed_in_one_pipelined_batch(
 async def test_runs_that_end_together_send_their_finishes_in_one_round_trip(
     server_url: str, prefix: str
 ) -> None:
-    runs: list[Run] = []
-    scheduler = Scheduler(RedisBackend(redis=server_url, prefix=prefix))
-    for index in range(20):
-
-        async def handler(run: Run) -> None:
-            runs.append(run)
-
-        scheduler.add_job(handler, "* * * * * *", name=f"job{index}")
-
-    async with scheduler:
-        assert scheduler._store is not None
-        counting = CountingConnection(scheduler._store.conn)
-        scheduler._store.conn = counting
-        await wait_until(lambda: len({r.slot_ms for r in runs}) >= 3, 10, "three slots")
-        await anyio.lowlevel.checkpoint()
+    runs, counting = await three_instants(server_url, prefix, jobs=20)
 
     finishes_per_trip = [sum(1 for c in b if script_of(c) == "finish") for b in counting.batches]
     finishes_per_trip = [n for n in finishes_per_trip if n]
@@ -117,21 +112,7 @@ async def test_runs_that_end_together_send_their_finishes_in_one_round_trip(
 async def test_a_large_instant_is_claimed_in_parts_of_at_most_two_hundred(
     server_url: str, prefix: str
 ) -> None:
-    runs: list[Run] = []
-    scheduler = Scheduler(RedisBackend(redis=server_url, prefix=prefix))
-    for index in range(450):
-
-        async def handler(run: Run) -> None:
-            runs.append(run)
-
-        scheduler.add_job(handler, "* * * * * *", name=f"job{index}")
-
-    async with scheduler:
-        assert scheduler._store is not None
-        counting = CountingConnection(scheduler._store.conn)
-        scheduler._store.conn = counting
-        await wait_until(lambda: len({r.slot_ms for r in runs}) >= 3, 15, "three slots")
-        await anyio.lowlevel.checkpoint()
+    _, counting = await three_instants(server_url, prefix, jobs=450)
 
     sizes_of_slot: dict[str, list[int]] = {}
     for batch in counting.batches:

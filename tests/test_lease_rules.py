@@ -444,40 +444,13 @@ class CommandLog:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["lease", "stream-id", "idmp", "script"])
 async def test_a_short_run_costs_one_claim_per_instance_and_one_finish(
-    server_url: str, prefix: str
-) -> None:
-    instances = 3
-    runs: list[int] = []
-    schedulers = []
-    for index in range(instances):
-        scheduler = Scheduler(
-            RedisBackend(redis=server_url, prefix=prefix), instance_id=f"i{index}"
-        )
-
-        @scheduler.job("* * * * * *", name="short")
-        async def short(run: Run) -> None:
-            runs.append(run.slot_ms)
-
-        schedulers.append(scheduler)
-
-    async with schedulers[0], schedulers[1], schedulers[2]:
-        await sleep_until_after_second(0.5)
-        monitor = CommandLog(server_url)
-        runs_before = len(runs)
-        await anyio.sleep(5)
-        commands = await anyio.to_thread.run_sync(monitor.close)
-        slots = len(runs) - runs_before
-
-    assert slots == 5
-    # One claim per instance per slot, one finish per slot, and nothing else.
-    assert commands == ["EVALSHA"] * (slots * (instances + 1))
-
-
-@pytest.mark.parametrize("strategy", ["stream-id", "idmp", "script"])
-async def test_a_claim_only_run_costs_one_claim_per_instance_and_one_result_write(
     server: ServerSpec, server_url: str, prefix: str, strategy: str
 ) -> None:
+    """The lease strategy: claims and a finish, all EVALSHA; the claim-only ones: a
+    claim per instance (XADD for stream-id, a script call for the others) and one
+    result write (a script call). Nothing else, no heartbeat for a short run."""
     if strategy == "idmp" and not (server.family == "redis" and server.version >= (8, 6)):
         pytest.skip(f"{server.id} has no idempotent XADD (Redis 8.6+): idmp is refused there")
     instances = 3
@@ -502,7 +475,5 @@ async def test_a_claim_only_run_costs_one_claim_per_instance_and_one_result_writ
         slots = len(runs) - runs_before
 
     assert slots == 5
-    # One claim per instance per slot (XADD for stream-id, one script call for the
-    # others), one result write per slot, and nothing else.
     claim = "XADD" if strategy == "stream-id" else "EVALSHA"
     assert sorted(commands) == sorted([claim] * (slots * instances) + ["EVALSHA"] * slots)
