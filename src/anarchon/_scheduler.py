@@ -113,9 +113,6 @@ class _Due:
     #: or a retry's claim of a slot whose state was forgotten must not start it again.
     may_start: bool = field(compare=False, default=False)
 
-    def __post_init__(self) -> None:
-        self.may_start = self.may_start or self.first
-
 
 @dataclass(slots=True)
 class _Attempt:
@@ -125,7 +122,6 @@ class _Attempt:
     run: Run
     slot_id: str
     token: str
-    max_attempts: int
     started_ms: int = field(default_factory=lambda: int(_now_ms()))
     scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
     lost: bool = False
@@ -135,6 +131,10 @@ class _Attempt:
     #: next (monotonic seconds; kept by the scheduler's lease keeper).
     held_until: float = 0.0
     next_beat: float = math.inf
+
+    @property
+    def max_attempts(self) -> int:
+        return _attempts_for(self.job, self.slot_id)
 
     def cancel(self, reason: str) -> None:
         """Tell the handler its lease is gone (threads) and cancel it (async)."""
@@ -591,7 +591,7 @@ class Scheduler(Generic[K]):
             # No lease to claim: the manual stream records the run, which runs here.
             await self._store.begin_manual(found.name, slot_id, token)
             reply = ClaimReply("won", attempt=1, fence=requested_ms, trigger="manual")
-        attempt = self._start_attempt(found, slot_id, token, reply, max_attempts=1)
+        attempt = self._start_attempt(found, slot_id, token, reply)
         await attempt.settled.wait()
         try:
             return await self._store.result_of(found.name, slot_id, attempt.run.attempt)
@@ -624,7 +624,7 @@ class Scheduler(Generic[K]):
             token=token,
             trigger="manual",
             lease_ms=self.lease_ms,
-            max_attempts=1,
+            max_attempts=_attempts_for(job, slot_id),
             allow_overlap=job.overlap,
             keep_ms=job.keep_ms(self.lease_ms),
         )
@@ -667,9 +667,11 @@ class Scheduler(Generic[K]):
     def _schedule_slot(self, job: Job, slot_ms: int, trigger: Trigger) -> None:
         jitter = random.uniform(0, job.jitter_ms) if job.jitter_ms else 0.0
         self._next_slot_ms[job.name] = slot_ms
-        self._push(
-            _Due(slot_ms + jitter, next(self._seq), job.name, str(slot_ms), slot_ms, trigger, True)
-        )
+        due = _Due(
+            slot_ms + jitter, next(self._seq), job.name, str(slot_ms), slot_ms, trigger, True,
+            may_start=True,
+        )  # fmt: skip
+        self._push(due)
 
     def _schedule_first_slots(self, job: Job, now_ms: float) -> None:
         """On start (or when added): slots in the catch-up window, then the next one."""
@@ -825,7 +827,7 @@ class Scheduler(Generic[K]):
         for orphan in reply.orphans:
             self._take_over(job, orphan, now_ms)
         if reply.kind == "won":
-            self._start_attempt(job, due.slot_id, due.token, reply, _attempts_for(job, due.slot_id))
+            self._start_attempt(job, due.slot_id, due.token, reply)
         elif reply.kind == "running":
             self._back_up(job, due, reply.wait_ms, now_ms)
         elif reply.kind == "overlap":
@@ -874,9 +876,7 @@ class Scheduler(Generic[K]):
 
     # ------------------------------------------------------------------ runs
 
-    def _start_attempt(
-        self, job: Job, slot_id: str, token: str, reply: ClaimReply, max_attempts: int
-    ) -> _Attempt:
+    def _start_attempt(self, job: Job, slot_id: str, token: str, reply: ClaimReply) -> _Attempt:
         assert self._group is not None
         slot_ms = slot_ms_of(slot_id)
         run = Run(
@@ -888,7 +888,7 @@ class Scheduler(Generic[K]):
             runner=self.instance_id,
             fence=reply.fence,
         )
-        attempt = _Attempt(job, run, slot_id, token, max_attempts)
+        attempt = _Attempt(job, run, slot_id, token)
         now = time.monotonic()
         attempt.held_until = now + reply.wait_ms / 1000
         attempt.next_beat = now + self.heartbeat_ms / 1000

@@ -138,7 +138,7 @@ def is_manual(slot_id: str) -> bool:
 
 def slot_ms_of(slot_id: str) -> int:
     """The instant of a slot id: scheduled ids are epoch ms, manual ids carry theirs."""
-    if slot_id.isdigit():
+    if not is_manual(slot_id):
         return int(slot_id)
     return int(slot_id[1:].split("-", 1)[0])
 
