@@ -15,7 +15,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from collections.abc import Iterator, Sequence
@@ -100,47 +99,40 @@ def server_name(url: str) -> str:
 
 
 class CommandLog:
-    """The commands clients send (``MONITOR``), with the server's timestamps; commands
-    that scripts run inside the server are left out. Also the bytes each client
-    connection has read and written (``CLIENT LIST``)."""
+    """The commands clients send (``MONITOR``, the test suite's reader: commands that
+    scripts run inside the server are left out), and the bytes each client connection
+    has read and written (``CLIENT LIST``)."""
 
     def __init__(self, url: str) -> None:
-        self.url = url
+        from tests.helpers import CommandLog as MonitorLog
+
         self.client = redis_client(url)
-        self.own_ids = {str(self.client.client_id())}
+        self.own_id = str(self.client.client_id())
+        self._monitor = MonitorLog(url)
         self.commands: list[tuple[float, str]] = []
-        self._monitor = redis_client(url)
-        self.own_ids.add(str(self._monitor.client_id()))
-        self._thread = threading.Thread(target=self._listen, daemon=True)
-        self._thread.start()
-
-    def _listen(self) -> None:
-        with contextlib.suppress(Exception), self._monitor.monitor() as monitor:
-            for line in monitor.listen():
-                if line.get("client_type") != "lua" and line.get("command"):
-                    name = str(line["command"]).split(" ", 1)[0].strip('"').lower()
-                    self.commands.append((float(line["time"]), name))
-
-    def counts(self, since: float, until: float) -> dict[str, int]:
-        """Commands sent by clients other than this log's own between two instants."""
-        found: dict[str, int] = {}
-        for moment, name in list(self.commands):
-            if since <= moment < until and name not in ("info", "client|list", "monitor"):
-                found[name] = found.get(name, 0) + 1
-        return dict(sorted(found.items()))
 
     def client_bytes(self) -> dict[str, tuple[int, int]]:
         """Bytes in and out so far of each client connection (not this log's own)."""
         out = {}
         for client in self.client.client_list():
-            if str(client["id"]) not in self.own_ids:
+            # Not this log's own connections (the MONITOR one has flag O).
+            if str(client["id"]) != self.own_id and "O" not in str(client["flags"]):
                 out[str(client["id"])] = (int(client["tot-net-in"]), int(client["tot-net-out"]))
         return out
 
     def close(self) -> None:
+        self.commands = self._monitor.close()
         self.client.close()
-        with contextlib.suppress(Exception):
-            self._monitor.close()
+
+    def counts(self, since: float, until: float) -> dict[str, int]:
+        """Commands sent by clients other than this log between two instants (after
+        ``close``)."""
+        found: dict[str, int] = {}
+        for moment, name in self.commands:
+            name = name.lower()
+            if since <= moment < until and name not in ("info", "monitor"):
+                found[name] = found.get(name, 0) + 1
+        return dict(sorted(found.items()))
 
 
 def bytes_between(

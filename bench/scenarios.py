@@ -313,8 +313,8 @@ def _cost_variant(url: str | None, variant: Result, seconds: float, binary: Path
             time.sleep(max(0.0, t_b - time.time()))
             bytes_b = log.client_bytes()
             results = fleet.results()
-        counts = log.counts(t_a, t_b)
         log.close()
+        counts = log.counts(t_a, t_b)
     runs = sum(
         1 for r in results for slot_ms, _, _ in r["runs"] if t_a * 1000 < slot_ms < t_b * 1000
     )

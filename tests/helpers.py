@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import math
+import re
+import socket
+import threading
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -76,3 +79,47 @@ async def wait_until(condition: Callable[[], bool], timeout_sec: float, what: st
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_sec}s waiting for {what}")
         await anyio.sleep(0.01)
+
+
+class CommandLog:
+    """Every command clients send to the server, read from MONITOR on a socket of its own.
+
+    Commands that scripts run inside the server are marked ``lua`` by MONITOR and
+    left out: only round trips from clients count.
+    """
+
+    def __init__(self, url: str) -> None:
+        host_port = url.split("//", 1)[1].split("/", 1)[0]
+        host, port = host_port.rsplit(":", 1)
+        self.sock = socket.create_connection((host, int(port)))
+        self.sock.sendall(b"MONITOR\r\n")
+        self.buffer = b""
+        self.lines: list[str] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        self.sock.settimeout(0.1)
+        while not self.stop.is_set():
+            try:
+                data = self.sock.recv(65536)
+            except TimeoutError:
+                continue
+            if not data:
+                return
+            self.buffer += data
+            *lines, self.buffer = self.buffer.split(b"\r\n")
+            self.lines += [line.decode(errors="replace") for line in lines]
+
+    def close(self) -> list[tuple[float, str]]:
+        """Stop listening; the commands seen, as (server time in seconds, NAME)."""
+        self.stop.set()
+        self.thread.join()
+        self.sock.close()
+        commands = []
+        for line in self.lines:
+            match = re.match(r'^\+([\d.]+) \[\d+ ([^\]]+)\] "([^"]+)"', line)
+            if match and match.group(2) != "lua":
+                commands.append((float(match.group(1)), match.group(3).upper()))
+        return commands

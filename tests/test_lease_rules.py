@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
-import re
 import secrets
-import socket
-import threading
 import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -19,7 +16,7 @@ import redis
 from anarchon import RedisBackend, Run, RunOverlapError, Scheduler
 from anarchon._lease import JobKeys
 from anarchon._store import AttemptEnd, ClaimRequest
-from tests.helpers import Ledger, OneShot, wait_until
+from tests.helpers import CommandLog, Ledger, OneShot, wait_until
 from tests.servers import ServerSpec
 
 pytestmark = pytest.mark.anyio
@@ -400,49 +397,6 @@ async def test_a_backups_claim_of_a_forgotten_slot_is_told_done_and_starts_nothi
 # ----------------------------------------------------------------- cost
 
 
-class CommandLog:
-    """Every command clients send to the server, read from MONITOR on a socket of its own.
-
-    Commands that scripts run inside the server are marked ``lua`` by MONITOR and
-    left out: only round trips from clients count.
-    """
-
-    def __init__(self, url: str) -> None:
-        host_port = url.split("//", 1)[1].split("/", 1)[0]
-        host, port = host_port.rsplit(":", 1)
-        self.sock = socket.create_connection((host, int(port)))
-        self.sock.sendall(b"MONITOR\r\n")
-        self.buffer = b""
-        self.lines: list[str] = []
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._read, daemon=True)
-        self.thread.start()
-
-    def _read(self) -> None:
-        self.sock.settimeout(0.1)
-        while not self.stop.is_set():
-            try:
-                data = self.sock.recv(65536)
-            except TimeoutError:
-                continue
-            if not data:
-                return
-            self.buffer += data
-            *lines, self.buffer = self.buffer.split(b"\r\n")
-            self.lines += [line.decode(errors="replace") for line in lines]
-
-    def close(self) -> list[str]:
-        self.stop.set()
-        self.thread.join()
-        self.sock.close()
-        commands = []
-        for line in self.lines:
-            match = re.match(r'^\+[\d.]+ \[\d+ ([^\]]+)\] "([^"]+)"', line)
-            if match and match.group(1) != "lua":
-                commands.append(match.group(2).upper())
-        return commands
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["lease", "stream-id", "idmp", "script"])
 async def test_a_short_run_costs_one_claim_per_instance_and_one_finish(
@@ -471,7 +425,7 @@ async def test_a_short_run_costs_one_claim_per_instance_and_one_finish(
         monitor = CommandLog(server_url)
         runs_before = len(runs)
         await anyio.sleep(5)
-        commands = await anyio.to_thread.run_sync(monitor.close)
+        commands = [name for _, name in await anyio.to_thread.run_sync(monitor.close)]
         slots = len(runs) - runs_before
 
     assert slots == 5
