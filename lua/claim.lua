@@ -7,7 +7,8 @@
 -- Replies:
 --   {'won', attempt, fence, lease_ms_left, trigger, orphans}  the caller runs this attempt
 --   {'running', ms}   the run is in progress (or waits for its retry): be a backup, ask again in ms
---   {'overlap', ms, orphans}  another slot of the job holds a live lease; this new run does not start
+--   {'overlap', ms, orphans}  another run of the job is unsettled (ms: the longest time left on
+--                              its lease or retry delay, 0 for orphans); this slot does not start
 --   {'done', status}  the run is settled ('forgotten': a later claim found no state)
 -- orphans (on a slot's first claim only): other unsettled slots of the job that
 -- nobody holds any more (lease expired, or retry due). Claiming them is how
@@ -30,21 +31,25 @@ local may_start = ARGV[13] == '1'
 
 local now = server_now_ms()
 
--- The other unsettled slots of this job: the time left on the first live lease
--- among them (nil if none, or if overlapping runs are allowed), and the slots
--- nobody holds any more (orphans).
-local function scan_active()
+-- The other unsettled slots of this job. With overlap protection a job's runs go
+-- one at a time, oldest first, so a slot's first claim is blocked by any other
+-- unsettled run: one holding a live lease, one waiting for its retry, or one
+-- nobody holds any more (an orphan, which the claimer then takes over). A retry
+-- is blocked only by a live lease. Returns the longest time left on the blocking
+-- leases and retry delays (nil if nothing blocks; 0 if only orphans do), and the
+-- orphans: runs whose lease expired, or whose retry is due.
+local function scan_active(first_claim)
   local blocked_ms = nil
   local orphans = {}
   for _, other in ipairs(redis.call('SMEMBERS', active_key)) do
     if other ~= slot then
       local o = decode_state(redis.call('HGET', state_key, other))
-      if o and o.until_ms > now then
-        if o.status == 'running' and not allow_overlap and not blocked_ms then
-          blocked_ms = o.until_ms - now
-        end
-      elseif o then
-        orphans[#orphans + 1] = other
+      if o then
+        local left_ms = math.max(o.until_ms - now, 0)
+        if left_ms == 0 then orphans[#orphans + 1] = other end
+        local blocks = (first_claim or (o.status == 'running' and left_ms > 0))
+          and not allow_overlap
+        if blocks then blocked_ms = math.max(blocked_ms or 0, left_ms) end
       end
     end
   end
@@ -77,6 +82,12 @@ local function trim_old_state()
 end
 
 local function win(attempt, win_trigger, orphans)
+  if redis.call('HEXISTS', state_key, FENCE_FIELD) == 0 then
+    -- A new job, or a store that lost its data: fences start from the server's
+    -- clock in microseconds, so they keep growing across a wipe (no job wins
+    -- more than once a microsecond).
+    redis.call('HSET', state_key, FENCE_FIELD, int(now * 1000))
+  end
   local fence = redis.call('HINCRBY', state_key, FENCE_FIELD, 1)
   local s = {
     status = 'running', attempt = attempt, token = token, until_ms = now + lease_ms,
@@ -104,21 +115,25 @@ if not s and not may_start then return {'done', 'forgotten'} end
 -- No state: nobody has claimed this run yet.
 if not s then
   trim_old_state()
-  local blocked_ms, orphans = scan_active()
+  local blocked_ms, orphans = scan_active(true)
   if blocked_ms then return {'overlap', blocked_ms, orphans} end
   return win(1, trigger, orphans)
 end
 
--- The caller already holds this attempt (a claim repeated after a lost reply).
-if s.status == 'running' and s.token == token then
+-- The caller already holds this attempt (a claim repeated after a lost reply),
+-- while its lease is live. An expired one is not handed back: a backup may take
+-- over at any moment, so the attempt is over, as any expired attempt is.
+if s.status == 'running' and s.token == token and s.until_ms > now then
   return {'won', s.attempt, s.fence, s.until_ms - now, s.trigger, {}}
 end
 
 if s.status == 'running' then
   if s.until_ms > now then return {'running', s.until_ms - now} end
-  -- The lease expired: its runner vanished, and that attempt is over.
+  -- The lease expired: its runner vanished, and that attempt is over. Its token
+  -- no longer holds anything: a late finish or heartbeat of it reports the loss.
   record_result(results_key, slot, slot_score, s, 'interrupted', now, 'lease expired',
     history_size, history_ttl_ms)
+  s.token = ''
   if s.attempt >= max_attempts then
     s.status, s.until_ms = 'interrupted', now
     redis.call('HSET', state_key, slot, encode_state(s))
@@ -132,7 +147,7 @@ end
 
 if s.status == 'retry' then
   if s.until_ms > now then return {'running', s.until_ms - now} end
-  local blocked_ms = scan_active()
+  local blocked_ms = scan_active(false)
   if blocked_ms then return {'running', blocked_ms} end
   return win(s.attempt + 1, 'retry', {})
 end

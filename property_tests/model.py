@@ -5,12 +5,15 @@ implementation: it imports nothing from anarchon. The state machine compares
 every reply of the real scripts with this model's.
 
 Rules (design section 3):
-- claim with no state: if another slot of the job holds a live lease and overlap
-  is not allowed, answer overlap (with that lease's time left); else win attempt 1.
-- claim of a running slot: the caller's own token gets its win back; a live lease
-  answers running (time left); an expired one ends that attempt (interrupted)
-  and, with attempts left, the run waits for its next attempt at once; without,
-  the run is interrupted (done).
+- claim with no state: unless overlap is allowed, a job's runs go one at a time,
+  oldest first: while another run of the job is unsettled (a live lease, a
+  retry pending, or an orphan) answer overlap, with the longest time left on
+  those leases and retry delays; else win attempt 1.
+- claim of a running slot: the caller's own token gets its win back while the
+  lease is live; a live lease answers running (time left); an expired one ends
+  that attempt (interrupted; its token holds nothing any more, so the old
+  runner's finish reports the loss) and, with attempts left, the run waits for
+  its next attempt at once; without, the run is interrupted (done).
 - claim of a run waiting for a retry: before the retry time, running (time left);
   then, unless another slot holds a live lease (running, its time left), win the
   next attempt (trigger retry).
@@ -20,7 +23,8 @@ Rules (design section 3):
 - finish: only the current token of a running slot. ok settles ok; failed or
   cancelled with attempts left waits for a retry (cancelled: at once); without
   attempts left settles with the outcome.
-- Every win increments the job's fence.
+- Every win increments the job's fence; a new job's fence starts from the clock
+  in microseconds (so fences grow across a wiped store).
 - A first claim of a slot also reports orphans: other unsettled slots whose
   lease expired or whose retry is due.
 - max_attempts comes with each claim and finish (a manual run is claimed with 1;
@@ -70,24 +74,24 @@ class JobModel:
     def active(self) -> list[str]:
         return [slot for slot, run in self.runs.items() if run.status in ("running", "retry")]
 
-    def _scan(self, slot: str, now: int) -> tuple[int | None, frozenset[str]]:
+    def _scan(self, slot: str, now: int, first_claim: bool) -> tuple[int | None, frozenset[str]]:
+        """What blocks a claim of ``slot``, and the orphans. Without overlap a first claim
+        is blocked by every other unsettled run (live, waiting for its retry, or orphaned),
+        a retry only by a live lease. The time is the longest left on a blocking lease
+        or retry delay (0 when only orphans block)."""
         blocked: int | None = None
         orphans = set()
         for other in self.active():
             if other == slot:
                 continue
             run = self.runs[other]
-            if run.until_ms > now:
-                if run.status == "running" and not self.allow_overlap and blocked is None:
-                    blocked = run.until_ms - now
-            else:
+            left = max(run.until_ms - now, 0)
+            if left == 0:
                 orphans.add(other)
+            blocks = first_claim or (run.status == "running" and left > 0)
+            if blocks and not self.allow_overlap:
+                blocked = max(blocked or 0, left)
         return blocked, frozenset(orphans)
-
-    def _blocked_any(self, slot: str, now: int) -> int | None:
-        """Time left on a live lease of another slot (the real script reports the first one
-        it meets; the machine only compares whether there is one)."""
-        return self._scan(slot, now)[0]
 
     def must_remember(self, now: int, keep_ms: int) -> set[str]:
         """The runs the store may not have forgotten at ``now``."""
@@ -103,6 +107,8 @@ class JobModel:
     def _win(
         self, slot: str, slot_ms: int, attempt: int, token: str, trigger: str, now: int
     ) -> Reply:
+        if self.fence == 0:
+            self.fence = now * 1000  # a new job's fences start from the clock, in microseconds
         self.fence += 1
         self.runs[slot] = RunState(
             "running", attempt, token, now + self.lease_ms, self.fence, trigger, slot_ms
@@ -128,18 +134,19 @@ class JobModel:
         if run is None and not may_start:
             return Reply("done", status="forgotten")
         if run is None:
-            blocked, orphans = self._scan(slot, now)
+            blocked, orphans = self._scan(slot, now, first_claim=True)
             if blocked is not None:
                 return Reply("overlap", wait_ms=blocked, orphans=orphans)
             reply = self._win(slot, slot_ms, 1, token, trigger, now)
             reply.orphans = orphans
             return reply
-        if run.status == "running" and run.token == token:
+        if run.status == "running" and run.token == token and run.until_ms > now:
             return Reply("won", run.attempt, run.fence, run.until_ms - now, run.trigger)
         if run.status == "running":
             if run.until_ms > now:
                 return Reply("running", wait_ms=run.until_ms - now)
             self.results[(slot, run.attempt)] = "interrupted"
+            run.token = ""  # the expired attempt's token holds nothing any more
             if run.attempt >= max_attempts:
                 run.status, run.until_ms = "interrupted", now
                 return Reply("done", status="interrupted")
@@ -147,7 +154,7 @@ class JobModel:
         if run.status == "retry":
             if run.until_ms > now:
                 return Reply("running", wait_ms=run.until_ms - now)
-            blocked = self._blocked_any(slot, now)
+            blocked = self._scan(slot, now, first_claim=False)[0]
             if blocked is not None:
                 return Reply("running", wait_ms=blocked)
             return self._win(slot, run.slot_ms, run.attempt + 1, token, "retry", now)

@@ -1,0 +1,131 @@
+"""The lease scripts answer honestly (design section 8): a stale attempt's finish
+reports the loss, a repeated claim gets its win back only while its lease is live,
+and fences keep growing after the store is wiped."""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import AsyncIterator
+
+import anyio
+import pytest
+
+from anarchon import RedisBackend
+from anarchon._lease import JobKeys
+from anarchon._store import AttemptEnd, ClaimReply, ClaimRequest, FinishReply, Store
+from anarchon.clients import ServerReplyError
+
+pytestmark = pytest.mark.anyio
+
+LEASE_MS = 300
+
+
+@pytest.fixture
+async def store(server_url: str, prefix: str) -> AsyncIterator[Store]:
+    backend = RedisBackend(redis=server_url, prefix=prefix)
+    opened = await backend.open({"runner": "r", "history_size": 100, "history_ttl_ms": None})
+    try:
+        yield opened
+    finally:
+        await opened.conn.aclose()
+
+
+def claim_request(
+    slot_ms: int, token: str, *, max_attempts: int = 3, trigger: str = "schedule"
+) -> ClaimRequest:
+    return ClaimRequest(
+        "job", str(slot_ms), slot_ms, token, trigger, LEASE_MS, max_attempts,  # type: ignore[arg-type]
+        False, 600_000,
+    )  # fmt: skip
+
+
+async def claim(store: Store, request: ClaimRequest) -> ClaimReply:
+    (reply,) = await store.claim_many([request])
+    assert not isinstance(reply, ServerReplyError), reply
+    return reply
+
+
+async def finish(store: Store, slot_ms: int, token: str, attempt: int) -> FinishReply:
+    now_ms = int(time.time() * 1000)
+    return await store.finish(
+        AttemptEnd(
+            "job", str(slot_ms), token, attempt, "schedule", 1, now_ms, now_ms, "ok", None,
+            3, 1000,
+        )
+    )  # fmt: skip
+
+
+def a_slot() -> int:
+    return int(time.time() * 1000) // 1000 * 1000
+
+
+@pytest.mark.parametrize("max_attempts", [1, 3])
+async def test_a_stale_attempts_finish_after_a_claim_ended_its_expired_lease_reports_the_loss(
+    store: Store, max_attempts: int
+) -> None:
+    """The backup's claim turned the expired lease into a pending retry (or, with no
+    attempts left, into interrupted); the old runner's finish must be told it lost."""
+    slot = a_slot()
+    old_token = secrets.token_hex(8)
+    assert (await claim(store, claim_request(slot, old_token, max_attempts=max_attempts))).kind == (
+        "won"
+    )
+    await anyio.sleep(LEASE_MS / 1000 + 0.05)
+    # With no attempts left the claim settles the run 'interrupted'; with attempts left
+    # it wins the next one. Either way the old token holds nothing any more.
+    backup = await claim(
+        store, claim_request(slot, secrets.token_hex(8), max_attempts=max_attempts)
+    )
+    assert backup.kind == ("won" if max_attempts > 1 else "done")
+
+    reply = await finish(store, slot, old_token, attempt=1)
+
+    assert not reply.held, f"the stale finish was answered {reply}"
+
+
+async def test_a_claim_repeated_after_its_lease_expired_does_not_get_the_win_back(
+    store: Store,
+) -> None:
+    """A claim whose reply was lost is sent again with the same token. If the lease ran
+    out meanwhile, a backup may take over at any moment: the old win is not handed back
+    (it is the next attempt, with a higher fence, or nothing)."""
+    slot = a_slot()
+    token = secrets.token_hex(8)
+    first = await claim(store, claim_request(slot, token))
+    assert first.kind == "won"
+    await anyio.sleep(LEASE_MS / 1000 + 0.05)
+
+    again = await claim(store, claim_request(slot, token))
+
+    assert (again.kind, again.attempt) != ("won", first.attempt)
+    if again.kind == "won":
+        assert again.attempt == first.attempt + 1 and again.fence > first.fence
+        assert again.wait_ms == LEASE_MS  # a fresh lease, not a negative time left
+
+
+async def test_a_claim_repeated_while_its_lease_is_live_gets_the_same_win_back(
+    store: Store,
+) -> None:
+    slot = a_slot()
+    token = secrets.token_hex(8)
+    first = await claim(store, claim_request(slot, token))
+    again = await claim(store, claim_request(slot, token))
+    assert (again.kind, again.attempt, again.fence) == ("won", first.attempt, first.fence)
+    assert 0 < again.wait_ms <= LEASE_MS
+
+
+async def test_fences_keep_growing_after_the_store_is_wiped(store: Store) -> None:
+    """A downstream store that trusts fences must never see one go back: a server
+    restarted without persistence (here: FLUSHDB) starts the job's fences again from
+    the server's clock, above every fence handed out before."""
+    fences = []
+    for _ in range(3):
+        slot = a_slot() - len(fences) * 1000
+        won = await claim(store, claim_request(slot, secrets.token_hex(8)))
+        assert won.kind == "won"
+        fences.append(won.fence)
+        keys = JobKeys.for_job(store.prefix, "job")  # type: ignore[attr-defined]
+        await store.conn.execute(("DEL", keys.state, keys.active, keys.slots))
+        await anyio.sleep(0.002)
+    assert fences == sorted(set(fences)), fences
