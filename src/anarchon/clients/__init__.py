@@ -13,6 +13,7 @@ from ._protocol import (
     Connection,
     ServerReplyError,
     TransportError,
+    is_transient,
     normalize_reply,
     stream_entries,
 )
@@ -25,6 +26,7 @@ __all__ = [
     "ServerReplyError",
     "TransportError",
     "describe_client",
+    "is_transient",
     "normalize_reply",
     "open_connection",
     "running_under_asyncio",

@@ -18,6 +18,7 @@ __all__ = [
     "Connection",
     "ServerReplyError",
     "TransportError",
+    "is_transient",
     "normalize_reply",
     "stream_entries",
 ]
@@ -43,6 +44,44 @@ class ServerReplyError(Exception):
 
 class TransportError(Exception):
     """The command may not have reached the server, or its reply was lost."""
+
+
+#: Error replies that a later try gets past: the server is loading its data, busy
+#: with a script, out of memory for now, read-only after a failover, or part of a
+#: cluster that is failing over or moving slots. Every other reply (WRONGTYPE,
+#: NOAUTH, WRONGPASS, NOPERM, ERR: an unknown command, a script error) is
+#: permanent: trying again gives the same answer.
+TRANSIENT_REPLY_CODES = frozenset(
+    {
+        "LOADING",
+        "BUSY",
+        "TRYAGAIN",
+        "CLUSTERDOWN",
+        "MOVED",
+        "ASK",
+        "READONLY",
+        "OOM",
+        "MASTERDOWN",
+        "NOREPLICAS",
+        "NOSCRIPT",
+    }
+)
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether trying again later can succeed: the one classification of errors.
+
+    Transport failures (a reset or refused connection, a timeout, a lost reply) and
+    the error replies of ``TRANSIENT_REPLY_CODES`` are transient; other error
+    replies are permanent. A group of errors (a client that sends a batch
+    concurrently) is transient if any of its errors is. Anything else is an error
+    of a client library that its adapter did not know: taken as transient, so that
+    it is retried rather than ending the scheduler."""
+    if isinstance(exc, BaseExceptionGroup):
+        return any(is_transient(inner) for inner in exc.exceptions)
+    if isinstance(exc, ServerReplyError):
+        return exc.kind in TRANSIENT_REPLY_CODES
+    return True
 
 
 class Connection(ABC):

@@ -33,24 +33,43 @@ class ClientErrors:
     @classmethod
     def of(cls, exceptions: ModuleType) -> ClientErrors:
         base_name = "ValkeyError" if hasattr(exceptions, "ValkeyError") else "RedisError"
+        # Subclasses before their bases (MasterDownError is a ClusterDownError).
+        named = (
+            ("NoScriptError", "NOSCRIPT"),
+            ("ReadOnlyError", "READONLY"),
+            ("OutOfMemoryError", "OOM"),
+            ("BusyLoadingError", "LOADING"),
+            ("TryAgainError", "TRYAGAIN"),
+            ("MasterDownError", "MASTERDOWN"),
+            ("ClusterDownError", "CLUSTERDOWN"),
+            ("MovedError", "MOVED"),
+            ("AskError", "ASK"),
+            ("NoPermissionError", "NOPERM"),
+            ("AuthenticationError", "NOAUTH"),
+        )
         return cls(
             base=getattr(exceptions, base_name),
             response=exceptions.ResponseError,
             transport=(exceptions.ConnectionError, exceptions.TimeoutError),
-            reply_codes=(
-                (exceptions.NoScriptError, "NOSCRIPT"),
-                (exceptions.ReadOnlyError, "READONLY"),
+            reply_codes=tuple(
+                (getattr(exceptions, name), code)
+                for name, code in named
+                if hasattr(exceptions, name)
             ),
         )
 
     def convert(self, exc: BaseException) -> Exception:
         for cls, code in self.reply_codes:
             if isinstance(exc, cls):
+                # The code as the server sent it, where the library kept it.
+                code = getattr(exc, "status_code", None) or code
                 return ServerReplyError(f"{code} {exc}", code)
         if isinstance(exc, self.transport):
             return TransportError(f"{type(exc).__name__}: {exc}")
         if isinstance(exc, self.response | self.base):
             return ServerReplyError(str(exc))
+        # Anything else (a cluster client's SlotNotCoveredError, a pool's exhaustion)
+        # is a failure to get an answer, not an answer.
         return TransportError(f"{type(exc).__name__}: {exc}")
 
     def batch_reply(self, item: Any) -> Any:
@@ -77,7 +96,7 @@ class RedisAsyncConnection(Connection):
     async def execute(self, command: Command) -> Any:
         try:
             reply = await self.client.execute_command(*command)
-        except self.errors.base as exc:
+        except Exception as exc:
             raise self.errors.convert(exc) from exc
         return normalize_reply(reply)
 
@@ -89,7 +108,7 @@ class RedisAsyncConnection(Connection):
                 for command in commands:
                     pipe.execute_command(*command)
                 replies = await pipe.execute(raise_on_error=False)
-        except self.errors.base as exc:
+        except Exception as exc:
             raise self.errors.convert(exc) from exc
         return [self.errors.batch_reply(item) for item in replies]
 
@@ -122,7 +141,7 @@ class RedisSyncConnection(Connection):
     async def execute(self, command: Command) -> Any:
         try:
             reply = await self._in_thread(lambda: self.client.execute_command(*command))
-        except self.errors.base as exc:
+        except Exception as exc:
             raise self.errors.convert(exc) from exc
         return normalize_reply(reply)
 
@@ -138,7 +157,7 @@ class RedisSyncConnection(Connection):
 
         try:
             replies = await self._in_thread(send_batch)
-        except self.errors.base as exc:
+        except Exception as exc:
             raise self.errors.convert(exc) from exc
         return [self.errors.batch_reply(item) for item in replies]
 

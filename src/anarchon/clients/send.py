@@ -68,14 +68,21 @@ class SendConnection(Connection):
 
     async def pipeline(self, commands: Sequence[Command]) -> list[Any]:
         replies: list[Any] = [None] * len(commands)
+        failures: list[TransportError] = []
 
         async def one(index: int, command: Command) -> None:
             try:
                 replies[index] = await self.execute(command)
             except ServerReplyError as exc:
                 replies[index] = exc
+            except TransportError as exc:
+                # Kept, not raised: raised in the task group it would reach the caller
+                # wrapped in an exception group, which no caller expects.
+                failures.append(exc)
 
         async with anyio.create_task_group() as group:
             for index, command in enumerate(commands):
                 group.start_soon(one, index, command)
+        if failures:
+            raise failures[0]
         return replies
