@@ -8,6 +8,7 @@ nothing above knows which library is underneath.
 
 from __future__ import annotations
 
+import re
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Any
@@ -27,6 +28,9 @@ Arg = str | int | float | bytes
 Command = Sequence[Arg]
 
 
+_SCRIPT_INNER_CODE = re.compile(r"Error running script.*?: -([A-Z]{2,}) ")
+
+
 class ServerReplyError(Exception):
     """The server answered a command with an error reply (``ERR ...``, ``NOSCRIPT ...``).
 
@@ -39,6 +43,12 @@ class ServerReplyError(Exception):
         if kind is None:
             word = message.split(" ", 1)[0]
             kind = word if word.isupper() else "ERR"
+        if kind == "ERR":
+            # Redis before 7 wraps the error of a command inside a script:
+            # "ERR Error running script (...): ... -OOM command not allowed ...".
+            inner = _SCRIPT_INNER_CODE.search(message)
+            if inner:
+                kind = inner.group(1)
         self.kind = kind
 
 
