@@ -1,0 +1,218 @@
+"""The agenda: what is due when, and the wake-up.
+
+It holds the claims this instance will make (``_Due``), earliest first, and sleeps the
+claim loop until the earliest is due (``next_batch``). Two kinds go in: each job's next
+slot (``schedule_first_slots``; a slot's successor is scheduled when it comes due), and
+follow-ups of a slot this instance already asked about (a backup's, a retry's, a
+take-over's, a claim waiting behind an overlapping run), which the claimer and settle
+push. The agenda pops ``_Due`` items without caring where they came from: a job's
+schedule is one source of due work, and another source (durable timers) only has to
+push its own.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import math
+import random
+import secrets
+from dataclasses import dataclass, field
+
+import anyio
+import anyio.lowlevel
+
+from .._job import Job
+from .._schedule import from_epoch_ms
+from .._store import slot_ms_of
+from .._structures import Trigger
+from ._context import EngineContext, _now_ms
+
+__all__ = ["Agenda", "_Due"]
+
+log = logging.getLogger("anarchon")
+
+# Sleeping to the slot instant: the event loop's timers overshoot by about a
+# millisecond, so the scheduler sleeps to just before the instant, then yields
+# until it arrives.
+_SLEEP_MARGIN_SEC = 0.002
+
+
+@dataclass(order=True, slots=True)
+class _Due:
+    """A claim this instance will make at ``at_ms`` (wall clock, epoch ms)."""
+
+    at_ms: float
+    seq: int
+    job: str = field(compare=False)
+    slot_id: str = field(compare=False)
+    slot_ms: int = field(compare=False)
+    trigger: Trigger = field(compare=False)
+    #: The slot's first claim by this instance (lateness applies, and the
+    #: job's next slot is scheduled); later claims are a backup's or a retry's.
+    first: bool = field(compare=False)
+    token: str = field(compare=False, default_factory=lambda: secrets.token_hex(8))
+    failures: int = field(compare=False, default=0)
+    #: Whether this claim may start the run: a first claim, or one waiting behind an
+    #: overlapping run after its first claim found the slot not started. A backup's
+    #: or a retry's claim of a slot whose state was forgotten must not start it again.
+    may_start: bool = field(compare=False, default=False)
+
+
+class Agenda:
+    """The claims this instance will make, earliest first (a heap of ``_Due``)."""
+
+    def __init__(self, context: EngineContext) -> None:
+        self._context = context
+        self._due: list[_Due] = []
+        self._seq = itertools.count()
+        self._wake = anyio.Event()
+        #: Follow-up claims (backups, retries, take-overs) waiting in the heap.
+        self.pending: set[tuple[str, str]] = set()
+        #: Claims waiting for a run of the job on this instance to end (overlap).
+        self._overlap_waiters: dict[str, list[_Due]] = {}
+        #: The next scheduled slot of each job this instance will claim.
+        self.next_slot_ms: dict[str, int] = {}
+
+    def wake(self) -> None:
+        """Wake the claim loop now (to see an earlier claim, or that the scheduler stops)."""
+        self._wake.set()
+
+    # ------------------------------------------------------------ adding claims
+
+    def push(self, due: _Due) -> None:
+        first_before = self._due[0].at_ms if self._due else math.inf
+        heapq.heappush(self._due, due)
+        if not due.first:
+            self.pending.add((due.job, due.slot_id))
+        if due.at_ms < first_before:
+            self._wake.set()
+
+    def push_follow_up(
+        self, job: Job, slot_id: str, trigger: Trigger, at_ms: float, may_start: bool = False
+    ) -> _Due:
+        """A later claim of a slot this instance already asked about: a backup's, a retry's."""
+        due = _Due(
+            at_ms, next(self._seq), job.name, slot_id, slot_ms_of(slot_id), trigger, False,
+            may_start=may_start,
+        )  # fmt: skip
+        self.push(due)
+        return due
+
+    def push_again(self, due: _Due, at_ms: float) -> None:
+        """Queue a claim again at ``at_ms``, with its token (its round trip failed)."""
+        due.at_ms = at_ms
+        due.seq = next(self._seq)
+        self.push(due)
+
+    def wake_when_run_ends(self, job: Job, due: _Due) -> None:
+        """Bring ``due`` forward as soon as a run of the job on this instance ends."""
+        self._overlap_waiters.setdefault(job.name, []).append(due)
+
+    def run_ended(self, job: Job) -> None:
+        """A run of ``job`` on this instance ended: claims waiting behind it are due now."""
+        waiters = self._overlap_waiters.pop(job.name, [])
+        if waiters:
+            now_ms = _now_ms()
+            for due in waiters:
+                due.at_ms = min(due.at_ms, now_ms)
+            heapq.heapify(self._due)
+            self._wake.set()
+
+    # ------------------------------------------------------------ a job's slots
+
+    def schedule_first_slots(self, job: Job, now_ms: float) -> None:
+        """On start (or when added): slots in the catch-up window, then the next one."""
+        after = int(now_ms) - job.catch_up_ms - 1 if job.catch_up_ms else int(now_ms)
+        slot = job.clock.next_slot_ms(after)
+        if slot is not None:
+            self._schedule_slot(job, slot, "catch-up" if slot < now_ms else "schedule")
+
+    def _schedule_slot(self, job: Job, slot_ms: int, trigger: Trigger) -> None:
+        jitter = random.uniform(0, job.jitter_ms) if job.jitter_ms else 0.0
+        self.next_slot_ms[job.name] = slot_ms
+        due = _Due(
+            slot_ms + jitter, next(self._seq), job.name, str(slot_ms), slot_ms, trigger, True,
+            may_start=True,
+        )  # fmt: skip
+        self.push(due)
+
+    def _schedule_next_slot(self, job: Job, after_slot_ms: int, now_ms: float) -> None:
+        """After a slot's first claim, its successor. After a gap (a stall or an
+        outage) slots too old for both lateness and catch-up are skipped over."""
+        oldest_wanted = int(now_ms) - max(job.late_window_ms, job.catch_up_ms) - 1
+        slot = job.clock.next_slot_ms(max(after_slot_ms, oldest_wanted))
+        if oldest_wanted > after_slot_ms:
+            log.warning(
+                "%s: slots after %s were missed (no claim in time)",
+                job.name,
+                from_epoch_ms(after_slot_ms),
+            )
+        if slot is None:
+            self.next_slot_ms.pop(job.name, None)
+            return
+        overdue_ms = now_ms - slot
+        self._schedule_slot(
+            job, slot, "catch-up" if 0 < overdue_ms <= job.catch_up_ms else "schedule"
+        )
+
+    # ------------------------------------------------------- taking what is due
+
+    async def next_batch(self) -> list[_Due]:
+        """Sleep until the earliest claim is due; return every claim due by then."""
+        while self._context.state == "running":
+            if not self._due:
+                await self._wait_for_wake(None)
+                continue
+            delay_sec = (self._due[0].at_ms - _now_ms()) / 1000
+            if delay_sec > _SLEEP_MARGIN_SEC:
+                await self._wait_for_wake(delay_sec - _SLEEP_MARGIN_SEC)
+                continue
+            if delay_sec > 0:
+                await anyio.lowlevel.checkpoint()
+                continue
+            return self._pop_due(_now_ms())
+        return []
+
+    async def _wait_for_wake(self, timeout_sec: float | None) -> None:
+        with anyio.move_on_after(math.inf if timeout_sec is None else timeout_sec):
+            await self._wake.wait()
+        if self._wake.is_set():
+            self._wake = anyio.Event()
+
+    def _pop_due(self, now_ms: float) -> list[_Due]:
+        batch: list[_Due] = []
+        while self._due and self._due[0].at_ms <= now_ms:
+            due = heapq.heappop(self._due)
+            self.pending.discard((due.job, due.slot_id))
+            waiters = self._overlap_waiters.get(due.job)
+            if waiters and due in waiters:
+                waiters.remove(due)  # claimed now: nothing left to wake
+            job = self._context.jobs.get(due.job)
+            if job is None:
+                continue
+            if due.first and due.failures == 0:
+                self._schedule_next_slot(job, due.slot_ms, now_ms)
+            if due.first and not self._in_time(job, due, now_ms):
+                continue
+            batch.append(due)
+        return batch
+
+    def _in_time(self, job: Job, due: _Due, now_ms: float) -> bool:
+        """A first claim is made only while the slot is young enough, or in catch-up."""
+        age_ms = now_ms - due.slot_ms
+        if age_ms <= job.late_window_ms:
+            return True
+        if age_ms <= job.catch_up_ms:
+            due.trigger = "catch-up"
+            return True
+        log.warning(
+            "%s: slot %s missed: %.0f ms late, max_late_ms=%d and catch_up_ms=%d",
+            job.name,
+            from_epoch_ms(due.slot_ms),
+            age_ms,
+            job.max_late_ms,
+            job.catch_up_ms,
+        )
+        return False

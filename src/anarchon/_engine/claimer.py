@@ -1,0 +1,182 @@
+"""The claimer: claims what the agenda says is due, and acts on the store's replies.
+
+The claim loop takes each batch the agenda pops and claims it in round trips of at most
+200 claims. A round trip that fails or times out is sent again later with the same
+tokens (the claim script recognises a repeat). Replies: a won claim starts an attempt
+in the runner; a run in progress elsewhere makes this instance its backup; an older run
+still holding the lease makes the claim wait behind it (or skips a scheduled slot);
+orphans the store reports are taken over. ``run_now``'s manual claim is made here too.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import anyio
+
+from .._errors import AnarchonError, RunOverlapError
+from .._job import Job
+from .._store import ClaimReply, ClaimRequest
+from ..clients import ServerReplyError, TransportError
+from ._context import _CLAIM_TIMEOUT_SEC, EngineContext, _attempts_for, _now_ms
+from .agenda import Agenda, _Due
+from .runner import Runner
+
+__all__ = ["Claimer"]
+
+log = logging.getLogger("anarchon")
+
+#: The most claims sent in one round trip.
+_CLAIM_BATCH_MAX = 200
+_CLAIM_RETRY_MS = (250, 500, 1000, 2000, 5000)
+
+
+class Claimer:
+    """Claims due slots from the agenda in batches; won ones go to the runner."""
+
+    def __init__(self, context: EngineContext, agenda: Agenda, runner: Runner) -> None:
+        self._context = context
+        self._agenda = agenda
+        self._runner = runner
+        #: Set once the claim loop has ended (the scheduler is stopping).
+        self.loop_done = anyio.Event()
+
+    async def claim_loop(self) -> None:
+        try:
+            while self._context.state == "running":
+                batch = await self._agenda.next_batch()
+                # A large instant goes in parts: the first runs start while the rest
+                # are claimed, and no round trip outgrows a client's request timeout.
+                for start in range(0, len(batch), _CLAIM_BATCH_MAX):
+                    await self._claim(batch[start : start + _CLAIM_BATCH_MAX])
+        finally:
+            self.loop_done.set()
+
+    async def _claim(self, batch: list[_Due]) -> None:
+        """Claim every slot of the batch in one round trip and act on the answers."""
+        store = self._context.store
+        assert store is not None
+        requests = [self._claim_request(due) for due in batch]
+        replies: list[ClaimReply | ServerReplyError] | None = None
+        with anyio.CancelScope(shield=True) as scope:
+            scope.deadline = anyio.current_time() + _CLAIM_TIMEOUT_SEC
+            try:
+                replies = await store.claim_many(requests)
+            except TransportError as exc:
+                log.warning("claiming %d slot(s) failed, retrying: %s", len(batch), exc)
+                self._retry_claims(batch)
+                return
+        if replies is None:
+            log.warning("claiming %d slot(s) timed out, retrying", len(batch))
+            self._retry_claims(batch)
+            return
+        now_ms = _now_ms()
+        for due, reply in zip(batch, replies, strict=True):
+            if isinstance(reply, ServerReplyError):
+                log.error("%s: the claim of slot %s failed: %s", due.job, due.slot_id, reply)
+                continue
+            self._on_claim_reply(due, reply, now_ms)
+
+    def _claim_request(self, due: _Due) -> ClaimRequest:
+        job = self._context.jobs[due.job]
+        lease_ms = self._context.lease_ms
+        return ClaimRequest(
+            job=job.name,
+            slot_id=due.slot_id,
+            slot_ms=due.slot_ms,
+            token=due.token,
+            trigger=due.trigger,
+            lease_ms=lease_ms,
+            max_attempts=_attempts_for(job, due.slot_id),
+            allow_overlap=job.overlap,
+            keep_ms=job.keep_ms(lease_ms),
+            may_start=due.may_start,
+        )
+
+    def _retry_claims(self, batch: list[_Due]) -> None:
+        """Claims whose round trip failed are sent again with the same token (the claim
+        script recognises a repeat), after a growing delay."""
+        now_ms = _now_ms()
+        for due in batch:
+            wait_ms = _CLAIM_RETRY_MS[min(due.failures, len(_CLAIM_RETRY_MS) - 1)]
+            due.failures += 1
+            self._agenda.push_again(due, now_ms + wait_ms)
+
+    def _on_claim_reply(self, due: _Due, reply: ClaimReply, now_ms: float) -> None:
+        job = self._context.jobs.get(due.job)
+        if job is None:
+            return
+        for orphan in reply.orphans:
+            self._take_over(job, orphan, now_ms)
+        if reply.kind == "won":
+            self._runner.start_attempt(job, due.slot_id, due.token, reply)
+        elif reply.kind == "running":
+            self._back_up(job, due, reply.wait_ms, now_ms)
+        elif reply.kind == "overlap":
+            if due.first and due.trigger == "schedule":
+                log.info(
+                    "%s: slot %s skipped: an older run still holds its lease",
+                    job.name,
+                    due.slot_id,
+                )
+            else:
+                # Catch-up slots and retries wait their turn behind the live run.
+                self._wait_behind_overlap(job, due, reply.wait_ms, now_ms)
+
+    def _back_up(self, job: Job, due: _Due, wait_ms: int, now_ms: float) -> None:
+        """Become a backup of a run in progress: ask again when its lease (or retry delay)
+        runs out. When this instance claims the job's next slot before then, that claim
+        reports the run if it is orphaned, so no extra claim is needed."""
+        ask_at_ms = now_ms + max(wait_ms, 1)
+        next_slot_ms = self._agenda.next_slot_ms.get(job.name)
+        if next_slot_ms is not None and next_slot_ms + job.jitter_ms < ask_at_ms:
+            return
+        self._agenda.push_follow_up(job, due.slot_id, due.trigger, ask_at_ms)
+
+    def _take_over(self, job: Job, slot_id: str, now_ms: float) -> None:
+        """Claim a slot that nobody holds any more (its runner died, or its retry is due)."""
+        key = (job.name, slot_id)
+        if key in self._agenda.pending or key in self._context.attempts:
+            return
+        self._agenda.push_follow_up(job, slot_id, "retry", now_ms)
+
+    def _wait_behind_overlap(self, job: Job, due: _Due, wait_ms: int, now_ms: float) -> None:
+        """Ask again when the live run's lease runs out, or as soon as a run of the job on
+        this instance ends, whichever is first."""
+        waiting = self._agenda.push_follow_up(
+            job, due.slot_id, due.trigger, now_ms + max(wait_ms, 1), may_start=due.may_start
+        )
+        self._agenda.wake_when_run_ends(job, waiting)
+
+    async def claim_manual(
+        self, job: Job, slot_id: str, requested_ms: int, token: str
+    ) -> ClaimReply:
+        """Claim a ``run_now`` slot: won, or refused with ``RunOverlapError``."""
+        store = self._context.store
+        assert store is not None
+        lease_ms = self._context.lease_ms
+        request = ClaimRequest(
+            job=job.name,
+            slot_id=slot_id,
+            slot_ms=requested_ms,
+            token=token,
+            trigger="manual",
+            lease_ms=lease_ms,
+            max_attempts=_attempts_for(job, slot_id),
+            allow_overlap=job.overlap,
+            keep_ms=job.keep_ms(lease_ms),
+        )
+        (reply,) = await store.claim_many([request])
+        if isinstance(reply, ServerReplyError):
+            raise AnarchonError(f"the server refused the manual claim of {job.name!r}: {reply}")
+        for orphan in reply.orphans:
+            self._take_over(job, orphan, _now_ms())
+        if reply.kind == "overlap":
+            raise RunOverlapError(
+                f"{job.name!r} is running elsewhere (its lease has {reply.wait_ms} ms left) and "
+                "does not allow overlapping runs: wait for it to end, or define the job with "
+                "overlap=True"
+            )
+        if reply.kind != "won":  # a fresh slot id has no state: only won or overlap
+            raise AnarchonError(f"unexpected reply to a manual claim of {job.name!r}: {reply}")
+        return reply

@@ -1,0 +1,81 @@
+"""Settle: record how an attempt ended (its finish), and queue the retry the store asks for.
+
+The finish round trip is retried a few times if the connection drops; if it never gets
+through, the lease expires and a backup takes over (so a dead run still settles). A
+finish without the attempt's token in the state (its lease was lost) changes nothing,
+and the attempt is marked lost.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import anyio
+
+from .._store import AttemptEnd, Outcome
+from ..clients import ServerReplyError, TransportError
+from ._context import EngineContext, _Attempt, _now_ms
+from .agenda import Agenda
+
+__all__ = ["Settler"]
+
+log = logging.getLogger("anarchon")
+
+
+class Settler:
+    """Finishes attempts in the store; a retry the store schedules goes on the agenda."""
+
+    def __init__(self, context: EngineContext, agenda: Agenda) -> None:
+        self._context = context
+        self._agenda = agenda
+
+    async def settle(self, attempt: _Attempt, outcome: Outcome, error: str | None) -> None:
+        """Record how the attempt ended; retried a few times if the connection drops.
+        Without its token in the state (lease lost) the store changes nothing."""
+        store = self._context.store
+        assert store is not None
+        job = attempt.job
+        run = attempt.run
+        end = AttemptEnd(
+            job=job.name,
+            slot_id=attempt.slot_id,
+            token=attempt.token,
+            attempt=run.attempt,
+            trigger=run.trigger,
+            fence=run.fence,
+            started_ms=attempt.started_ms,
+            finished_ms=int(_now_ms()),
+            outcome=outcome,
+            error=error,
+            max_attempts=attempt.max_attempts,
+            retry_delay_ms=self._context.retry_delay_ms * 2 ** (run.attempt - 1),
+        )
+        for wait_sec in (0.0, 0.2, 0.5, 1.0, 2.0, 5.0):
+            await anyio.sleep(wait_sec)
+            try:
+                reply = await store.finish(end)
+            except (TransportError, ServerReplyError) as exc:
+                log.warning("%s: recording the result failed, retrying: %s", job.name, exc)
+                continue
+            if not reply.held:
+                attempt.lost = True
+                log.warning(
+                    "%s slot %s attempt %d ended after losing its lease; its result "
+                    "(%s) was not recorded",
+                    job.name,
+                    attempt.slot_id,
+                    attempt.run.attempt,
+                    outcome,
+                )
+            elif reply.status == "retry" and self._context.state == "running":
+                self._agenda.push_follow_up(
+                    job, attempt.slot_id, "retry", _now_ms() + reply.retry_in_ms
+                )
+            return
+        log.error(
+            "%s slot %s attempt %d: could not record the result; the lease will expire "
+            "and a backup will take over",
+            job.name,
+            attempt.slot_id,
+            attempt.run.attempt,
+        )
