@@ -10,6 +10,7 @@ __all__ = [
     "InvalidJobError",
     "InvalidOptionError",
     "InvalidScheduleError",
+    "LeaseLostError",
     "RunOverlapError",
     "SchedulerStateError",
     "StoreFormatError",
@@ -91,3 +92,11 @@ class RunOverlapError(AnarchonError):
     does not allow overlapping runs."""
 
     code = "ANARCHON_OVERLAP"
+
+
+class LeaseLostError(AnarchonError):
+    """Raised by ``run.raise_if_lost()`` in a handler whose attempt no longer holds its
+    lease (it was refused by the store, or the scheduler is stopping). Let it propagate:
+    the attempt is recorded as cancelled and, with attempts left, released for a retry."""
+
+    code = "ANARCHON_LEASE_LOST"

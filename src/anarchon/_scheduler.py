@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import secrets
 import socket
+import time
 from collections.abc import Callable
 from types import TracebackType
 from typing import Any, Generic, TypeVar, overload
@@ -18,6 +19,7 @@ import anyio
 
 from ._backend import ClaimOnly, K, Leases, RedisBackend
 from ._engine._context import EngineContext, _now_ms
+from ._engine._context import current_attempt as _current_attempt
 from ._engine.agenda import Agenda
 from ._engine.claimer import Claimer
 from ._engine.lease_keeper import LeaseKeeper
@@ -71,7 +73,8 @@ class Scheduler(Generic[K]):
             await anyio.sleep_forever()
 
     ``lease_ms`` is how long a won run is held without a heartbeat;
-    ``heartbeat_ms`` (at most half of it) how often the runner extends it.
+    ``heartbeat_ms`` (at most half of it; by default a third) how often the runner
+    extends it.
     ``stop_grace_ms`` is how long ``stop()`` lets running handlers finish before
     cancelling them and releasing their leases. ``retry_delay_ms`` is the delay
     before the second attempt of a failed run, doubling for each later one.
@@ -87,7 +90,7 @@ class Scheduler(Generic[K]):
         backend: RedisBackend[Leases] | None = None,
         *,
         lease_ms: int = 30_000,
-        heartbeat_ms: int = 10_000,
+        heartbeat_ms: int | None = None,
         history_size: int = 1000,
         history_ttl_ms: int | None = None,
         instance_id: str | None = None,
@@ -133,13 +136,15 @@ class Scheduler(Generic[K]):
                 retry_delay_ms=retry_delay_ms,
             )
         self.lease_ms = check_duration_ms("lease_ms", 30_000 if lease_ms is None else lease_ms)
+        # By default a third of the lease (10 s for the default 30 s lease).
         self.heartbeat_ms = check_duration_ms(
-            "heartbeat_ms", 10_000 if heartbeat_ms is None else heartbeat_ms
+            "heartbeat_ms", max(self.lease_ms // 3, 1) if heartbeat_ms is None else heartbeat_ms
         )
         if self.heartbeat_ms * 2 > self.lease_ms:
             raise InvalidOptionError(
-                f"heartbeat_ms ({heartbeat_ms}) must be at most half of lease_ms ({lease_ms}), "
-                "so that a late heartbeat still arrives before the lease expires"
+                f"heartbeat_ms ({self.heartbeat_ms}) must be at most half of lease_ms "
+                f"({self.lease_ms}), so that a late heartbeat still arrives before the lease "
+                "expires; leave heartbeat_ms out to get a third of the lease"
             )
         if (
             isinstance(history_size, bool)
@@ -179,6 +184,8 @@ class Scheduler(Generic[K]):
         )
         self._claimer = Claimer(self._context, self._agenda, self._runner)
         self._stopped = anyio.Event()
+        #: The grace period of a stop in progress (None until stop() is first called).
+        self._grace: anyio.CancelScope | None = None
 
     @property
     def _store(self) -> Store | None:
@@ -438,6 +445,13 @@ class Scheduler(Generic[K]):
         them and release their leases so that a backup takes over without waiting for
         the lease to expire. Closes the connection if anarchon opened it.
 
+        Bounded: it returns within the grace period plus a few round-trip deadlines (a
+        third of ``lease_ms`` each), whatever the server does. Safe to call twice (a
+        second call with a shorter grace shortens the wait), to cancel (the stop goes
+        on, and a later ``stop()`` or leaving ``async with`` waits for it), and from a
+        handler (it starts the stop and returns at once; the handler's own run is
+        settled as the stop proceeds).
+
         Handlers that are plain functions run in worker threads, which cannot be
         interrupted: they see ``run.lease_lost`` set and are waited for.
         """
@@ -446,24 +460,38 @@ class Scheduler(Generic[K]):
             context.state = "stopped"
             self._stopped.set()
             return
-        if context.state in ("stopping", "stopped"):
-            await self._stopped.wait()
-            return
-        context.state = "stopping"
         grace_sec = (self.stop_grace_ms if grace_ms is None else grace_ms) / 1000
-        self._agenda.wake()
-        await self._claimer.loop_done.wait()
-        with anyio.move_on_after(grace_sec):
+        if self._grace is None:
+            self._grace = anyio.CancelScope(deadline=anyio.current_time() + grace_sec)
+            assert context.group is not None
+            context.group.start_soon(self._stop, name="anarchon stop")
+        else:
+            self._grace.deadline = min(self._grace.deadline, anyio.current_time() + grace_sec)
+        if _current_attempt.get() is not None:
+            return  # from a handler: waiting here would wait for itself
+        await self._stopped.wait()
+
+    async def _stop(self) -> None:
+        """The stop itself, in the scheduler's task group, shielded: whoever asked for it
+        may be cancelled, the stop still completes."""
+        context = self._context
+        assert self._grace is not None
+        with anyio.CancelScope(shield=True):
+            context.state = "stopping"
+            self._agenda.wake()
+            await self._claimer.loop_done.wait()
+            with self._grace:
+                await self._runner.wait_idle()
+            self._runner.cancel_all("the scheduler is stopping")
             await self._runner.wait_idle()
-        self._runner.cancel_all("the scheduler is stopping")
-        await self._runner.wait_idle()
-        store = self._store
-        assert store is not None
-        if store.conn.owned:
-            await store.conn.aclose()
-        context.state = "stopped"
-        self._lease_keeper.wake()  # the lease keeper ends
-        self._stopped.set()
+            store = self._store
+            assert store is not None
+            if store.conn.owned:
+                with anyio.move_on_after(context.round_trip_sec):
+                    await store.conn.aclose()
+            context.state = "stopped"
+            self._lease_keeper.wake()  # the lease keeper ends
+            self._stopped.set()
 
     # --------------------------------------------------------------- reading
 
@@ -494,13 +522,14 @@ class Scheduler(Generic[K]):
         requested_ms = int(_now_ms())
         slot_id = manual_slot_id(requested_ms, secrets.token_hex(4))
         token = secrets.token_hex(8)
+        claim_sent = time.monotonic()
         if self._store.leases:
             reply = await self._claimer.claim_manual(found, slot_id, requested_ms, token)
         else:
             # No lease to claim: the manual stream records the run, which runs here.
             await self._store.begin_manual(found.name, slot_id, token)
             reply = ClaimReply("won", attempt=1, fence=requested_ms, trigger="manual")
-        attempt = self._runner.start_attempt(found, slot_id, token, reply)
+        attempt = self._runner.start_attempt(found, slot_id, token, reply, claim_sent)
         await attempt.settled.wait()
         try:
             return await self._store.result_of(found.name, slot_id, attempt.run.attempt)

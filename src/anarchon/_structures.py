@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal
 
+from ._errors import LeaseLostError
+
 __all__ = ["Run", "RunResult", "RunStatus", "Trigger"]
 
 Trigger = Literal["schedule", "catch-up", "retry", "manual"]
@@ -28,9 +30,19 @@ class Run:
     fence than one they have already seen (a stale runner).
 
     ``lease_lost`` is set when this attempt no longer holds its lease (a
-    heartbeat was refused, or the scheduler is stopping and has released it).
-    Async handlers are cancelled instead; a plain function running in a worker
-    thread should check it between steps and return early.
+    heartbeat was refused, none got through in time, or the scheduler is
+    stopping). Async handlers are cancelled instead; a plain function running in
+    a worker thread cannot be, so it should check between steps, most simply
+    with ``run.raise_if_lost()``::
+
+        @scheduler.job("0 * * * *")
+        def export(run: Run) -> None:
+            for batch in batches():
+                run.raise_if_lost()
+                write(batch, fence=run.fence)
+
+    An attempt whose handler returns after ``lease_lost`` was set is recorded as
+    cancelled, not ok (it stopped early), and is retried while attempts are left.
     """
 
     job: str
@@ -41,6 +53,14 @@ class Run:
     runner: str
     fence: int
     lease_lost: threading.Event = field(default_factory=threading.Event, compare=False)
+
+    def raise_if_lost(self) -> None:
+        """Raise ``LeaseLostError`` if this attempt no longer holds its lease."""
+        if self.lease_lost.is_set():
+            raise LeaseLostError(
+                f"{self.job} slot {self.slot_ms} attempt {self.attempt} no longer holds its "
+                "lease (another attempt may run, or the scheduler is stopping): stop here"
+            )
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,6 +37,9 @@ log = logging.getLogger("anarchon")
 # millisecond, so the scheduler sleeps to just before the instant, then yields
 # until it arrives.
 _SLEEP_MARGIN_SEC = 0.002
+# The longest single sleep: the wall clock is read again after it, so a clock step
+# or a suspended machine delays a claim by at most this much.
+_SLEEP_CAP_SEC = 5.0
 
 
 @dataclass(order=True, slots=True)
@@ -122,10 +125,24 @@ class Agenda:
 
     # ------------------------------------------------------------ a job's slots
 
+    def _next_slot(self, job: Job, after_ms: int) -> int | None:
+        """The job's first slot after ``after_ms``; a schedule that raises (or answers
+        something that is not an aware datetime) disables its job alone."""
+        try:
+            return job.clock.next_slot_ms(after_ms)
+        except Exception as exc:
+            self._context.disable(
+                job.name,
+                f"its schedule {job.schedule!r} raised {type(exc).__name__}: {exc}; fix the "
+                "schedule's next_after (it must return an aware datetime, or None when it "
+                "never fires again)",
+            )
+            return None
+
     def schedule_first_slots(self, job: Job, now_ms: float) -> None:
         """On start (or when added): slots in the catch-up window, then the next one."""
         after = int(now_ms) - job.catch_up_ms - 1 if job.catch_up_ms else int(now_ms)
-        slot = job.clock.next_slot_ms(after)
+        slot = self._next_slot(job, after)
         if slot is not None:
             self._schedule_slot(job, slot, "catch-up" if slot < now_ms else "schedule")
 
@@ -142,7 +159,7 @@ class Agenda:
         """After a slot's first claim, its successor. After a gap (a stall or an
         outage) slots too old for both lateness and catch-up are skipped over."""
         oldest_wanted = int(now_ms) - max(job.late_window_ms, job.catch_up_ms) - 1
-        slot = job.clock.next_slot_ms(max(after_slot_ms, oldest_wanted))
+        slot = self._next_slot(job, max(after_slot_ms, oldest_wanted))
         if oldest_wanted > after_slot_ms:
             log.warning(
                 "%s: slots after %s were missed (no claim in time)",
@@ -167,7 +184,7 @@ class Agenda:
                 continue
             delay_sec = (self._due[0].at_ms - _now_ms()) / 1000
             if delay_sec > _SLEEP_MARGIN_SEC:
-                await self._wait_for_wake(delay_sec - _SLEEP_MARGIN_SEC)
+                await self._wait_for_wake(min(delay_sec - _SLEEP_MARGIN_SEC, _SLEEP_CAP_SEC))
                 continue
             if delay_sec > 0:
                 await anyio.lowlevel.checkpoint()
@@ -190,14 +207,39 @@ class Agenda:
             if waiters and due in waiters:
                 waiters.remove(due)  # claimed now: nothing left to wake
             job = self._context.jobs.get(due.job)
-            if job is None:
+            if job is None or job.name in self._context.disabled:
                 continue
             if due.first and due.failures == 0:
                 self._schedule_next_slot(job, due.slot_ms, now_ms)
             if due.first and not self._in_time(job, due, now_ms):
                 continue
             batch.append(due)
-        return batch
+        return self._without_stale_backlog(batch)
+
+    def _without_stale_backlog(self, batch: list[_Due]) -> list[_Due]:
+        """After an outage or a stall, several scheduled slots of one job can be due at
+        once. Without overlap they would run one after the other, late, and push the
+        on-time slot out: only the newest scheduled slot of each job is claimed, the
+        older ones are skipped (catch-up slots keep their turn, oldest first)."""
+        newest: dict[str, _Due] = {}
+        for due in batch:
+            job = self._context.jobs[due.job]
+            backlog = due.first and due.trigger == "schedule" and not job.overlap
+            if backlog and (due.job not in newest or newest[due.job].slot_ms < due.slot_ms):
+                newest[due.job] = due
+        kept = []
+        for due in batch:
+            latest = newest.get(due.job)
+            if due.first and due.trigger == "schedule" and latest is not None and due is not latest:
+                log.warning(
+                    "%s: slot %s skipped: a newer slot (%s) is due too, after a gap",
+                    due.job,
+                    from_epoch_ms(due.slot_ms),
+                    from_epoch_ms(latest.slot_ms),
+                )
+                continue
+            kept.append(due)
+        return kept
 
     def _in_time(self, job: Job, due: _Due, now_ms: float) -> bool:
         """A first claim is made only while the slot is young enough, or in catch-up."""

@@ -11,14 +11,16 @@ orphans the store reports are taken over. ``run_now``'s manual claim is made her
 from __future__ import annotations
 
 import logging
+import random
+import time
 
 import anyio
 
-from .._errors import AnarchonError, RunOverlapError
+from .._errors import AnarchonError, ConnectionFailedError, RunOverlapError
 from .._job import Job
 from .._store import ClaimReply, ClaimRequest
-from ..clients import ServerReplyError, TransportError
-from ._context import _CLAIM_TIMEOUT_SEC, EngineContext, _attempts_for, _now_ms
+from ..clients import ServerReplyError, is_transient
+from ._context import EngineContext, _attempts_for, _now_ms
 from .agenda import Agenda, _Due
 from .runner import Runner
 
@@ -28,7 +30,9 @@ log = logging.getLogger("anarchon")
 
 #: The most claims sent in one round trip.
 _CLAIM_BATCH_MAX = 200
-_CLAIM_RETRY_MS = (250, 500, 1000, 2000, 5000)
+#: Delays before a failed claim is sent again: the first soon (a lost reply is learned
+#: while the slot is young), then backing off; each with a random part of +-20 %.
+_CLAIM_RETRY_MS = (50, 250, 500, 1000, 2000, 5000)
 
 
 class Claimer:
@@ -53,29 +57,53 @@ class Claimer:
             self.loop_done.set()
 
     async def _claim(self, batch: list[_Due]) -> None:
-        """Claim every slot of the batch in one round trip and act on the answers."""
-        store = self._context.store
+        """Claim every slot of the batch in one round trip and act on the answers.
+
+        The round trip has a deadline (a third of the lease, whatever the client's own
+        timeout). If it fails, every claim of the batch is sent again later with its
+        token; a claim answered with a transient error reply alone is sent again too;
+        one answered with a permanent error disables its job."""
+        context = self._context
+        store = context.store
         assert store is not None
         requests = [self._claim_request(due) for due in batch]
         replies: list[ClaimReply | ServerReplyError] | None = None
+        sent = time.monotonic()
+        failure: BaseException | str = "no reply in time"
         with anyio.CancelScope(shield=True) as scope:
-            scope.deadline = anyio.current_time() + _CLAIM_TIMEOUT_SEC
+            scope.deadline = anyio.current_time() + context.round_trip_sec
             try:
                 replies = await store.claim_many(requests)
-            except TransportError as exc:
-                log.warning("claiming %d slot(s) failed, retrying: %s", len(batch), exc)
-                self._retry_claims(batch)
-                return
+            except Exception as exc:
+                failure = exc
         if replies is None:
-            log.warning("claiming %d slot(s) timed out, retrying", len(batch))
+            context.health.failed(f"claiming {len(batch)} slot(s)", failure)
             self._retry_claims(batch)
             return
+        context.health.answered()
         now_ms = _now_ms()
+        again = []
         for due, reply in zip(batch, replies, strict=True):
             if isinstance(reply, ServerReplyError):
-                log.error("%s: the claim of slot %s failed: %s", due.job, due.slot_id, reply)
+                if is_transient(reply):
+                    log.warning(
+                        "%s: the claim of slot %s was refused for now, retrying: %s",
+                        due.job,
+                        due.slot_id,
+                        reply,
+                    )
+                    again.append(due)
+                else:
+                    context.disable(
+                        due.job,
+                        f"the server answered its claim of slot {due.slot_id} with {reply}; "
+                        "check that nothing else writes to its keys (prefix) and that the "
+                        "connection's user may run scripts",
+                    )
                 continue
-            self._on_claim_reply(due, reply, now_ms)
+            self._on_claim_reply(due, reply, now_ms, sent)
+        if again:
+            self._retry_claims(again)
 
     def _claim_request(self, due: _Due) -> ClaimRequest:
         job = self._context.jobs[due.job]
@@ -95,21 +123,33 @@ class Claimer:
 
     def _retry_claims(self, batch: list[_Due]) -> None:
         """Claims whose round trip failed are sent again with the same token (the claim
-        script recognises a repeat), after a growing delay."""
+        script recognises a repeat), after a growing delay.
+
+        A slot's first claim whose job has a newer slot due by then is sent again only
+        to learn whether it had won (its reply may have been lost after the server
+        applied it): it may no longer start the run, so a backlog of old slots never
+        runs late in place of the on-time one."""
         now_ms = _now_ms()
         for due in batch:
             wait_ms = _CLAIM_RETRY_MS[min(due.failures, len(_CLAIM_RETRY_MS) - 1)]
+            at_ms = now_ms + wait_ms * random.uniform(0.8, 1.2)
             due.failures += 1
-            self._agenda.push_again(due, now_ms + wait_ms)
+            next_slot_ms = self._agenda.next_slot_ms.get(due.job)
+            if due.first and next_slot_ms is not None and due.slot_ms < next_slot_ms <= at_ms:
+                due.first = False
+                due.may_start = False
+            self._agenda.push_again(due, at_ms)
 
-    def _on_claim_reply(self, due: _Due, reply: ClaimReply, now_ms: float) -> None:
+    def _on_claim_reply(self, due: _Due, reply: ClaimReply, now_ms: float, sent: float) -> None:
         job = self._context.jobs.get(due.job)
         if job is None:
             return
         for orphan in reply.orphans:
             self._take_over(job, orphan, now_ms)
         if reply.kind == "won":
-            self._runner.start_attempt(job, due.slot_id, due.token, reply)
+            if (job.name, due.slot_id) in self._context.attempts:
+                return  # a repeated claim of an attempt that runs here already
+            self._runner.start_attempt(job, due.slot_id, due.token, reply, sent)
         elif reply.kind == "running":
             self._back_up(job, due, reply.wait_ms, now_ms)
         elif reply.kind == "overlap":
@@ -166,16 +206,26 @@ class Claimer:
             allow_overlap=job.overlap,
             keep_ms=job.keep_ms(lease_ms),
         )
-        (reply,) = await store.claim_many([request])
+        replies: list[ClaimReply | ServerReplyError] | None = None
+        with anyio.move_on_after(self._context.round_trip_sec):
+            replies = await store.claim_many([request])
+        if replies is None:
+            raise ConnectionFailedError(
+                f"no reply to the manual claim of {job.name!r} within "
+                f"{self._context.round_trip_sec:.2f} s; is the server reachable?"
+            )
+        (reply,) = replies
         if isinstance(reply, ServerReplyError):
             raise AnarchonError(f"the server refused the manual claim of {job.name!r}: {reply}")
         for orphan in reply.orphans:
             self._take_over(job, orphan, _now_ms())
         if reply.kind == "overlap":
+            here = any(name == job.name for name, _ in self._context.attempts)
+            where = "on this instance" if here else "elsewhere"
             raise RunOverlapError(
-                f"{job.name!r} is running elsewhere (its lease has {reply.wait_ms} ms left) and "
-                "does not allow overlapping runs: wait for it to end, or define the job with "
-                "overlap=True"
+                f"{job.name!r} has a run that is not settled yet ({where}; "
+                f"{reply.wait_ms} ms left on its lease or retry delay) and does not allow "
+                "overlapping runs: wait for it to end, or define the job with overlap=True"
             )
         if reply.kind != "won":  # a fresh slot id has no state: only won or overlap
             raise AnarchonError(f"unexpected reply to a manual claim of {job.name!r}: {reply}")

@@ -15,8 +15,8 @@ import time
 import anyio
 
 from .._store import HeartbeatRequest
-from ..clients import ServerReplyError, TransportError
-from ._context import _CLAIM_TIMEOUT_SEC, EngineContext, _Attempt
+from ..clients import ServerReplyError
+from ._context import EngineContext, _Attempt
 
 __all__ = ["LeaseKeeper"]
 
@@ -32,12 +32,12 @@ class LeaseKeeper:
         self._wake = anyio.Event()
         self._next_beat_at = math.inf
 
-    def watch(self, attempt: _Attempt, lease_left_ms: int) -> None:
-        """Keep the lease of an attempt just won: held for ``lease_left_ms`` from now,
-        first extended a heartbeat from now."""
-        now = time.monotonic()
-        attempt.held_until = now + lease_left_ms / 1000
-        attempt.next_beat = now + self._context.heartbeat_ms / 1000
+    def watch(self, attempt: _Attempt, lease_left_ms: int, since: float) -> None:
+        """Keep the lease of an attempt just won: held for ``lease_left_ms`` from
+        ``since`` (when the winning claim was sent, monotonic), first extended a
+        heartbeat after that."""
+        attempt.held_until = since + lease_left_ms / 1000
+        attempt.next_beat = since + self._context.heartbeat_ms / 1000
         if attempt.next_beat < self._next_beat_at:
             self._wake.set()
 
@@ -49,52 +49,84 @@ class LeaseKeeper:
         """Heartbeat the leases of every running attempt, in one round trip per tick.
 
         An attempt's lease is extended every heartbeat_ms (those due within a quarter
-        of that go along, so ticks stay few). A refused heartbeat, or none accepted
-        for a whole lease, means the lease is lost and the handler is cancelled. Ends
-        once the scheduler has stopped."""
+        of that go along, so ticks stay few). A refused heartbeat means another attempt
+        holds the run; none accepted by ``held_until`` means this instance can no longer
+        tell. Either way the handler is cancelled at once, without waiting for any
+        reply. Ends once the scheduler has stopped."""
         attempts = self._context.attempts
         early_sec = self._context.heartbeat_ms / 4000
         while not (self._context.state == "stopped" and not attempts):
             now = time.monotonic()
-            due = [a for a in attempts.values() if a.next_beat <= now + early_sec]
+            live = [a for a in attempts.values() if not a.ended and not a.lost]
+            for attempt in live:
+                if now >= attempt.held_until:
+                    self._give_up(attempt)
+            live = [a for a in live if not a.lost]
+            due = [a for a in live if a.next_beat <= now + early_sec]
             if due:
                 await self._heartbeat(due)
                 continue
-            self._next_beat_at = min((a.next_beat for a in attempts.values()), default=math.inf)
+            self._next_beat_at = min(
+                (min(a.next_beat, a.held_until) for a in live), default=math.inf
+            )
             with anyio.move_on_after(self._next_beat_at - now):
                 await self._wake.wait()
             self._next_beat_at = math.inf
             if self._wake.is_set():
                 self._wake = anyio.Event()
 
+    @staticmethod
+    def _give_up(attempt: _Attempt) -> None:
+        attempt.lost = True
+        attempt.cancel(
+            "no heartbeat got through before the lease would expire (the server does not "
+            "answer in time); a backup may take over"
+        )
+
     async def _heartbeat(self, attempts: list[_Attempt]) -> None:
-        store = self._context.store
+        context = self._context
+        store = context.store
         assert store is not None
-        lease_ms = self._context.lease_ms
+        lease_ms = context.lease_ms
         beats = [
             HeartbeatRequest(a.job.name, a.slot_id, a.token, lease_ms, a.job.overlap)
             for a in attempts
         ]
         sent = time.monotonic()
+        # No longer than a round trip's deadline, and never past a lease's local expiry.
+        deadline = min(context.round_trip_sec, *(a.held_until - sent for a in attempts))
         replies: list[bool | ServerReplyError] | None = None
-        failure = "timed out"
-        with anyio.move_on_after(_CLAIM_TIMEOUT_SEC):
+        failure: BaseException | str = "no reply in time"
+        with anyio.move_on_after(max(deadline, 0.001)):
             try:
                 replies = await store.heartbeat_many(beats)
-            except TransportError as exc:
-                failure = str(exc)
+            except Exception as exc:
+                failure = exc
+        if replies is None:
+            context.health.failed("heartbeat", failure)
+        else:
+            context.health.answered()
+        now = time.monotonic()
         for index, attempt in enumerate(attempts):
-            if self._context.attempts.get((attempt.job.name, attempt.slot_id)) is not attempt:
+            if context.attempts.get((attempt.job.name, attempt.slot_id)) is not attempt:
                 continue  # ended meanwhile
-            attempt.next_beat = sent + self._context.heartbeat_ms / 1000
-            reply = replies[index] if replies is not None else failure
+            if attempt.ended or attempt.lost:
+                continue  # its finish is on the way (a refusal may just have crossed it)
+            attempt.next_beat = sent + context.heartbeat_ms / 1000
+            reply = replies[index] if replies is not None else None
             if reply is True:
                 attempt.held_until = sent + lease_ms / 1000
             elif reply is False:
                 attempt.lost = True
                 attempt.cancel("another attempt holds the run now")
-            elif time.monotonic() >= attempt.held_until:
-                attempt.lost = True
-                attempt.cancel(f"no heartbeat got through for a whole lease ({reply})")
+            elif now >= attempt.held_until:
+                self._give_up(attempt)
             else:
-                log.warning("%s: heartbeat failed, will retry: %s", attempt.job.name, reply)
+                # Try again soon: there may be time for more than one try before the
+                # lease would expire.
+                retry_at = now + max((attempt.held_until - now) / 3, 0.05)
+                attempt.next_beat = min(attempt.next_beat, retry_at)
+                if reply is not None:
+                    log.warning(
+                        "%s: heartbeat refused for now, will retry: %s", attempt.job.name, reply
+                    )

@@ -14,11 +14,12 @@ import traceback
 
 import anyio
 
+from .._errors import LeaseLostError
 from .._job import Job
 from .._schedule import from_epoch_ms
 from .._store import ClaimReply, Outcome, slot_ms_of
 from .._structures import Run
-from ._context import EngineContext, _Attempt
+from ._context import EngineContext, _Attempt, current_attempt
 from .agenda import Agenda
 from .lease_keeper import LeaseKeeper
 from .settle import Settler
@@ -45,7 +46,11 @@ class Runner:
         self._idle = anyio.Event()
         self._idle.set()
 
-    def start_attempt(self, job: Job, slot_id: str, token: str, reply: ClaimReply) -> _Attempt:
+    def start_attempt(
+        self, job: Job, slot_id: str, token: str, reply: ClaimReply, claim_sent: float
+    ) -> _Attempt:
+        """Run an attempt this instance won. ``claim_sent`` is when the winning claim
+        was sent (monotonic): the lease is counted from then, not from the reply."""
         group = self._context.group
         assert group is not None
         slot_ms = slot_ms_of(slot_id)
@@ -59,7 +64,7 @@ class Runner:
             fence=reply.fence,
         )
         attempt = _Attempt(job, run, slot_id, token)
-        self._lease_keeper.watch(attempt, reply.wait_ms)
+        self._lease_keeper.watch(attempt, reply.wait_ms, claim_sent)
         self._context.attempts[(job.name, slot_id)] = attempt
         if self._idle.is_set():
             self._idle = anyio.Event()
@@ -69,11 +74,17 @@ class Runner:
     async def _run_attempt(self, attempt: _Attempt) -> None:
         outcome: Outcome = "cancelled"
         error: str | None = None
+        current_attempt.set(attempt)
         try:
             with attempt.scope:
                 try:
                     await attempt.job.invoke(attempt.run)
-                    outcome = "ok"
+                    # A handler that returns once its lease is gone (a plain function
+                    # checking run.lease_lost, e.g. on stop) stopped early: its run is
+                    # released for a retry, not recorded as done.
+                    outcome = "cancelled" if attempt.run.lease_lost.is_set() else "ok"
+                except LeaseLostError:
+                    outcome = "cancelled"
                 except Exception as exc:
                     outcome = "failed"
                     error = "".join(traceback.format_exception_only(exc)).strip()
@@ -88,13 +99,16 @@ class Runner:
             if attempt.scope.cancelled_caught:
                 outcome = "cancelled"
         finally:
+            attempt.ended = True
             with anyio.CancelScope(shield=True):
-                await self._settler.settle(attempt, outcome, error)
-                del self._context.attempts[(attempt.job.name, attempt.slot_id)]
-                attempt.settled.set()
-                self._agenda.run_ended(attempt.job)
-                if not self._context.attempts:
-                    self._idle.set()
+                try:
+                    await self._settler.settle(attempt, outcome, error)
+                finally:
+                    del self._context.attempts[(attempt.job.name, attempt.slot_id)]
+                    attempt.settled.set()
+                    self._agenda.run_ended(attempt.job)
+                    if not self._context.attempts:
+                        self._idle.set()
 
     async def wait_idle(self) -> None:
         """Return once no attempt runs here."""

@@ -13,7 +13,7 @@ import logging
 import anyio
 
 from .._store import AttemptEnd, Outcome
-from ..clients import ServerReplyError, TransportError
+from ..clients import is_transient
 from ._context import EngineContext, _Attempt, _now_ms
 from .agenda import Agenda
 
@@ -50,13 +50,24 @@ class Settler:
             max_attempts=attempt.max_attempts,
             retry_delay_ms=self._context.retry_delay_ms * 2 ** (run.attempt - 1),
         )
+        context = self._context
         for wait_sec in (0.0, 0.2, 0.5, 1.0, 2.0, 5.0):
             await anyio.sleep(wait_sec)
-            try:
-                reply = await store.finish(end)
-            except (TransportError, ServerReplyError) as exc:
-                log.warning("%s: recording the result failed, retrying: %s", job.name, exc)
+            failure: BaseException | str = "no reply in time"
+            reply = None
+            with anyio.move_on_after(context.round_trip_sec):
+                try:
+                    reply = await store.finish(end)
+                except Exception as exc:
+                    failure = exc
+            if reply is None:
+                context.health.failed(f"recording a result of {job.name}", failure)
+                if context.state != "running" or (
+                    isinstance(failure, BaseException) and not is_transient(failure)
+                ):
+                    break  # stopping: one try, then the lease expires for a backup
                 continue
+            context.health.answered()
             if not reply.held:
                 attempt.lost = True
                 log.warning(
@@ -67,7 +78,7 @@ class Settler:
                     attempt.run.attempt,
                     outcome,
                 )
-            elif reply.status == "retry" and self._context.state == "running":
+            elif reply.status == "retry" and context.state == "running":
                 self._agenda.push_follow_up(
                     job, attempt.slot_id, "retry", _now_ms() + reply.retry_in_ms
                 )

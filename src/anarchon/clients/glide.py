@@ -93,7 +93,10 @@ class GlideSyncConnection(Connection):
     async def execute(self, command: Command) -> Any:
         try:
             reply = await anyio.to_thread.run_sync(
-                self.client.custom_command, _args(command), limiter=self._limiter
+                self.client.custom_command,
+                _args(command),
+                limiter=self._limiter,
+                abandon_on_cancel=True,
             )
         except Exception as exc:
             raise _convert(exc) from exc
@@ -107,7 +110,9 @@ class GlideSyncConnection(Connection):
             batch.custom_command(_args(command))
         try:
             replies = await anyio.to_thread.run_sync(
-                lambda: self.client.exec(batch, raise_on_error=False), limiter=self._limiter
+                lambda: self.client.exec(batch, raise_on_error=False),
+                limiter=self._limiter,
+                abandon_on_cancel=True,
             )
         except Exception as exc:
             raise _convert(exc) from exc

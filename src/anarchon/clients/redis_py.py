@@ -136,7 +136,9 @@ class RedisSyncConnection(Connection):
         self._limiter = anyio.CapacityLimiter(max_threads)
 
     async def _in_thread(self, call: Callable[[], T]) -> T:
-        return await anyio.to_thread.run_sync(call, limiter=self._limiter)
+        # A deadline (or a stop) must not wait for a thread stuck on a frozen server:
+        # the thread is left to finish on its own.
+        return await anyio.to_thread.run_sync(call, limiter=self._limiter, abandon_on_cancel=True)
 
     async def execute(self, command: Command) -> Any:
         try:

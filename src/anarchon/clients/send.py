@@ -52,7 +52,7 @@ class SendConnection(Connection):
             reply = await self.client.send(str(name), [str(a) for a in args])
         else:
             reply = await anyio.to_thread.run_sync(
-                self.client.send, str(name), [str(a) for a in args]
+                self.client.send, str(name), [str(a) for a in args], abandon_on_cancel=True
             )
             if inspect.isawaitable(reply):
                 reply = await reply

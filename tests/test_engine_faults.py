@@ -1,0 +1,317 @@
+"""The engine under faults (design section 8): nothing but ``stop()`` ends the
+scheduler, no claim is dropped for good by an error, round trips have deadlines,
+``stop()`` is bounded and safe to cancel.
+
+Faults are real: a loopback proxy between the scheduler and a real server
+(tests/faults.py) that freezes or cuts the traffic, and error replies that the
+real server gives when it is out of memory."""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+from collections.abc import Iterator
+from datetime import datetime, timedelta
+from typing import Any
+
+import anyio
+import pytest
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from anarchon import RedisBackend, Run, Scheduler
+from anarchon._lease import JobKeys
+from anarchon._store import ClaimRequest
+from anarchon.clients import ServerReplyError
+from tests.faults import FaultProxy, oom
+from tests.helpers import Ledger, OneShot, wait_until
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def proxy(server_url: str) -> Iterator[FaultProxy]:
+    with FaultProxy(server_url) as made:
+        yield made
+
+
+class SendClient:
+    """A user's own client of the ``send(command, args)`` kind, over redis-py without
+    retries (so that the faults reach anarchon)."""
+
+    def __init__(self, url: str) -> None:
+        self.client = redis.Redis.from_url(
+            url, protocol=2, retry=Retry(NoBackoff(), 0), socket_timeout=2
+        )
+
+    def send(self, command: str, args: list[str]) -> Any:
+        return self.client.execute_command(command, *args)
+
+
+async def claim_for_a_dead_runner(
+    url: str, prefix: str, job: str, slot_ms: int, lease_ms: int
+) -> None:
+    """Win a slot for a runner that then vanishes (never heartbeats, never finishes)."""
+    backend = RedisBackend(redis=url, prefix=prefix)
+    store = await backend.open({"runner": "dead", "history_size": 100, "history_ttl_ms": None})
+    try:
+        request = ClaimRequest(
+            job, str(slot_ms), slot_ms, secrets.token_hex(8), "schedule", lease_ms, 3, False,
+            600_000,
+        )  # fmt: skip
+        (reply,) = await store.claim_many([request])
+        assert not isinstance(reply, ServerReplyError) and reply.kind == "won", reply
+    finally:
+        await store.conn.aclose()
+
+
+# ------------------------------------------------- nothing ends the scheduler
+
+
+async def test_a_send_clients_dropped_connection_does_not_end_the_scheduler(
+    server_url: str, proxy: FaultProxy, prefix: str, direct: redis.Redis
+) -> None:
+    ledger = Ledger(direct, prefix)
+    client = SendClient(proxy.url)
+    scheduler = Scheduler(
+        RedisBackend(redis=client, prefix=prefix), lease_ms=2000, heartbeat_ms=500
+    )
+
+    @scheduler.job(every_ms=200, name="tick")
+    async def tick(run: Run) -> None:
+        await ledger.record(run)
+
+    async with scheduler:
+        await anyio.sleep(0.6)
+        proxy.refuse(True)  # every connection reset, new ones refused, for a second
+        await anyio.sleep(1.0)
+        proxy.refuse(False)
+        back_ms = time.time() * 1000
+        await wait_until(
+            lambda: any(slot > back_ms + 500 for _, slot in ledger.counts()),
+            5,
+            "runs after the connection came back",
+        )
+    client.client.close()
+
+
+async def test_a_schedule_that_raises_disables_its_job_alone(
+    server_url: str, prefix: str, direct: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    ledger = Ledger(direct, prefix)
+
+    class Broken:
+        """Fires once, then raises (or, the second kind, answers a naive datetime)."""
+
+        def __init__(self, naive: bool) -> None:
+            self.calls = 0
+            self.naive = naive
+
+        def next_after(self, moment: datetime, /) -> datetime:
+            self.calls += 1
+            if self.calls > 1:
+                if self.naive:
+                    return datetime.now() + timedelta(seconds=1)  # naive, on purpose
+                raise RuntimeError("the schedule is broken")
+            return (moment + timedelta(milliseconds=300)).replace(microsecond=0) + timedelta(
+                seconds=1
+            )
+
+    scheduler = Scheduler(RedisBackend(redis=server_url, prefix=prefix))
+
+    @scheduler.job(every_ms=200, name="good")
+    async def good(run: Run) -> None:
+        await ledger.record(run)
+
+    for naive in (False, True):
+        scheduler.add_job(ledger.record, Broken(naive), name=f"broken-{naive}")
+
+    with caplog.at_level(logging.ERROR, logger="anarchon"):
+        async with scheduler:
+            await anyio.sleep(2.5)
+            before = len(ledger.counts())
+            await anyio.sleep(0.5)
+            after = len(ledger.counts())
+    assert after > before, "the good job stopped running"
+    disabled = [r for r in caplog.records if r.levelno == logging.ERROR and "disabled" in r.msg]
+    assert len(disabled) == 2, [r.getMessage() for r in caplog.records]
+
+
+# ---------------------------------------------------- no claim dropped for good
+
+
+async def test_a_backups_claim_answered_oom_is_retried_and_takes_over(
+    server_url: str, prefix: str, direct: redis.Redis
+) -> None:
+    """A rare job (it fires once): its dead runner is noticed only by the backup's own
+    claim at the lease's expiry. That claim meets a server out of memory; once memory is
+    back the backup must still take the run over."""
+    lease_ms = 1000
+    schedule = OneShot.in_ms(200)
+    slot_ms = int(schedule.at.timestamp() * 1000)
+    await claim_for_a_dead_runner(server_url, prefix, "rare", slot_ms, lease_ms)
+    attempts: list[int] = []
+    scheduler = Scheduler(
+        RedisBackend(redis=server_url, prefix=prefix), lease_ms=lease_ms, heartbeat_ms=300
+    )
+
+    @scheduler.job(schedule, name="rare")
+    async def rare(run: Run) -> None:
+        attempts.append(run.attempt)
+
+    async with scheduler:
+        await anyio.sleep(max(0.0, slot_ms / 1000 - time.time()) + 0.3)  # backup now
+        with oom(direct):
+            await anyio.sleep(lease_ms / 1000 + 0.5)  # the lease expires meanwhile
+        await wait_until(lambda: attempts == [2], 10, "the takeover after the OOM")
+
+
+# ------------------------------------------------------------- stop() is safe
+
+
+async def test_a_cancelled_stop_leaves_a_later_stop_and_the_block_able_to_finish(
+    server_url: str, prefix: str
+) -> None:
+    started = anyio.Event()
+    scheduler = Scheduler(RedisBackend(redis=server_url, prefix=prefix), stop_grace_ms=10_000)
+
+    @scheduler.job(OneShot.in_ms(100), name="slow")
+    async def slow() -> None:
+        started.set()
+        await anyio.sleep(30)
+
+    with anyio.fail_after(15):
+        async with scheduler:
+            await started.wait()
+            with anyio.move_on_after(0.2):
+                await scheduler.stop()  # waits for the grace period: cancelled meanwhile
+            with anyio.fail_after(3):
+                await scheduler.stop(grace_ms=0)
+
+
+async def test_stop_called_from_a_handler_stops_the_scheduler_and_the_run_settles(
+    server_url: str, prefix: str, direct: redis.Redis
+) -> None:
+    schedule = OneShot.in_ms(100)
+    returned = anyio.Event()
+    scheduler = Scheduler(RedisBackend(redis=server_url, prefix=prefix))
+
+    @scheduler.job(schedule, name="quitter")
+    async def quitter() -> None:
+        await scheduler.stop()
+        returned.set()
+
+    with anyio.fail_after(10):
+        async with scheduler:
+            await returned.wait()
+            await scheduler.stop()  # returns once stopped (the handler's run included)
+    state = direct.hget(
+        JobKeys.for_job(prefix, "quitter").state, str(int(schedule.at.timestamp() * 1000))
+    )
+    assert str(state).startswith("ok|"), state
+
+
+# -------------------------------------------------------- deadlines, not hopes
+
+
+async def test_stop_is_bounded_while_the_server_is_frozen(proxy: FaultProxy, prefix: str) -> None:
+    started = anyio.Event()
+    scheduler = Scheduler(
+        RedisBackend(redis=proxy.url, prefix=prefix), lease_ms=2000, heartbeat_ms=500
+    )
+
+    @scheduler.job(OneShot.in_ms(100), name="frozen")
+    async def frozen() -> None:
+        started.set()
+        await anyio.sleep(30)
+
+    async with scheduler:
+        await started.wait()
+        proxy.pause()
+        began = time.monotonic()
+        with anyio.fail_after(10):
+            await scheduler.stop(grace_ms=0)
+        took = time.monotonic() - began
+    proxy.resume()
+    # grace 0 plus one round trip's deadline (a fraction of the lease)
+    assert took < 2.0 + 1.0, took
+
+
+async def test_a_runner_that_cannot_reach_the_server_gives_up_its_lease_by_its_expiry(
+    proxy: FaultProxy, prefix: str
+) -> None:
+    """Self-fencing is local: the handler is cancelled when the lease would expire
+    (counted from the last heartbeat that got through), without waiting for a reply."""
+    lease_ms = 2000
+    started = anyio.Event()
+    cancelled_at: list[float] = []
+    scheduler = Scheduler(
+        RedisBackend(redis=proxy.url, prefix=prefix), lease_ms=lease_ms, heartbeat_ms=500
+    )
+
+    @scheduler.job(OneShot.in_ms(100), name="cut-off")
+    async def cut_off() -> None:
+        started.set()
+        try:
+            await anyio.sleep(30)
+        finally:
+            cancelled_at.append(time.monotonic())
+
+    async with scheduler:
+        await started.wait()
+        await anyio.sleep(0.7)  # a heartbeat or two got through
+        proxy.pause()
+        paused_at = time.monotonic()
+        await wait_until(lambda: bool(cancelled_at), 10, "the handler to be cancelled")
+        proxy.resume()
+    assert cancelled_at[0] - paused_at < lease_ms / 1000 + 0.5
+
+
+# --------------------------------------------------------- sync handlers
+
+
+async def test_a_sync_handler_that_returns_on_lease_lost_is_recorded_cancelled(
+    server_url: str, prefix: str, direct: redis.Redis
+) -> None:
+    """The documented pattern (return when ``run.lease_lost`` is set, e.g. on stop):
+    the half-done run must not be recorded ok; it is released for a retry."""
+    schedule = OneShot.in_ms(100)
+    started = anyio.Event()
+    scheduler = Scheduler(RedisBackend(redis=server_url, prefix=prefix), stop_grace_ms=0)
+
+    @scheduler.job(schedule, name="careful")
+    def careful(run: Run) -> None:
+        anyio.from_thread.run_sync(started.set)
+        while not run.lease_lost.wait(0.05):
+            pass  # a step of the work
+
+    async with scheduler:
+        await started.wait()
+    state = str(
+        direct.hget(
+            JobKeys.for_job(prefix, "careful").state, str(int(schedule.at.timestamp() * 1000))
+        )
+    )
+    assert state.split("|")[:2] == ["retry", "1"], state
+
+
+async def test_raise_if_lost_ends_a_sync_handler_as_cancelled(
+    server_url: str, prefix: str, direct: redis.Redis
+) -> None:
+    schedule = OneShot.in_ms(100)
+    started = anyio.Event()
+    scheduler = Scheduler(RedisBackend(redis=server_url, prefix=prefix), stop_grace_ms=0)
+
+    @scheduler.job(schedule, name="careful")
+    def careful(run: Run) -> None:
+        anyio.from_thread.run_sync(started.set)
+        while True:
+            time.sleep(0.02)  # a step of the work
+            run.raise_if_lost()
+
+    async with scheduler:
+        await started.wait()
+    results = direct.zrange(JobKeys.for_job(prefix, "careful").results, 0, -1)
+    assert [str(m).split("|")[2] for m in results] == ["cancelled"]
