@@ -3,13 +3,15 @@
 -- KEYS[4] runs (stream)  KEYS[5] results (sorted set)
 -- ARGV: slot, slot_score, token, runner, lease_ms, max_attempts, allow_overlap (0/1),
 --       trigger, keep_ms, history_size, history_ttl_ms, trim_runs_by_id (0/1: XTRIM MINID
---       exists, Redis 6.2+ and Valkey)
+--       exists, Redis 6.2+ and Valkey), may_start (0/1), skip_if_blocked (0/1: a first claim
+--       answered overlap records the slot as skipped, once, for every instance)
 -- Replies:
 --   {'won', attempt, fence, lease_ms_left, trigger, orphans}  the caller runs this attempt
 --   {'running', ms}   the run is in progress (or waits for its retry): be a backup, ask again in ms
 --   {'overlap', ms, orphans}  another run of the job is unsettled (ms: the longest time left on
 --                              its lease or retry delay, 0 for orphans); this slot does not start
---   {'done', status}  the run is settled ('forgotten': a later claim found no state)
+--   {'done', status}  the run is settled ('forgotten': a later claim found no state;
+--                     'skipped': another instance's first claim found it blocked)
 -- orphans (on a slot's first claim only): other unsettled slots of the job that
 -- nobody holds any more (lease expired, or retry due). Claiming them is how
 -- instances notice a dead runner without polling every run they back up.
@@ -28,6 +30,7 @@ local history_size = tonumber(ARGV[10])
 local history_ttl_ms = tonumber(ARGV[11])
 local trim_runs_by_id = ARGV[12] == '1'
 local may_start = ARGV[13] == '1'
+local skip_if_blocked = ARGV[14] == '1'
 
 local now = server_now_ms()
 
@@ -116,7 +119,21 @@ if not s and not may_start then return {'done', 'forgotten'} end
 if not s then
   trim_old_state()
   local blocked_ms, orphans = scan_active(true)
-  if blocked_ms then return {'overlap', blocked_ms, orphans} end
+  if blocked_ms then
+    if skip_if_blocked then
+      -- The slot is settled as skipped: the other instances' claims of it are told
+      -- so, and the history shows it, with the reason.
+      local skipped = {
+        status = 'skipped', attempt = 0, token = '', until_ms = now, fence = 0,
+        trigger = trigger, started_ms = now, runner = runner,
+      }
+      redis.call('HSET', state_key, slot, encode_state(skipped))
+      redis.call('ZADD', slots_key, slot_score, slot)
+      record_result(results_key, slot, slot_score, skipped, 'skipped', now,
+        'overlap: an older run of the job was not settled', history_size, history_ttl_ms)
+    end
+    return {'overlap', blocked_ms, orphans}
+  end
   return win(1, trigger, orphans)
 end
 
@@ -152,5 +169,5 @@ if s.status == 'retry' then
   return win(s.attempt + 1, 'retry', {})
 end
 
--- ok, failed, interrupted or cancelled.
+-- ok, failed, interrupted, cancelled or skipped.
 return {'done', s.status}

@@ -8,7 +8,8 @@ Rules (design section 3):
 - claim with no state: unless overlap is allowed, a job's runs go one at a time,
   oldest first: while another run of the job is unsettled (a live lease, a
   retry pending, or an orphan) answer overlap, with the longest time left on
-  those leases and retry delays; else win attempt 1.
+  those leases and retry delays (a first claim that skips when blocked settles
+  the slot as skipped, attempt 0, with a result); else win attempt 1.
 - claim of a running slot: the caller's own token gets its win back while the
   lease is live; a live lease answers running (time left); an expired one ends
   that attempt (interrupted; its token holds nothing any more, so the old
@@ -42,7 +43,7 @@ from dataclasses import dataclass, field
 
 @dataclass
 class RunState:
-    status: str  # running, retry, ok, failed, interrupted, cancelled
+    status: str  # running, retry, ok, failed, interrupted, cancelled, skipped
     attempt: int
     token: str
     until_ms: int
@@ -129,6 +130,7 @@ class JobModel:
         now: int,
         max_attempts: int,
         may_start: bool = True,
+        skip_if_blocked: bool = False,
     ) -> Reply:
         run = self.runs.get(slot)
         if run is None and not may_start:
@@ -136,6 +138,9 @@ class JobModel:
         if run is None:
             blocked, orphans = self._scan(slot, now, first_claim=True)
             if blocked is not None:
+                if skip_if_blocked:
+                    self.runs[slot] = RunState("skipped", 0, "", now, 0, trigger, slot_ms)
+                    self.results[(slot, 0)] = "skipped"
                 return Reply("overlap", wait_ms=blocked, orphans=orphans)
             reply = self._win(slot, slot_ms, 1, token, trigger, now)
             reply.orphans = orphans

@@ -49,6 +49,10 @@ TRIM_PER_CLAIM = 32  # the claim script forgets at most this many runs per first
 BASE_MS = 1_800_000_000_000
 INSTANCES = ("a", "b", "c")
 OFFSETS = st.integers(-LATE_MS, LATE_MS)
+# How old (by the instance's clock) a slot may be when a claim that waited behind an
+# older run still may start it (the scheduler's start_limit_ms: the lateness window plus
+# a lease plus a margin, well inside KEEP_MS whatever the clock offsets).
+START_LIMIT_MS = LATE_MS + LEASE_MS + 250
 
 
 @dataclass
@@ -138,18 +142,21 @@ class LeaseMachine(RuleBasedStateMachine):
         max_attempts: int,
         may_start: bool,
     ) -> Reply:
+        # A scheduled slot's first claim skips the slot when it is blocked (the default
+        # overlap policy); catch-up, retries and manual runs do not.
+        skip = trigger == "schedule" and may_start
         self.forget_what_the_store_forgot()
         had_state = slot in self.model.runs
         fence_before = self.model.fence  # the store's too (checked after every step)
         must_forget = self._trimmable() if not had_state else set()
         expected = self.model.claim(
-            slot, slot_ms_of(slot), token, trigger, self.now, max_attempts, may_start
+            slot, slot_ms_of(slot), token, trigger, self.now, max_attempts, may_start, skip
         )
         raw = self.call(
             "claim", self.keys,
             [slot, slot_ms_of(slot), token, instance.name, LEASE_MS, max_attempts,
              1 if self.model.allow_overlap else 0, trigger, KEEP_MS, 10**6, 0, 0,
-             1 if may_start else 0],
+             1 if may_start else 0, 1 if skip else 0],
         )  # fmt: skip
         self.write_happened()
         got = self._reply(raw)
@@ -222,10 +229,15 @@ class LeaseMachine(RuleBasedStateMachine):
 
     # -- rules
 
-    @rule(name=st.sampled_from(INSTANCES), lag=st.integers(0, LATE_MS - 1000))
-    def claim_a_due_slot(self, name: str, lag: int) -> None:
+    @rule(
+        name=st.sampled_from(INSTANCES),
+        lag=st.integers(0, LATE_MS - 1000),
+        trigger=st.sampled_from(["schedule", "schedule", "catch-up"]),
+    )
+    def claim_a_due_slot(self, name: str, lag: int, trigger: str) -> None:
         """A first claim: the slot the instance's own clock says is ``lag`` ms or so old
-        (at most the lateness window)."""
+        (at most the lateness window). A catch-up claim answered overlap waits behind
+        the older run, as overlap="wait" does."""
         instance = self.instances[name]
         clock = self.now + instance.offset_ms
         slot_ms = (clock - lag) // 1000 * 1000
@@ -233,7 +245,7 @@ class LeaseMachine(RuleBasedStateMachine):
         if not instance.up or slot_ms < BASE_MS or slot in instance.first_claims:
             return  # the instance does not claim it (again)
         instance.first_claims.add(slot)
-        self.claim_as(instance, slot, "schedule", self.max_attempts, may_start=True)
+        self.claim_as(instance, slot, trigger, self.max_attempts, may_start=True)
 
     @rule(name=st.sampled_from(INSTANCES))
     def run_now(self, name: str) -> None:
@@ -327,6 +339,16 @@ class LeaseMachine(RuleBasedStateMachine):
         instance.asks.clear()
         instance.up = False
 
+    @rule(name=st.sampled_from(INSTANCES), ms=st.sampled_from([500, 2500, 6000]))
+    def cut_off(self, name: str, ms: int) -> None:
+        """The instance cannot reach the server for a while: its next claims (backups,
+        waiting claims) are made that much later, with the same rights they had."""
+        instance = self.instances[name]
+        instance.asks = {
+            slot: (at + ms, trigger, may_start)
+            for slot, (at, trigger, may_start) in instance.asks.items()
+        }
+
     @rule(name=st.sampled_from(INSTANCES), offset=OFFSETS)
     def start(self, name: str, offset: int) -> None:
         instance = self.instances[name]
@@ -349,7 +371,11 @@ class LeaseMachine(RuleBasedStateMachine):
                 break
             at, name, slot, trigger, may_start = min(due)
             self.now = at
-            self.claim_as(self.instances[name], slot, trigger, self.attempts(slot), may_start)
+            instance = self.instances[name]
+            if may_start and self.now + instance.offset_ms - slot_ms_of(slot) > START_LIMIT_MS:
+                del instance.asks[slot]  # waited too long: the slot is skipped here
+                continue
+            self.claim_as(instance, slot, trigger, self.attempts(slot), may_start)
         self.now = end
 
     # -- invariants
@@ -368,7 +394,10 @@ class LeaseMachine(RuleBasedStateMachine):
             assert (status, int(attempt), token, int(until_ms), int(run_fence), trigger) == (
                 run.status, run.attempt, run.token, run.until_ms, run.fence, run.trigger,
             )  # fmt: skip
-            assert 1 <= int(attempt) <= self.attempts(slot)  # invariant 3
+            if status == "skipped":
+                assert int(attempt) == 0  # settled without an attempt
+            else:
+                assert 1 <= int(attempt) <= self.attempts(slot)  # invariant 3
         assert set(self.client.smembers(self.keys[1])) == set(self.model.active())
 
     @invariant()

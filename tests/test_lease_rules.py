@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import logging
 import math
 import secrets
 import time
@@ -125,6 +126,67 @@ async def test_a_slow_job_every_second_overlaps_only_when_allowed(
         assert overlapping, "overlap=True should let a run start while the previous one runs"
     else:
         assert overlapping == []
+
+
+async def slow_job_history(
+    server_url: str, prefix: str, overlap: str, caplog: pytest.LogCaptureFixture
+) -> list[Any]:
+    """Two instances run a job every 500 ms whose runs take 1.2 s; its history after 4 s."""
+    schedulers = []
+    for index in range(2):
+        scheduler = Scheduler(
+            RedisBackend(redis=server_url, prefix=prefix),
+            instance_id=f"i{index}",
+            lease_ms=3000,
+        )
+
+        @scheduler.job(every_ms=500, name="slow", overlap=overlap)  # type: ignore[arg-type]
+        async def slow() -> None:
+            await anyio.sleep(1.2)
+
+        schedulers.append(scheduler)
+
+    with caplog.at_level(logging.WARNING, logger="anarchon"):
+        async with schedulers[0], schedulers[1]:
+            await anyio.sleep(4)
+            await schedulers[0].stop(grace_ms=3000)
+            await schedulers[1].stop(grace_ms=3000)
+    async with Scheduler(RedisBackend(redis=server_url, prefix=prefix)) as reader:
+        return sorted(await reader.history("slow"), key=lambda r: r.slot_ms)
+
+
+@pytest.mark.slow
+async def test_a_skipped_slot_is_recorded_in_history_once_with_its_reason_and_a_warning(
+    server_url: str, prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    history = await slow_job_history(server_url, prefix, "skip", caplog)
+    skipped = [r for r in history if r.status == "skipped"]
+    ran = [r for r in history if r.status == "ok"]
+    assert ran and skipped
+    assert all(r.attempt == 0 and r.error and "overlap" in r.error for r in skipped)
+    # One record per slot, whichever instances claimed it.
+    assert len({r.slot_ms for r in skipped}) == len(skipped)
+    assert not {r.slot_ms for r in skipped} & {r.slot_ms for r in ran}
+    warnings = [r for r in caplog.records if "skipped (recorded in history)" in r.msg]
+    assert len(warnings) == len(skipped)
+
+
+@pytest.mark.slow
+async def test_with_overlap_wait_one_slot_runs_right_after_the_older_run_and_the_rest_skip(
+    server_url: str, prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    history = await slow_job_history(server_url, prefix, "wait", caplog)
+    ran = [r for r in history if r.status == "ok"]
+    skipped = [r for r in history if r.status == "skipped"]
+    assert len(ran) >= 2 and skipped
+    waited = 0
+    for older, newer in itertools.pairwise(ran):
+        assert newer.started_at >= older.finished_at  # one at a time
+        if newer.started_at - newer.slot > timedelta(milliseconds=300):
+            # A slot that waited starts as soon as the older run ends.
+            waited += 1
+            assert newer.started_at - older.finished_at < timedelta(milliseconds=400)
+    assert waited
 
 
 # ----------------------------------------------------------------- catch-up

@@ -29,7 +29,7 @@ from ._errors import (
 )
 from ._schedule import CronSchedule, IntervalSchedule, Schedule
 from ._scheduler import Scheduler
-from ._structures import Run, RunResult, RunStatus, Trigger
+from ._structures import OverlapPolicy, Run, RunResult, RunStatus, Trigger
 
 __all__ = [
     "AnarchonError",
@@ -46,6 +46,7 @@ __all__ = [
     "Leases",
     "RedisBackend",
     "Run",
+    "OverlapPolicy",
     "RunOverlapError",
     "RunResult",
     "RunStatus",

@@ -13,7 +13,7 @@ import anyio.to_thread
 
 from ._errors import InvalidJobError, InvalidOptionError, InvalidScheduleError
 from ._schedule import CronSchedule, IntervalSchedule, Schedule, SlotClock
-from ._structures import Run
+from ._structures import OverlapPolicy, Run
 
 __all__ = [
     "Handler",
@@ -21,6 +21,7 @@ __all__ = [
     "check_duration_ms",
     "is_async_callable",
     "make_schedule",
+    "overlap_policy",
     "takes_run_argument",
     "validate_job_name",
 ]
@@ -54,6 +55,20 @@ def check_duration_ms(option: str, value: object, *, allow_zero: bool = False) -
     return value
 
 
+def overlap_policy(value: object) -> OverlapPolicy:
+    """``overlap=`` as given: a policy name, or True/False (aliases of allow/skip)."""
+    if value is None or value is False:
+        return "skip"
+    if value is True:
+        return "allow"
+    if value in ("skip", "wait", "allow"):
+        return value
+    raise InvalidOptionError(
+        f"overlap must be 'skip' (the default), 'wait' or 'allow' (or False/True for skip/"
+        f"allow), got {value!r}"
+    )
+
+
 def make_schedule(schedule: str | Schedule | None, every_ms: int | None, timezone: str) -> Schedule:
     if schedule is not None and every_ms is not None:
         raise InvalidScheduleError("give either a cron schedule or every_ms, not both")
@@ -79,17 +94,29 @@ def make_schedule(schedule: str | Schedule | None, every_ms: int | None, timezon
     )
 
 
-def takes_run_argument(handler: Callable[..., Any]) -> bool:
+def takes_run_argument(handler: Callable[..., Any], job: str) -> bool:
+    """Whether ``handler`` is called with the ``Run`` (it has a positional parameter)
+    or with nothing; a signature that can take neither is refused here, since every
+    run would fail. A callable whose signature cannot be read is given the ``Run``."""
     try:
-        params = inspect.signature(handler).parameters.values()
+        signature = inspect.signature(handler)
     except (TypeError, ValueError):
         return True
-    positional = [
-        p
-        for p in params
-        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)
+    params = list(signature.parameters.values())
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    required = [p.name for p in positional if p.default is p.empty][1:] + [
+        p.name for p in params if p.kind is p.KEYWORD_ONLY and p.default is p.empty
     ]
-    return bool(positional)
+    if required:
+        name = getattr(handler, "__qualname__", None) or repr(handler)
+        missing = f"parameter{'s' if len(required) > 1 else ''} {', '.join(map(repr, required))}"
+        raise InvalidJobError(
+            f"job {job!r}: its handler {name}{signature} cannot be called with a Run or "
+            f"with nothing ({missing} would get no value): "
+            "write def handler() or def handler(run: Run), sync or async, and give any "
+            "other parameters defaults"
+        )
+    return bool(positional) or any(p.kind is p.VAR_POSITIONAL for p in params)
 
 
 def is_async_callable(handler: Callable[..., Any]) -> bool:
@@ -107,13 +134,18 @@ class Job:
     handler: Callable[..., Any]
     schedule: Schedule
     clock: SlotClock
-    overlap: bool
+    overlap_policy: OverlapPolicy
     max_attempts: int
     catch_up_ms: int
     jitter_ms: int
     max_late_ms: int
     takes_run: bool
     is_async: bool
+
+    @property
+    def overlap(self) -> bool:
+        """Whether runs of the job may run side by side (``overlap="allow"``)."""
+        return self.overlap_policy == "allow"
 
     @property
     def late_window_ms(self) -> int:
@@ -126,6 +158,13 @@ class Job:
         (so instance clocks offset by up to that much still find it), plus a lease (a
         backup asks again at most a lease after its last answer), plus a minute."""
         return 2 * max(self.late_window_ms, self.catch_up_ms) + lease_ms + 60_000
+
+    def start_limit_ms(self, lease_ms: int) -> int:
+        """How old (by this instance's clock) a slot may be when a claim that waited
+        behind an older run still starts it: well inside ``keep_ms``, so that the store
+        still remembers the slot if another instance ran it meanwhile, whatever the
+        clock offsets (up to the lateness window)."""
+        return max(self.late_window_ms, self.catch_up_ms) + lease_ms + 30_000
 
     async def invoke(self, run: Run) -> None:
         args = (run,) if self.takes_run else ()

@@ -125,6 +125,7 @@ class LeaseStore:
                         self.history_ttl_ms,
                         1 if self.trim_runs_by_id else 0,
                         1 if r.may_start else 0,
+                        1 if r.skip_if_blocked else 0,
                     ),
                 )
             )

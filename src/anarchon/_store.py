@@ -43,6 +43,9 @@ class ClaimRequest:
     #: The caller's first claim of the slot (made in time): only it may start a run.
     #: A backup's or a retry's later claim of a forgotten slot is told it is done.
     may_start: bool = True
+    #: A scheduled slot's first claim that skips the slot if an older run blocks it:
+    #: the store records it as skipped, once, for every instance.
+    skip_if_blocked: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,10 +9,16 @@ from typing import Literal
 
 from ._errors import LeaseLostError
 
-__all__ = ["Run", "RunResult", "RunStatus", "Trigger"]
+__all__ = ["OverlapPolicy", "Run", "RunResult", "RunStatus", "Trigger"]
 
 Trigger = Literal["schedule", "catch-up", "retry", "manual"]
-RunStatus = Literal["ok", "failed", "interrupted", "cancelled"]
+#: How an attempt ended; ``skipped``: the slot did not run at all (``attempt`` 0,
+#: ``error`` says why, e.g. an older run of the job was not settled yet).
+RunStatus = Literal["ok", "failed", "interrupted", "cancelled", "skipped"]
+#: What a slot does while an older run of its job is unsettled: ``skip`` it (recorded
+#: as skipped), ``wait`` for that run to end (at most one slot waits), or ``allow``
+#: it to run at once, side by side.
+OverlapPolicy = Literal["skip", "wait", "allow"]
 
 
 @dataclass(frozen=True, slots=True)

@@ -113,6 +113,11 @@ class Agenda:
         """Bring ``due`` forward as soon as a run of the job on this instance ends."""
         self._overlap_waiters.setdefault(job.name, []).append(due)
 
+    def has_waiter(self, job: Job) -> bool:
+        """Whether a claim of ``job`` waits behind an older run here (overlap="wait"
+        lets one slot wait at most)."""
+        return bool(self._overlap_waiters.get(job.name))
+
     def run_ended(self, job: Job) -> None:
         """A run of ``job`` on this instance ended: claims waiting behind it are due now."""
         waiters = self._overlap_waiters.pop(job.name, [])
@@ -213,6 +218,8 @@ class Agenda:
                 self._schedule_next_slot(job, due.slot_ms, now_ms)
             if due.first and not self._in_time(job, due, now_ms):
                 continue
+            if not due.first and due.may_start and self._waited_too_long(job, due, now_ms):
+                continue
             batch.append(due)
         return self._without_stale_backlog(batch)
 
@@ -240,6 +247,21 @@ class Agenda:
                 continue
             kept.append(due)
         return kept
+
+    def _waited_too_long(self, job: Job, due: _Due, now_ms: float) -> bool:
+        """A claim waiting behind an older run may start its slot only while the store
+        is sure to remember the slot (another instance may have run it meanwhile)."""
+        age_ms = now_ms - due.slot_ms
+        if age_ms <= job.start_limit_ms(self._context.lease_ms):
+            return False
+        log.warning(
+            "%s: slot %s skipped: it waited %.0f ms behind an older run, longer than a "
+            "waiting slot may (lateness or catch-up window plus a lease plus 30 s)",
+            job.name,
+            from_epoch_ms(due.slot_ms),
+            age_ms,
+        )
+        return True
 
     def _in_time(self, job: Job, due: _Due, now_ms: float) -> bool:
         """A first claim is made only while the slot is young enough, or in catch-up."""

@@ -18,6 +18,7 @@ import anyio
 
 from .._errors import AnarchonError, ConnectionFailedError, RunOverlapError
 from .._job import Job
+from .._schedule import from_epoch_ms
 from .._store import ClaimReply, ClaimRequest
 from ..clients import ServerReplyError, is_transient
 from ._context import EngineContext, _attempts_for, _now_ms
@@ -67,6 +68,7 @@ class Claimer:
         store = context.store
         assert store is not None
         requests = [self._claim_request(due) for due in batch]
+        skips = {id(due) for due, r in zip(batch, requests, strict=True) if r.skip_if_blocked}
         replies: list[ClaimReply | ServerReplyError] | None = None
         sent = time.monotonic()
         failure: BaseException | str = "no reply in time"
@@ -101,7 +103,7 @@ class Claimer:
                         "connection's user may run scripts",
                     )
                 continue
-            self._on_claim_reply(due, reply, now_ms, sent)
+            self._on_claim_reply(due, reply, now_ms, sent, skipped=id(due) in skips)
         if again:
             self._retry_claims(again)
 
@@ -119,6 +121,14 @@ class Claimer:
             allow_overlap=job.overlap,
             keep_ms=job.keep_ms(lease_ms),
             may_start=due.may_start,
+            # A scheduled slot blocked by an older run is skipped, unless it may wait
+            # (overlap="wait", and no other slot of the job waits here yet).
+            skip_if_blocked=due.first
+            and due.trigger == "schedule"
+            and (
+                job.overlap_policy == "skip"
+                or (job.overlap_policy == "wait" and self._agenda.has_waiter(job))
+            ),
         )
 
     def _retry_claims(self, batch: list[_Due]) -> None:
@@ -140,7 +150,9 @@ class Claimer:
                 due.may_start = False
             self._agenda.push_again(due, at_ms)
 
-    def _on_claim_reply(self, due: _Due, reply: ClaimReply, now_ms: float, sent: float) -> None:
+    def _on_claim_reply(
+        self, due: _Due, reply: ClaimReply, now_ms: float, sent: float, skipped: bool = False
+    ) -> None:
         job = self._context.jobs.get(due.job)
         if job is None:
             return
@@ -153,14 +165,16 @@ class Claimer:
         elif reply.kind == "running":
             self._back_up(job, due, reply.wait_ms, now_ms)
         elif reply.kind == "overlap":
-            if due.first and due.trigger == "schedule":
-                log.info(
-                    "%s: slot %s skipped: an older run still holds its lease",
+            if skipped:
+                log.warning(
+                    "%s: slot %s skipped (recorded in history): an older run of the job is "
+                    "not settled yet, and overlap=%r",
                     job.name,
-                    due.slot_id,
+                    from_epoch_ms(due.slot_ms),
+                    job.overlap_policy,
                 )
             else:
-                # Catch-up slots and retries wait their turn behind the live run.
+                # Catch-up slots, retries and overlap="wait" wait their turn.
                 self._wait_behind_overlap(job, due, reply.wait_ms, now_ms)
 
     def _back_up(self, job: Job, due: _Due, wait_ms: int, now_ms: float) -> None:
