@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Iterator
 
@@ -11,6 +12,15 @@ import redis
 from tests.servers import ServerSpec, full_matrix, matrix, running_server, stop_all
 
 MATRIX = matrix()
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``-n auto``: two workers per CPU. The tests mostly wait (on servers, on slots),
+    so a worker per CPU leaves the machine idle; more than two per CPU starves the
+    schedulers under test on a loaded machine. ANARCHON_TEST_WORKERS overrides it."""
+    if os.environ.get("ANARCHON_TEST_WORKERS"):
+        return int(os.environ["ANARCHON_TEST_WORKERS"])
+    return 2 * (os.cpu_count() or 1)
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
