@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import pytest
@@ -11,6 +12,7 @@ from anarchon import (
     InvalidOptionError,
     InvalidScheduleError,
     RedisBackend,
+    Run,
     Scheduler,
     UnsupportedClientError,
     ValkeyBackend,
@@ -58,6 +60,72 @@ def test_the_function_name_is_the_default_job_name() -> None:
         pass
 
     assert s.jobs == ["nightly_report"]
+
+
+def two_parameters(a: object, b: object) -> None:
+    pass
+
+
+async def two_parameters_async(a: object, b: object) -> None:
+    pass
+
+
+def a_required_keyword(run: Run, *, key: str) -> None:
+    pass
+
+
+@pytest.mark.parametrize(
+    "bad_handler",
+    [two_parameters, two_parameters_async, a_required_keyword, lambda a, b: None],
+    ids=["def f(a, b)", "async def f(a, b)", "def f(run, *, key)", "lambda a, b"],
+)
+def test_a_handler_that_can_take_neither_a_run_nor_nothing_is_refused_at_definition(
+    bad_handler: Any,
+) -> None:
+    s = scheduler()
+    with pytest.raises(InvalidJobError) as info:
+        s.add_job(bad_handler, "* * * * *", name="x")
+    message = str(info.value)
+    assert "def handler()" in message
+    assert "def handler(run: Run)" in message
+    assert "sync or async" in message
+    assert "defaults" in message
+    assert s.jobs == []
+
+
+def takes_nothing() -> None:
+    pass
+
+
+async def takes_the_run(run: Run) -> None:
+    pass
+
+
+def takes_the_run_and_defaults(run: Run, retries: int = 3, *, key: str = "k") -> None:
+    pass
+
+
+def takes_anything(*args: object, **kwargs: object) -> None:
+    pass
+
+
+@pytest.mark.parametrize(
+    "good_handler",
+    [
+        takes_nothing,
+        takes_the_run,
+        takes_the_run_and_defaults,
+        takes_anything,
+        functools.partial(two_parameters, "bound"),
+        max,  # a builtin without a readable signature: trusted
+    ],
+    ids=["def f()", "async def f(run)", "def f(run, x=3, *, k=...)", "def f(*a, **k)",
+         "partial(f, a)", "uninspectable"],
+)  # fmt: skip
+def test_a_handler_that_takes_a_run_or_nothing_is_accepted(good_handler: Any) -> None:
+    s = scheduler()
+    s.add_job(good_handler, "* * * * *", name="x")
+    assert s.jobs == ["x"]
 
 
 @pytest.mark.parametrize(

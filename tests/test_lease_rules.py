@@ -316,6 +316,29 @@ async def test_run_now_respects_overlap(server_url: str, prefix: str, overlap: b
         release.set()
 
 
+async def test_run_now_refused_by_a_run_on_this_instance_says_so(
+    server_url: str, prefix: str
+) -> None:
+    started = anyio.Event()
+    release = anyio.Event()
+    scheduler = Scheduler(RedisBackend(redis=server_url, prefix=prefix))
+
+    @scheduler.job(OneShot.in_ms(100), name="busy")
+    async def busy(run: Run) -> None:
+        started.set()
+        await release.wait()
+
+    async with scheduler:
+        with anyio.fail_after(5):
+            await started.wait()
+        with pytest.raises(RunOverlapError) as info:
+            await scheduler.run_now("busy")
+        release.set()
+
+    assert "on this instance" in str(info.value)
+    assert "elsewhere" not in str(info.value)
+
+
 # ----------------------------------------------------------------- fencing
 
 

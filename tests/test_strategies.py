@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta
 from typing import Any
 
 import anyio
@@ -150,6 +151,64 @@ async def test_a_claim_only_run_records_its_result_and_keys(
     ]
 
 
+class Seconds:
+    """A schedule that fires at ``count`` whole seconds in a row, the first at least
+    ``delay_ms`` from now."""
+
+    def __init__(self, delay_ms: int, count: int) -> None:
+        first = OneShot.in_ms(delay_ms).at
+        self.instants = [first + timedelta(seconds=index) for index in range(count)]
+
+    def next_after(self, moment: datetime, /) -> datetime | None:
+        return next((at for at in self.instants if at > moment), None)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", STRATEGIES)
+async def test_claim_only_history_older_than_history_ttl_ms_is_dropped(
+    server: ServerSpec, server_url: str, prefix: str, direct: redis.Redis, strategy: str
+) -> None:
+    """Results older than history_ttl_ms leave the results set at the next result; on
+    servers with XTRIM MINID (Redis 6.2+, Valkey) their entries leave the manual stream
+    and the runs stream too, but for the script strategy's, which is its memory of
+    claims for window_ms. Older servers bound the streams by history_size alone."""
+    if not supports(server, strategy):
+        pytest.skip(f"{server.id} has no idempotent XADD (Redis 8.6+): idmp is refused there")
+    schedule = Seconds(delay_ms=1_000, count=3)
+    first_ms, _, last_ms = (int(at.timestamp() * 1000) for at in schedule.instants)
+    backend: Any = RedisBackend(redis=server_url, prefix=prefix, strategy=strategy)
+    scheduler: Scheduler[ClaimOnly] = Scheduler(backend, history_ttl_ms=1_500)
+    scheduler.add_job(lambda: None, schedule, name="often")
+    results_key, runs_key, manual_key = (
+        f"{prefix}often:{k}" for k in ("results", "runs", "manual")
+    )
+
+    def first_result_dropped() -> bool:
+        # The last run ends 2 s after the first slot: its finish records its result,
+        # then drops what is older than 1.5 s (the results set last), the manual run
+        # and the first slot.
+        return bool(direct.zcount(results_key, last_ms, last_ms)) and not direct.zcount(
+            results_key, first_ms, first_ms
+        )
+
+    async with scheduler:
+        manual = await scheduler.run_now("often")
+        await wait_until(first_result_dropped, 10, "the first slot's result to be dropped")
+        kept = {result.slot_ms for result in await scheduler.history("often")}
+
+    assert manual.slot_ms not in kept
+    assert first_ms not in kept
+    assert last_ms in kept
+    claimed = {fields["slot"] for _, fields in direct.xrange(runs_key)}
+    assert str(last_ms) in claimed
+    if server.family == "valkey" or server.version >= (6, 2):
+        assert direct.xlen(manual_key) == 0
+        assert (str(first_ms) in claimed) == (strategy == "script")
+    else:
+        assert direct.xlen(manual_key) == 1
+        assert str(first_ms) in claimed
+
+
 @pytest.mark.parametrize(
     ("strategy", "message"),
     [
@@ -203,3 +262,16 @@ def test_a_job_later_than_the_script_window_is_refused() -> None:
         scheduler.add_job(
             lambda: None, "* * * * *", name="late", max_late_ms=55_000, jitter_ms=5_000
         )
+
+
+def test_a_job_later_than_the_idmp_duration_is_refused() -> None:
+    scheduler = Scheduler(RedisBackend(strategy={"name": "idmp", "duration_sec": 60}))
+    scheduler.add_job(lambda: None, "* * * * *", name="fits", max_late_ms=50_000)
+    with pytest.raises(InvalidOptionError) as info:
+        scheduler.add_job(
+            lambda: None, "* * * * *", name="late", max_late_ms=55_000, jitter_ms=5_000
+        )
+    assert "duration_sec (60 s)" in str(info.value)
+    assert "lower max_late_ms" in str(info.value)
+    assert "raise duration_sec" in str(info.value)
+    assert scheduler.jobs == ["fits"]

@@ -239,6 +239,11 @@ class RedisBackend(Generic[K]):
         """The script strategy's window_ms (None with other strategies)."""
         return self._strategy.script.window_ms if self._strategy.name == "script" else None
 
+    @property
+    def idmp_duration_sec(self) -> int | None:
+        """The idmp strategy's duration_sec (None with other strategies)."""
+        return self._strategy.idmp.duration_sec if self._strategy.name == "idmp" else None
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}(strategy={self.strategy!r}, prefix={self.prefix!r})"
 
@@ -279,6 +284,8 @@ class RedisBackend(Generic[K]):
             prefix=self.prefix,
             runner=options["runner"],
             history_size=options["history_size"],
+            history_ttl_ms=options["history_ttl_ms"],
+            trim_runs_by_id=server.trims_streams_by_id,
             idmp=self._strategy.idmp,
             script=self._strategy.script,
         )

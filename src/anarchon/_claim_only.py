@@ -78,6 +78,8 @@ class ClaimOnlyStore:
         prefix: str,
         runner: str,
         history_size: int,
+        history_ttl_ms: int | None = None,
+        trim_runs_by_id: bool = False,
         idmp: IdmpSettings | None = None,
         script: ScriptSettings | None = None,
     ) -> None:
@@ -86,6 +88,10 @@ class ClaimOnlyStore:
         self.prefix = prefix
         self.runner = runner
         self.history_size = history_size
+        self.history_ttl_ms = history_ttl_ms or 0
+        #: History older than history_ttl_ms also leaves the streams (XTRIM MINID,
+        #: Redis 6.2+ and Valkey); older servers bound them by history_size alone.
+        self.trim_runs_by_id = trim_runs_by_id
         self.idmp = idmp or IdmpSettings()
         self.script = script or ScriptSettings()
         self._configured: set[str] = set()
@@ -210,7 +216,8 @@ class ClaimOnlyStore:
         raise NotImplementedError("claim-only strategies hold no leases")
 
     async def finish(self, end: AttemptEnd) -> FinishReply:
-        """Record the run's result: one member of the results sorted set (trimmed)."""
+        """Record the run's result: one member of the results sorted set (trimmed to
+        history_size), then, with history_ttl_ms, drop the history older than it."""
         call = ScriptCall(
             _script("record_result"),
             (self.keys(end.job).results,),
@@ -220,7 +227,28 @@ class ClaimOnlyStore:
         (reply,) = await run_scripts(self.conn, [call])
         if isinstance(reply, ServerReplyError):
             raise reply
+        if self.history_ttl_ms:
+            await self._trim_by_age(end.job, end.finished_ms - self.history_ttl_ms)
         return FinishReply(held=True, status=end.outcome)
+
+    async def _trim_by_age(self, job: str, oldest_ms: int) -> None:
+        """Drop the job's history from before ``oldest_ms`` (on this instance's clock, like
+        every time a claim-only store records): results are scored by their slot's
+        instant, and stream entry ids are milliseconds. The script strategy's runs
+        stream is its memory of claims, which its script keeps for window_ms: trimming
+        it sooner would let a late claim run a slot again. (A stream-id stream keeps its
+        last id when trimmed, and idmp remembers ids apart from entries.)"""
+        keys = self.keys(job)
+        commands: list[Command] = []
+        if self.trim_runs_by_id:
+            commands.append(("XTRIM", keys.manual, "MINID", oldest_ms))
+            if self.strategy != "script":
+                commands.append(("XTRIM", keys.runs, "MINID", oldest_ms))
+        # The results last: once old results are gone, so are the old entries.
+        commands.append(("ZREMRANGEBYSCORE", keys.results, "-inf", f"({oldest_ms}"))
+        for reply in await pipeline(self.conn, commands):
+            if isinstance(reply, ServerReplyError):
+                raise reply
 
     async def result_of(self, job: str, slot_id: str, attempt: int) -> RunResult:
         return await read_result(self.conn, self.keys(job).results, job, slot_id, attempt)

@@ -58,7 +58,8 @@ class InvalidScheduleError(AnarchonError, ValueError):
 
 
 class InvalidJobError(AnarchonError, ValueError):
-    """A job definition that cannot be used (its name, or a second job of that name)."""
+    """A job definition that cannot be used (its name, its handler's signature, or a
+    second job of that name)."""
 
     code = "ANARCHON_INVALID_JOB"
 

@@ -375,7 +375,7 @@ class Scheduler(Generic[K]):
             ),
             jitter_ms=check_duration_ms("jitter_ms", jitter_ms, allow_zero=True),
             max_late_ms=check_duration_ms("max_late_ms", max_late_ms, allow_zero=True),
-            takes_run=takes_run_argument(handler),
+            takes_run=takes_run_argument(handler, job_name),
             is_async=is_async_callable(handler),
         )
         window_ms = self.backend.script_window_ms
@@ -384,6 +384,14 @@ class Scheduler(Generic[K]):
                 f"job {job_name!r}: jitter_ms + max_late_ms ({job.late_window_ms}) must be less "
                 f"than the script strategy's window_ms ({window_ms}), or a late claim could find "
                 "the slot forgotten and run it again; lower max_late_ms or raise window_ms"
+            )
+        duration_sec = self.backend.idmp_duration_sec
+        if duration_sec is not None and job.late_window_ms >= duration_sec * 1000:
+            raise InvalidOptionError(
+                f"job {job_name!r}: jitter_ms + max_late_ms ({job.late_window_ms} ms) must be "
+                f"less than the idmp strategy's duration_sec ({duration_sec} s), or a late claim "
+                "could come after Redis forgot the slot's id and run it again; lower "
+                "max_late_ms or jitter_ms, or raise duration_sec"
             )
         self._context.jobs[job_name] = job
         if self._context.state == "running":
