@@ -32,12 +32,13 @@ from ._job import (
     check_duration_ms,
     is_async_callable,
     make_schedule,
+    overlap_policy,
     takes_run_argument,
     validate_job_name,
 )
 from ._schedule import Schedule, SlotClock, from_epoch_ms
 from ._store import ClaimReply, Store, manual_slot_id
-from ._structures import RunResult
+from ._structures import OverlapPolicy, RunResult
 
 __all__ = ["Scheduler"]
 
@@ -179,10 +180,9 @@ class Scheduler(Generic[K]):
         )
         self._agenda = Agenda(self._context)
         self._lease_keeper = LeaseKeeper(self._context)
-        self._runner = Runner(
-            self._context, self._agenda, Settler(self._context, self._agenda), self._lease_keeper
-        )
-        self._claimer = Claimer(self._context, self._agenda, self._runner)
+        settler = Settler(self._context, self._agenda)
+        self._runner = Runner(self._context, self._agenda, settler, self._lease_keeper)
+        self._claimer = Claimer(self._context, self._agenda, self._runner, settler)
         self._stopped = anyio.Event()
         #: The grace period of a stop in progress (None until stop() is first called).
         self._grace: anyio.CancelScope | None = None
@@ -202,7 +202,7 @@ class Scheduler(Generic[K]):
         every_ms: int | None = None,
         name: str | None = None,
         timezone: str = "UTC",
-        overlap: bool = False,
+        overlap: OverlapPolicy | bool = "skip",
         max_attempts: int = 3,
         catch_up_ms: int = 0,
         jitter_ms: int = 0,
@@ -228,7 +228,7 @@ class Scheduler(Generic[K]):
         every_ms: int | None = None,
         name: str | None = None,
         timezone: str = "UTC",
-        overlap: bool | None = None,
+        overlap: OverlapPolicy | bool | None = None,
         max_attempts: int | None = None,
         catch_up_ms: int | None = None,
         jitter_ms: int = 0,
@@ -262,7 +262,7 @@ class Scheduler(Generic[K]):
         every_ms: int | None = None,
         name: str | None = None,
         timezone: str = "UTC",
-        overlap: bool = False,
+        overlap: OverlapPolicy | bool = "skip",
         max_attempts: int = 3,
         catch_up_ms: int = 0,
         jitter_ms: int = 0,
@@ -290,7 +290,7 @@ class Scheduler(Generic[K]):
         every_ms: int | None = None,
         name: str | None = None,
         timezone: str = "UTC",
-        overlap: bool | None = None,
+        overlap: OverlapPolicy | bool | None = None,
         max_attempts: int | None = None,
         catch_up_ms: int | None = None,
         jitter_ms: int = 0,
@@ -303,8 +303,11 @@ class Scheduler(Generic[K]):
         fixed intervals aligned to the Unix epoch. ``timezone`` is an IANA name.
         ``jitter_ms`` (default 0) waits a random part of it before claiming;
         ``max_late_ms`` (default 60 s) is how late a slot may still be claimed for
-        the first time. With the lease strategy: ``overlap`` (default False) lets
-        a slot start while an older one still runs; ``max_attempts`` (default 3)
+        the first time. With the lease strategy: ``overlap`` is what a slot does
+        while an older run of the job is unsettled: ``"skip"`` (the default; the slot
+        is recorded as skipped), ``"wait"`` (it runs when that run ends; at most one
+        slot waits) or ``"allow"`` (it runs at once); False and True are aliases of
+        skip and allow; ``max_attempts`` (default 3)
         counts every attempt, crashed or failed; ``catch_up_ms`` (default 0) runs
         slots missed in that window on start and after a gap.
 
@@ -332,7 +335,7 @@ class Scheduler(Generic[K]):
         every_ms: int | None,
         name: str | None,
         timezone: str,
-        overlap: bool | None,
+        overlap: OverlapPolicy | bool | None,
         max_attempts: int | None,
         catch_up_ms: int | None,
         jitter_ms: int,
@@ -360,15 +363,13 @@ class Scheduler(Generic[K]):
             raise InvalidOptionError(
                 f"max_attempts must be a whole number, 1 or more, got {max_attempts!r}"
             )
-        if overlap is not None and not isinstance(overlap, bool):
-            raise InvalidOptionError(f"overlap must be True or False, got {overlap!r}")
         job_schedule = make_schedule(schedule, every_ms, timezone)
         job = Job(
             name=job_name,
             handler=handler,
             schedule=job_schedule,
             clock=SlotClock(job_schedule),
-            overlap=bool(overlap),
+            overlap_policy=overlap_policy(overlap),
             max_attempts=attempts if self.backend.leases else 1,
             catch_up_ms=check_duration_ms(
                 "catch_up_ms", 0 if catch_up_ms is None else catch_up_ms, allow_zero=True
@@ -488,6 +489,7 @@ class Scheduler(Generic[K]):
             context.state = "stopping"
             self._agenda.wake()
             await self._claimer.loop_done.wait()
+            await self._claimer.release_unanswered()
             with self._grace:
                 await self._runner.wait_idle()
             self._runner.cancel_all("the scheduler is stopping")

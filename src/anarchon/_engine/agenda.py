@@ -109,6 +109,16 @@ class Agenda:
         due.seq = next(self._seq)
         self.push(due)
 
+    def take_unanswered(self) -> list[_Due]:
+        """Remove and return the claims whose last round trip failed: the server may
+        have applied them (a lost reply), so a stopping scheduler resolves them."""
+        unanswered = [due for due in self._due if due.failures > 0]
+        self._due = [due for due in self._due if due.failures == 0]
+        heapq.heapify(self._due)
+        for due in unanswered:
+            self.pending.discard((due.job, due.slot_id))
+        return unanswered
+
     def wake_when_run_ends(self, job: Job, due: _Due) -> None:
         """Bring ``due`` forward as soon as a run of the job on this instance ends."""
         self._overlap_waiters.setdefault(job.name, []).append(due)

@@ -24,6 +24,7 @@ from ..clients import ServerReplyError, is_transient
 from ._context import EngineContext, _attempts_for, _now_ms
 from .agenda import Agenda, _Due
 from .runner import Runner
+from .settle import Settler
 
 __all__ = ["Claimer"]
 
@@ -39,10 +40,13 @@ _CLAIM_RETRY_MS = (50, 250, 500, 1000, 2000, 5000)
 class Claimer:
     """Claims due slots from the agenda in batches; won ones go to the runner."""
 
-    def __init__(self, context: EngineContext, agenda: Agenda, runner: Runner) -> None:
+    def __init__(
+        self, context: EngineContext, agenda: Agenda, runner: Runner, settler: Settler
+    ) -> None:
         self._context = context
         self._agenda = agenda
         self._runner = runner
+        self._settler = settler
         #: Set once the claim loop has ended (the scheduler is stopping).
         self.loop_done = anyio.Event()
 
@@ -106,6 +110,28 @@ class Claimer:
             self._on_claim_reply(due, reply, now_ms, sent, skipped=id(due) in skips)
         if again:
             self._retry_claims(again)
+
+    async def release_unanswered(self) -> None:
+        """On stop: claims whose reply was lost may have won on the server, leaving a
+        lease nobody runs that would block the job's next slots on every instance until
+        it expired. Ask once more (starting nothing new) and release what was won."""
+        unanswered = self._agenda.take_unanswered()
+        store = self._context.store
+        if not unanswered or store is None:
+            return
+        for due in unanswered:
+            due.may_start = False
+        requests = [self._claim_request(due) for due in unanswered]
+        replies: list[ClaimReply | ServerReplyError] | None = None
+        with anyio.move_on_after(self._context.round_trip_sec):
+            try:
+                replies = await store.claim_many(requests)
+            except Exception as exc:
+                self._context.health.failed("resolving claims on stop", exc)
+        for due, reply in zip(unanswered, replies or [], strict=False):
+            job = self._context.jobs.get(due.job)
+            if isinstance(reply, ClaimReply) and reply.kind == "won" and job is not None:
+                await self._settler.release(job, due.slot_id, due.token, reply)
 
     def _claim_request(self, due: _Due) -> ClaimRequest:
         job = self._context.jobs[due.job]

@@ -12,9 +12,10 @@ import logging
 
 import anyio
 
-from .._store import AttemptEnd, Outcome
+from .._job import Job
+from .._store import AttemptEnd, ClaimReply, Outcome
 from ..clients import is_transient
-from ._context import EngineContext, _Attempt, _now_ms
+from ._context import EngineContext, _Attempt, _attempts_for, _now_ms
 from .agenda import Agenda
 
 __all__ = ["Settler"]
@@ -28,6 +29,32 @@ class Settler:
     def __init__(self, context: EngineContext, agenda: Agenda) -> None:
         self._context = context
         self._agenda = agenda
+
+    async def release(self, job: Job, slot_id: str, token: str, won: ClaimReply) -> None:
+        """Give back an attempt won but never started (the scheduler is stopping): it is
+        finished as cancelled, so a backup runs it at once instead of after the lease."""
+        store = self._context.store
+        assert store is not None
+        now_ms = int(_now_ms())
+        end = AttemptEnd(
+            job=job.name,
+            slot_id=slot_id,
+            token=token,
+            attempt=won.attempt,
+            trigger=won.trigger,
+            fence=won.fence,
+            started_ms=now_ms,
+            finished_ms=now_ms,
+            outcome="cancelled",
+            error="released unstarted: the scheduler stopped",
+            max_attempts=_attempts_for(job, slot_id),
+            retry_delay_ms=0,
+        )
+        with anyio.move_on_after(self._context.round_trip_sec):
+            try:
+                await store.finish(end)
+            except Exception as exc:
+                self._context.health.failed(f"releasing a claim of {job.name}", exc)
 
     async def settle(self, attempt: _Attempt, outcome: Outcome, error: str | None) -> None:
         """Record how the attempt ended; retried a few times if the connection drops.

@@ -1,0 +1,81 @@
+"""Errors are classified once (design section 8): what a later try can get past is
+transient, the rest permanent. The replies here are the real servers' own."""
+
+from __future__ import annotations
+
+import pytest
+import redis
+import redis.exceptions
+
+from anarchon.clients import ServerReplyError, TransportError, is_transient, open_connection
+from anarchon.clients.redis_py import redis_errors
+from tests.faults import busy, oom, read_only
+
+pytestmark = pytest.mark.anyio
+
+WRITING_SCRIPT = "return redis.call('SET', KEYS[1], '1')"
+
+
+async def reply_error(url: str, command: tuple[str | int, ...]) -> ServerReplyError:
+    conn = open_connection(url)
+    try:
+        (reply,) = await conn.pipeline([command])
+    finally:
+        await conn.aclose()
+    assert isinstance(reply, ServerReplyError), reply
+    return reply
+
+
+async def test_a_script_refused_for_lack_of_memory_is_transient(
+    server_url: str, direct: redis.Redis, prefix: str
+) -> None:
+    with oom(direct):
+        error = await reply_error(server_url, ("EVAL", WRITING_SCRIPT, 1, f"{prefix}k"))
+    assert error.kind == "OOM" and is_transient(error), error
+
+
+async def test_a_script_refused_on_a_read_only_replica_is_transient(
+    server_url: str, direct: redis.Redis, prefix: str
+) -> None:
+    with read_only(direct):
+        error = await reply_error(server_url, ("EVAL", WRITING_SCRIPT, 1, f"{prefix}k"))
+    assert error.kind == "READONLY" and is_transient(error), error
+
+
+async def test_a_server_busy_with_a_script_is_transient(server_url: str) -> None:
+    with busy(server_url):
+        error = await reply_error(server_url, ("GET", "k"))
+    assert error.kind == "BUSY" and is_transient(error), error
+
+
+async def test_a_wrong_type_is_permanent(server_url: str, direct: redis.Redis, prefix: str) -> None:
+    direct.set(f"{prefix}k", "a string")
+    error = await reply_error(server_url, ("HGET", f"{prefix}k", "field"))
+    assert error.kind == "WRONGTYPE" and not is_transient(error), error
+
+
+async def test_an_unknown_command_is_permanent(server_url: str) -> None:
+    error = await reply_error(server_url, ("NOSUCHCOMMAND",))
+    assert not is_transient(error), error
+
+
+def test_redis_py_cluster_errors_keep_their_codes_and_are_transient() -> None:
+    """redis-py turns cluster replies into classes and drops the code from the message
+    (and SlotNotCoveredError is not even a RedisError): the adapter restores the code."""
+    errors = redis_errors()
+    for exc, kind in [
+        (redis.exceptions.ClusterDownError("The cluster is down"), "CLUSTERDOWN"),
+        (redis.exceptions.TryAgainError("Multiple keys request during rehashing"), "TRYAGAIN"),
+        (redis.exceptions.BusyLoadingError("Redis is loading the dataset"), "LOADING"),
+    ]:
+        converted = errors.convert(exc)
+        assert isinstance(converted, ServerReplyError) and converted.kind == kind
+        assert is_transient(converted)
+    uncovered = errors.convert(redis.exceptions.SlotNotCoveredError("slot 5 not covered"))
+    assert isinstance(uncovered, TransportError) and is_transient(uncovered)
+
+
+def test_a_group_of_errors_is_transient_when_any_of_them_is() -> None:
+    group = ExceptionGroup("batch", [ServerReplyError("WRONGTYPE x"), TransportError("reset")])
+    assert is_transient(group)
+    assert not is_transient(ExceptionGroup("batch", [ServerReplyError("WRONGTYPE x")]))
