@@ -20,3 +20,11 @@ async def report(run: Run) -> None: ...
 
 claim_only.add_job(poll, every_ms=60_000, name="poll")
 leased.add_job(report, "0 4 * * *", name="report", max_attempts=5)
+
+
+@leased.job("* * * * *", name="exclusive", overlap="wait")
+async def exclusive(run: Run) -> None:
+    run.raise_if_lost()
+
+
+leased.add_job(poll, every_ms=5_000, name="side-by-side", overlap="allow")
