@@ -118,7 +118,11 @@ class LeaseKeeper:
                 attempt.held_until = sent + lease_ms / 1000
             elif reply is False:
                 attempt.lost = True
-                attempt.cancel("another attempt holds the run now")
+                attempt.cancel(
+                    "the store refused its heartbeat: another attempt holds the run now, or "
+                    "the run's state is gone (the store was wiped, or failed over to a "
+                    "replica that had not seen the claim)"
+                )
             elif now >= attempt.held_until:
                 self._give_up(attempt)
             else:
