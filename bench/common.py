@@ -362,7 +362,7 @@ def claim_args(job: str, prefix: str, slot_ms: int, runner: str) -> list[str | i
     return [
         lease_script("claim").sha, 5, keys.state, keys.active, keys.slots, keys.runs,
         keys.results, slot_ms, slot_ms, secrets.token_hex(8), runner, 30_000, 3, 0,
-        "schedule", KEEP_MS, 1000, 0, 1, 1, 1,
+        "schedule", KEEP_MS, 1000, 0, 1, 1, 1, 0,
     ]  # fmt: skip
 
 

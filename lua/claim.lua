@@ -4,7 +4,8 @@
 -- ARGV: slot, slot_score, token, runner, lease_ms, max_attempts, allow_overlap (0/1),
 --       trigger, keep_ms, history_size, history_ttl_ms, trim_runs_by_id (0/1: XTRIM MINID
 --       exists, Redis 6.2+ and Valkey), may_start (0/1), skip_if_blocked (0/1: a first claim
---       answered overlap records the slot as skipped, once, for every instance)
+--       answered overlap records the slot as skipped, once, for every instance),
+--       probe (0/1: only ask whether the caller's token holds a live lease; changes nothing)
 -- Replies:
 --   {'won', attempt, fence, lease_ms_left, trigger, orphans}  the caller runs this attempt
 --   {'running', ms}   the run is in progress (or waits for its retry): be a backup, ask again in ms
@@ -31,6 +32,7 @@ local history_ttl_ms = tonumber(ARGV[11])
 local trim_runs_by_id = ARGV[12] == '1'
 local may_start = ARGV[13] == '1'
 local skip_if_blocked = ARGV[14] == '1'
+local probe = ARGV[15] == '1'
 
 local now = server_now_ms()
 
@@ -111,6 +113,16 @@ end
 
 local s = decode_state(redis.call('HGET', state_key, slot))
 
+-- A probe (a stopping instance asking about a claim whose reply it lost) learns
+-- whether it holds a live lease, and changes nothing: it must not end an expired
+-- attempt or win the next one, since it will not run it.
+if probe then
+  if s and s.status == 'running' and s.token == token and s.until_ms > now then
+    return {'won', s.attempt, s.fence, s.until_ms - now, s.trigger, {}}
+  end
+  return {'done', s and s.status or 'forgotten'}
+end
+
 -- No state on a later claim: the run settled and was forgotten. Only a first
 -- claim, made while the slot is young enough to be remembered, starts a run.
 if not s and not may_start then return {'done', 'forgotten'} end
@@ -169,5 +181,10 @@ if s.status == 'retry' then
   return win(s.attempt + 1, 'retry', {})
 end
 
--- ok, failed, interrupted, cancelled or skipped.
+-- ok, failed, interrupted, cancelled or skipped. A first claim of a skipped slot
+-- still hears of orphans, so that every instance can take a dead run over.
+if s.status == 'skipped' and may_start then
+  local _, orphans = scan_active(true)
+  return {'done', s.status, orphans}
+end
 return {'done', s.status}

@@ -145,6 +145,9 @@ class JobModel:
             reply = self._win(slot, slot_ms, 1, token, trigger, now)
             reply.orphans = orphans
             return reply
+        if run.status == "skipped" and may_start:
+            # A first claim of a skipped slot still hears of orphans.
+            return Reply("done", status="skipped", orphans=self._scan(slot, now, True)[1])
         if run.status == "running" and run.token == token and run.until_ms > now:
             return Reply("won", run.attempt, run.fence, run.until_ms - now, run.trigger)
         if run.status == "running":

@@ -156,7 +156,7 @@ class LeaseMachine(RuleBasedStateMachine):
             "claim", self.keys,
             [slot, slot_ms_of(slot), token, instance.name, LEASE_MS, max_attempts,
              1 if self.model.allow_overlap else 0, trigger, KEEP_MS, 10**6, 0, 0,
-             1 if may_start else 0, 1 if skip else 0],
+             1 if may_start else 0, 1 if skip else 0, 0],
         )  # fmt: skip
         self.write_happened()
         got = self._reply(raw)
@@ -198,7 +198,7 @@ class LeaseMachine(RuleBasedStateMachine):
             return Reply("overlap", wait_ms=int(raw[1]), orphans=frozenset(raw[2]))
         if kind == "running":
             return Reply("running", wait_ms=int(raw[1]))
-        return Reply("done", status=raw[1])
+        return Reply("done", status=raw[1], orphans=frozenset(raw[2] if len(raw) > 2 else []))
 
     def attempts(self, slot: str) -> int:
         """What the scheduler sends: one attempt for a manual run, the job's otherwise."""

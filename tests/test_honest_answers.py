@@ -7,9 +7,11 @@ from __future__ import annotations
 import secrets
 import time
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 import anyio
 import pytest
+import redis
 
 from anarchon import RedisBackend
 from anarchon._lease import JobKeys
@@ -129,3 +131,25 @@ async def test_fences_keep_growing_after_the_store_is_wiped(store: Store) -> Non
         await store.conn.execute(("DEL", keys.state, keys.active, keys.slots))
         await anyio.sleep(0.002)
     assert fences == sorted(set(fences)), fences
+
+
+async def test_a_probe_finds_its_own_live_win_and_changes_nothing_otherwise(
+    store: Store, direct: redis.Redis
+) -> None:
+    """A stopping instance asks about a claim whose reply it lost: it hears of its own
+    live lease, and an expired one is neither ended nor taken over by the probe (it
+    would use up an attempt that nobody runs)."""
+    slot = a_slot()
+    token = secrets.token_hex(8)
+    won = await claim(store, claim_request(slot, token))
+    probe = replace(claim_request(slot, token), probe=True)
+    assert (await claim(store, probe)).kind == "won"
+    await anyio.sleep(LEASE_MS / 1000 + 0.05)
+    keys = JobKeys.for_job(store.prefix, "job")  # type: ignore[attr-defined]
+    before = direct.hgetall(keys.state)
+
+    after_expiry = await claim(store, probe)
+
+    assert after_expiry.kind == "done"
+    assert direct.hgetall(keys.state) == before
+    assert won.kind == "won"

@@ -7,6 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, Required, TypedDict, TypeVar, cast, overload
 
+import anyio
+
 from ._claim_only import ClaimOnlyStore, IdmpSettings, ScriptSettings
 from ._claim_only import StrategyName as ClaimOnlyStrategyName
 from ._errors import (
@@ -264,7 +266,9 @@ class RedisBackend(Generic[K]):
             store = self._store(conn, server, options)
         except BaseException:
             if conn.owned:
-                await conn.aclose()
+                # Closing what was opened, even when cancelled; never for long.
+                with anyio.move_on_after(5, shield=True):
+                    await conn.aclose()
             raise
         return store
 

@@ -63,7 +63,9 @@ def _claim_reply(raw: list[object]) -> ClaimReply:
             orphans=_orphans(raw[5]),
         )
     if kind == "done":
-        return ClaimReply("done", status=str(raw[1]))
+        return ClaimReply(
+            "done", status=str(raw[1]), orphans=_orphans(raw[2] if len(raw) > 2 else None)
+        )
     if kind == "overlap":
         return ClaimReply("overlap", wait_ms=int(cast(int, raw[1])), orphans=_orphans(raw[2]))
     return ClaimReply(kind, wait_ms=int(cast(int, raw[1])))
@@ -126,6 +128,7 @@ class LeaseStore:
                         1 if self.trim_runs_by_id else 0,
                         1 if r.may_start else 0,
                         1 if r.skip_if_blocked else 0,
+                        1 if r.probe else 0,
                     ),
                 )
             )

@@ -7,6 +7,7 @@ stops, and answers ``history`` and ``run_now``. The work is done by the parts in
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 import socket
@@ -41,6 +42,8 @@ from ._store import ClaimReply, Store, manual_slot_id
 from ._structures import OverlapPolicy, RunResult
 
 __all__ = ["Scheduler"]
+
+log = logging.getLogger("anarchon")
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -424,7 +427,8 @@ class Scheduler(Generic[K]):
             await store.prepare_jobs(self.jobs)
         except BaseException:
             if store.conn.owned:
-                await store.conn.aclose()
+                with anyio.move_on_after(5, shield=True):
+                    await store.conn.aclose()
             raise
         group = self._context.group = anyio.create_task_group()
         await group.__aenter__()
@@ -482,26 +486,29 @@ class Scheduler(Generic[K]):
 
     async def _stop(self) -> None:
         """The stop itself, in the scheduler's task group, shielded: whoever asked for it
-        may be cancelled, the stop still completes."""
+        may be cancelled, the stop still completes, and it always ends stopped."""
         context = self._context
         assert self._grace is not None
         with anyio.CancelScope(shield=True):
-            context.state = "stopping"
-            self._agenda.wake()
-            await self._claimer.loop_done.wait()
-            await self._claimer.release_unanswered()
-            with self._grace:
+            try:
+                context.state = "stopping"
+                self._agenda.wake()
+                await self._claimer.loop_done.wait()
+                await self._claimer.release_unanswered()
+                with self._grace:
+                    await self._runner.wait_idle()
+                self._runner.cancel_all("the scheduler is stopping")
                 await self._runner.wait_idle()
-            self._runner.cancel_all("the scheduler is stopping")
-            await self._runner.wait_idle()
-            store = self._store
-            assert store is not None
-            if store.conn.owned:
-                with anyio.move_on_after(context.round_trip_sec):
-                    await store.conn.aclose()
-            context.state = "stopped"
-            self._lease_keeper.wake()  # the lease keeper ends
-            self._stopped.set()
+                store = self._store
+                if store is not None and store.conn.owned:
+                    with anyio.move_on_after(context.round_trip_sec):
+                        await store.conn.aclose()
+            except Exception:
+                log.exception("stopping the scheduler failed; it is stopped all the same")
+            finally:
+                context.state = "stopped"
+                self._lease_keeper.wake()  # the lease keeper ends
+                self._stopped.set()
 
     # --------------------------------------------------------------- reading
 
@@ -519,7 +526,8 @@ class Scheduler(Generic[K]):
         The run gets a slot id of its own (never equal to a scheduled one), is
         recorded in the history with trigger ``"manual"``, and is one attempt (no
         retries). Unless the job allows overlapping runs, it is refused with
-        ``RunOverlapError`` while another run of the job holds a live lease::
+        ``RunOverlapError`` while another run of the job is unsettled (running,
+        waiting for its retry, or orphaned)::
 
             result = await scheduler.run_now("report")
             assert result.status == "ok"
@@ -539,12 +547,18 @@ class Scheduler(Generic[K]):
             # No lease to claim: the manual stream records the run, which runs here.
             await self._store.begin_manual(found.name, slot_id, token)
             reply = ClaimReply("won", attempt=1, fence=requested_ms, trigger="manual")
+        if self._context.state != "running":
+            # stop() began while the manual claim was in flight: give the win back.
+            await self._claimer.release(found, slot_id, token, reply)
+            raise SchedulerStateError("the scheduler stopped before run_now() could start")
         attempt = self._runner.start_attempt(found, slot_id, token, reply, claim_sent)
         await attempt.settled.wait()
         try:
-            return await self._store.result_of(found.name, slot_id, attempt.run.attempt)
-        except LookupError:
-            # The lease was lost and nobody recorded the attempt.
+            with anyio.fail_after(self._context.round_trip_sec):
+                return await self._store.result_of(found.name, slot_id, attempt.run.attempt)
+        except (LookupError, TimeoutError):
+            # The lease was lost and nobody recorded the attempt (or the server did
+            # not answer in time).
             now = from_epoch_ms(int(_now_ms()))
             run = attempt.run
             return RunResult(

@@ -46,6 +46,9 @@ class ClaimRequest:
     #: A scheduled slot's first claim that skips the slot if an older run blocks it:
     #: the store records it as skipped, once, for every instance.
     skip_if_blocked: bool = False
+    #: Only ask whether this claim's token holds a live lease (a stopping instance
+    #: resolving a claim whose reply was lost); the store changes nothing.
+    probe: bool = False
 
 
 @dataclass(frozen=True, slots=True)

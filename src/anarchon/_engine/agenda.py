@@ -226,6 +226,10 @@ class Agenda:
                 continue
             if due.first and due.failures == 0:
                 self._schedule_next_slot(job, due.slot_ms, now_ms)
+            if due.first and due.failures > 0 and not self._in_time(job, due, now_ms, quiet=True):
+                # Too late to start now, but its lost reply may have won: ask only that.
+                due.first = False
+                due.may_start = False
             if due.first and not self._in_time(job, due, now_ms):
                 continue
             if not due.first and due.may_start and self._waited_too_long(job, due, now_ms):
@@ -247,7 +251,12 @@ class Agenda:
         kept = []
         for due in batch:
             latest = newest.get(due.job)
-            if due.first and due.trigger == "schedule" and latest is not None and due is not latest:
+            older = due.first and due.trigger == "schedule" and latest is not None
+            if older and due is not latest and due.failures > 0:
+                # Its lost reply may have won: ask only that, start nothing.
+                due.first = False
+                due.may_start = False
+            elif older and latest is not None and due is not latest:
                 log.warning(
                     "%s: slot %s skipped: a newer slot (%s) is due too, after a gap",
                     due.job,
@@ -273,7 +282,7 @@ class Agenda:
         )
         return True
 
-    def _in_time(self, job: Job, due: _Due, now_ms: float) -> bool:
+    def _in_time(self, job: Job, due: _Due, now_ms: float, quiet: bool = False) -> bool:
         """A first claim is made only while the slot is young enough, or in catch-up."""
         age_ms = now_ms - due.slot_ms
         if age_ms <= job.late_window_ms:
@@ -281,6 +290,8 @@ class Agenda:
         if age_ms <= job.catch_up_ms:
             due.trigger = "catch-up"
             return True
+        if quiet:
+            return False
         log.warning(
             "%s: slot %s missed: %.0f ms late, max_late_ms=%d and catch_up_ms=%d",
             job.name,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import random
 import time
+from dataclasses import replace
 
 import anyio
 
@@ -57,6 +58,8 @@ class Claimer:
                 # A large instant goes in parts: the first runs start while the rest
                 # are claimed, and no round trip outgrows a client's request timeout.
                 for start in range(0, len(batch), _CLAIM_BATCH_MAX):
+                    if self._context.state != "running":
+                        break  # stopping: the parts not sent were never claimed
                     await self._claim(batch[start : start + _CLAIM_BATCH_MAX])
         finally:
             self.loop_done.set()
@@ -114,24 +117,29 @@ class Claimer:
     async def release_unanswered(self) -> None:
         """On stop: claims whose reply was lost may have won on the server, leaving a
         lease nobody runs that would block the job's next slots on every instance until
-        it expired. Ask once more (starting nothing new) and release what was won."""
+        it expired. Ask once more (a probe: it changes nothing) and release what is
+        held."""
         unanswered = self._agenda.take_unanswered()
         store = self._context.store
-        if not unanswered or store is None:
+        if store is None:
             return
-        for due in unanswered:
-            due.may_start = False
-        requests = [self._claim_request(due) for due in unanswered]
-        replies: list[ClaimReply | ServerReplyError] | None = None
-        with anyio.move_on_after(self._context.round_trip_sec):
-            try:
-                replies = await store.claim_many(requests)
-            except Exception as exc:
-                self._context.health.failed("resolving claims on stop", exc)
-        for due, reply in zip(unanswered, replies or [], strict=False):
-            job = self._context.jobs.get(due.job)
-            if isinstance(reply, ClaimReply) and reply.kind == "won" and job is not None:
-                await self._settler.release(job, due.slot_id, due.token, reply)
+        for start in range(0, len(unanswered), _CLAIM_BATCH_MAX):
+            part = unanswered[start : start + _CLAIM_BATCH_MAX]
+            requests = [replace(self._claim_request(due), probe=True) for due in part]
+            replies: list[ClaimReply | ServerReplyError] | None = None
+            with anyio.move_on_after(self._context.round_trip_sec):
+                try:
+                    replies = await store.claim_many(requests)
+                except Exception as exc:
+                    self._context.health.failed("resolving claims on stop", exc)
+            for due, reply in zip(part, replies or [], strict=False):
+                job = self._context.jobs.get(due.job)
+                if isinstance(reply, ClaimReply) and reply.kind == "won" and job is not None:
+                    await self._settler.release(job, due.slot_id, due.token, reply)
+
+    async def release(self, job: Job, slot_id: str, token: str, won: ClaimReply) -> None:
+        """Give back an attempt won but not to be started (the scheduler is stopping)."""
+        await self._settler.release(job, slot_id, token, won)
 
     def _claim_request(self, due: _Due) -> ClaimRequest:
         job = self._context.jobs[due.job]

@@ -64,7 +64,9 @@ class LeaseKeeper:
             live = [a for a in live if not a.lost]
             due = [a for a in live if a.next_beat <= now + early_sec]
             if due:
-                await self._heartbeat(due)
+                # The round trip must not outlast any running attempt's local expiry:
+                # those not in this tick are given up on time too.
+                await self._heartbeat(due, min(a.held_until for a in live))
                 continue
             self._next_beat_at = min(
                 (min(a.next_beat, a.held_until) for a in live), default=math.inf
@@ -83,7 +85,7 @@ class LeaseKeeper:
             "answer in time); a backup may take over"
         )
 
-    async def _heartbeat(self, attempts: list[_Attempt]) -> None:
+    async def _heartbeat(self, attempts: list[_Attempt], first_expiry: float) -> None:
         context = self._context
         store = context.store
         assert store is not None
@@ -94,7 +96,7 @@ class LeaseKeeper:
         ]
         sent = time.monotonic()
         # No longer than a round trip's deadline, and never past a lease's local expiry.
-        deadline = min(context.round_trip_sec, *(a.held_until - sent for a in attempts))
+        deadline = min(context.round_trip_sec, first_expiry - sent)
         replies: list[bool | ServerReplyError] | None = None
         failure: BaseException | str = "no reply in time"
         with anyio.move_on_after(max(deadline, 0.001)):

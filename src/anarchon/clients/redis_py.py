@@ -113,8 +113,7 @@ class RedisAsyncConnection(Connection):
         return [self.errors.batch_reply(item) for item in replies]
 
     async def aclose(self) -> None:
-        with anyio.CancelScope(shield=True):
-            await self.client.aclose()
+        await self.client.aclose()
 
 
 class RedisSyncConnection(Connection):
@@ -164,5 +163,4 @@ class RedisSyncConnection(Connection):
         return [self.errors.batch_reply(item) for item in replies]
 
     async def aclose(self) -> None:
-        with anyio.CancelScope(shield=True):
-            await anyio.to_thread.run_sync(self.client.close)
+        await anyio.to_thread.run_sync(self.client.close, abandon_on_cancel=True)
