@@ -171,6 +171,11 @@ def test_a_heartbeat_longer_than_half_the_lease_is_refused() -> None:
         Scheduler(RedisBackend(), lease_ms=10_000, heartbeat_ms=6_000)
 
 
+def test_heartbeat_ms_defaults_to_a_third_of_the_lease() -> None:
+    assert Scheduler(RedisBackend(), lease_ms=10_000).heartbeat_ms == 3_333
+    assert Scheduler(RedisBackend()).heartbeat_ms == 10_000
+
+
 def test_a_schedule_and_an_interval_together_are_refused() -> None:
     with pytest.raises(InvalidScheduleError, match="not both"):
         scheduler().add_job(handler, "* * * * *", every_ms=1000, name="x")

@@ -122,6 +122,8 @@ async def test_run_now_writes_the_manual_stream_and_the_result(
     ]
     assert direct.zcard(f"{prefix}yearly:results") == 1
     assert not direct.exists(f"{prefix}yearly:runs") or strategy == "idmp"
+    # The manual run's fence is the server's time of its entry, not this instance's.
+    assert runs[0].fence == result.fence == int(manual[0][0].split("-")[0])
 
 
 @pytest.mark.parametrize("strategy", ["stream-id", "script"])

@@ -203,12 +203,14 @@ class ClaimOnlyStore:
         # The entry's id orders the wins of a job: it serves as the fencing token.
         return ClaimReply("won", attempt=1, fence=entry_ms, trigger=request.trigger)
 
-    async def begin_manual(self, job: str, slot_id: str, token: str) -> None:
-        """A ``run_now`` run: one entry in the job's manual stream."""
-        await self.conn.execute(
+    async def begin_manual(self, job: str, slot_id: str, token: str) -> int:
+        """A ``run_now`` run: one entry in the job's manual stream. Its fence is the
+        entry id's time, the server's clock (as a scheduled win's is)."""
+        entry_id = await self.conn.execute(
             ("XADD", self.keys(job).manual, "MAXLEN", "~", self.history_size, "*",
              "slot", slot_id, "token", token, "runner", self.runner)
         )  # fmt: skip
+        return int(str(entry_id).split("-", 1)[0])
 
     async def heartbeat_many(
         self, beats: Sequence[HeartbeatRequest]

@@ -545,8 +545,8 @@ class Scheduler(Generic[K]):
             reply = await self._claimer.claim_manual(found, slot_id, requested_ms, token)
         else:
             # No lease to claim: the manual stream records the run, which runs here.
-            await self._store.begin_manual(found.name, slot_id, token)
-            reply = ClaimReply("won", attempt=1, fence=requested_ms, trigger="manual")
+            fence = await self._store.begin_manual(found.name, slot_id, token)
+            reply = ClaimReply("won", attempt=1, fence=fence, trigger="manual")
         if self._context.state != "running":
             # stop() began while the manual claim was in flight: give the win back.
             await self._claimer.release(found, slot_id, token, reply)
