@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import logging
 
+import anyio
 import pytest
 
 from anarchon._engine._context import EngineContext, _now_ms
-from anarchon._engine.agenda import Agenda, _Due
+from anarchon._engine.agenda import _SLEEP_CAP_SEC, Agenda, _Due
 from anarchon._job import Job, overlap_policy
 from anarchon._schedule import IntervalSchedule, SlotClock
 
@@ -85,3 +86,26 @@ def test_of_a_backlog_of_scheduled_slots_only_the_newest_may_start() -> None:
     assert older not in claimed
     assert newest in claimed and newest.may_start
     assert older_failed in claimed and not older_failed.may_start
+
+
+@pytest.mark.anyio
+async def test_a_sleep_toward_a_far_claim_re_reads_the_clock_within_the_cap() -> None:
+    """A wall-clock step (or a suspended machine) must not leave the claim loop asleep
+    until a far instant computed before the step: sleeps are capped and the clock is
+    read again. Here the claim's instant is moved an hour earlier without waking the
+    agenda, which is what the loop sees when the wall clock jumps an hour ahead."""
+    agenda = an_agenda(a_job())
+    far = due(int(_now_ms()) + 3_600_000, first=False, may_start=False)
+    far.at_ms = _now_ms() + 3_600_000
+    agenda.push(far)
+    got: list[_Due] = []
+
+    async def claim_loop() -> None:
+        got.extend(await agenda.next_batch())
+
+    with anyio.fail_after(_SLEEP_CAP_SEC + 3):
+        async with anyio.create_task_group() as group:
+            group.start_soon(claim_loop)
+            await anyio.sleep(0.2)
+            far.at_ms = _now_ms()  # the clock "jumped": the claim is due now
+    assert got == [far]
