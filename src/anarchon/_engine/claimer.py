@@ -200,16 +200,24 @@ class Claimer:
             self._back_up(job, due, reply.wait_ms, now_ms)
         elif reply.kind == "overlap":
             if skipped:
-                log.warning(
-                    "%s: slot %s skipped (recorded in history): an older run of the job is "
-                    "not settled yet, and overlap=%r",
-                    job.name,
-                    from_epoch_ms(due.slot_ms),
-                    job.overlap_policy,
-                )
+                self._log_skipped(job, due)
             else:
                 # Catch-up slots, retries and overlap="wait" wait their turn.
                 self._wait_behind_overlap(job, due, reply.wait_ms, now_ms)
+        elif reply.kind == "done" and reply.status == "skipped" and due.failures > 0:
+            # This instance's own skip whose reply was lost (or another's, which its
+            # failed first claim missed): the warning is not lost with the reply.
+            self._log_skipped(job, due)
+
+    @staticmethod
+    def _log_skipped(job: Job, due: _Due) -> None:
+        log.warning(
+            "%s: slot %s skipped (recorded in history): an older run of the job is "
+            "not settled yet, and overlap=%r",
+            job.name,
+            from_epoch_ms(due.slot_ms),
+            job.overlap_policy,
+        )
 
     def _back_up(self, job: Job, due: _Due, wait_ms: int, now_ms: float) -> None:
         """Become a backup of a run in progress: ask again when its lease (or retry delay)
