@@ -1,0 +1,371 @@
+"""The scenarios: each starts a server and instances, runs a fault script, stops
+everything and checks the ledger (``chaos.checker``)."""
+
+from __future__ import annotations
+
+import random
+import shutil
+import signal
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import redis
+
+from chaos import checker
+from chaos.checker import FOREVER, Life, Report, Result, Window
+from chaos.procs import Instance, Server, wall_ms
+from chaos.worker import LONG_EVERY, job_name
+
+PREFIX = "chaos:"
+
+
+@dataclass
+class Config:
+    instances: int = 3
+    jobs: int = 8
+    every_ms: int = 1000
+    lease_ms: int = 2000
+    heartbeat_ms: int = 500
+    seconds: float = 20.0
+    appendonly: bool = False
+    seed: int = 0
+
+
+@dataclass
+class Run:
+    """A scenario in progress: its processes, its fault timeline, the store's results."""
+
+    name: str
+    config: Config
+    directory: Path
+    server: Server
+    rng: random.Random
+    instances: list[Instance] = field(default_factory=list)
+    windows: list[Window] = field(default_factory=list)
+    events: list[str] = field(default_factory=list)
+    lives: dict[str, Life] = field(default_factory=dict)
+    results: dict[str, dict[int, list[Result]]] = field(default_factory=dict)
+    started: int = 0
+    t0_ms: int = 0
+    deadline: float = 0.0
+
+    # -- processes ---------------------------------------------------------------------
+
+    def spawn(self, count: int) -> list[Instance]:
+        c = self.config
+        new = []
+        for _ in range(count):
+            index = self.started
+            self.started += 1
+            loop = "asyncio" if index % 2 == 0 else "trio"
+            instance = Instance(
+                f"i{index:02d}-{loop}", self.server, self.directory, PREFIX, c.jobs,
+                c.every_ms, c.lease_ms, c.heartbeat_ms, loop,
+            )  # fmt: skip
+            self.instances.append(instance)
+            new.append(instance)
+        for instance in new:
+            instance.wait_ready()
+            self.lives[instance.name] = Life(instance.ready_ms)
+        return new
+
+    def live(self) -> list[Instance]:
+        return [i for i in self.instances if i.alive() and not i.stopped]
+
+    def jobs(self) -> list[str]:
+        return [job_name(i) for i in range(self.config.jobs)]
+
+    def sleep_until(self, seconds_from_t0: float) -> None:
+        target = self.t0_ms / 1000 + seconds_from_t0
+        while True:
+            left = min(target - time.time(), self.deadline - time.monotonic())
+            if left <= 0:
+                return
+            time.sleep(min(left, 0.5))
+
+    def note(self, text: str) -> None:
+        self.events.append(f"{(wall_ms() - self.t0_ms) / 1000:+.1f}s {text}")
+
+    # -- the store ---------------------------------------------------------------------
+
+    def snapshot_results(self) -> None:
+        """Adds the store's results to what was read before (a wipe loses them)."""
+        try:
+            client = redis.Redis(port=self.server.port, socket_timeout=5, decode_responses=True)
+            with client.pipeline(transaction=False) as pipe:
+                for job in self.jobs():
+                    pipe.zrange("{" + PREFIX + job + "}:results", 0, -1)
+                replies = pipe.execute()
+            client.close()
+        except (redis.RedisError, OSError) as exc:
+            self.note(f"results not read: {exc}")
+            return
+        for job, members in zip(self.jobs(), replies, strict=True):
+            per_slot = self.results.setdefault(job, {})
+            for member in members:
+                result = checker.parse_result(member)
+                if result is not None:
+                    known = per_slot.setdefault(result.slot, [])
+                    if result not in known:
+                        known.append(result)
+
+    def open_runs(self) -> dict[str, list[tuple[str, int]]]:
+        """Runs started and not ended, per instance, from the ledgers."""
+        starts, ends = checker.read_ledgers([i.ledger for i in self.instances])
+        found: dict[str, list[tuple[str, int]]] = {}
+        for s in starts:
+            if s.key not in ends:
+                found.setdefault(s.instance, []).append((s.job, s.wall_ms))
+        return found
+
+    def victim(self, timeout_sec: float = 5.0) -> Instance:
+        """A live instance in the middle of a long run (one longer than the period),
+        started within the last half period if one can be found in ``timeout_sec``."""
+        deadline = time.monotonic() + timeout_sec
+        live = self.live()
+        while time.monotonic() < deadline:
+            now = wall_ms()
+            runs = self.open_runs()
+            for instance in live:
+                for job, started in runs.get(instance.name, []):
+                    long_job = int(job[1:]) % LONG_EVERY == LONG_EVERY - 1
+                    if long_job and now - started < self.config.every_ms // 2:
+                        return instance
+            time.sleep(0.05)
+        return max(live, key=lambda i: len(self.open_runs().get(i.name, [])))
+
+    # -- faults ------------------------------------------------------------------------
+
+    def sigkill(self, instance: Instance, replace: bool = True) -> None:
+        now = wall_ms()
+        instance.sigkill()
+        self.windows.append(Window("sigkill", now, FOREVER, instance.name))
+        self.lives[instance.name].ended_ms = now
+        self.note(f"SIGKILL {instance.name}")
+        if replace:
+            (new,) = self.spawn(1)
+            self.note(f"started {new.name}")
+
+    def sigstop(self, instance: Instance, seconds: float) -> None:
+        start = wall_ms()
+        instance.signal(signal.SIGSTOP)
+        self.note(f"SIGSTOP {instance.name} for {seconds:.1f}s")
+        time.sleep(seconds)
+        instance.signal(signal.SIGCONT)
+        self.windows.append(Window("sigstop", start, wall_ms(), instance.name))
+        self.note(f"SIGCONT {instance.name}")
+
+    def partition(self, instance: Instance, pause_sec: float, cut_sec: float) -> None:
+        start = wall_ms()
+        instance.proxy.pause()
+        self.note(f"partition {instance.name}: paused {pause_sec:.1f}s")
+        time.sleep(pause_sec)
+        instance.proxy.refuse(True)
+        instance.proxy.resume()
+        self.note(f"partition {instance.name}: cut {cut_sec:.1f}s")
+        time.sleep(cut_sec)
+        instance.proxy.refuse(False)
+        self.windows.append(Window("partition", start, wall_ms(), instance.name))
+        self.note(f"partition {instance.name}: healed")
+
+    def server_kill(self, down_sec: float, appendonly: bool) -> None:
+        self.snapshot_results()
+        start = wall_ms()
+        self.server.kill()
+        self.note(f"kill -9 server (appendonly={'yes' if self.server.appendonly else 'no'})")
+        time.sleep(down_sec)
+        wipe = not (self.server.appendonly and appendonly)
+        self.server.start(appendonly=appendonly)
+        self.windows.append(Window("server-down", start, wall_ms(), None, wipe=wipe))
+        self.note(f"server back on port {self.server.port} ({'empty' if wipe else 'from AOF'})")
+
+    def server_command(self, *args: str) -> None:
+        client = redis.Redis(port=self.server.port, socket_timeout=5)
+        try:
+            reply = client.execute_command(*args)
+        finally:
+            client.close()
+        self.note(f"{' '.join(args)} -> {reply!r}")
+
+
+# -- the fault scripts (seconds from t0; the run ends at config.seconds) ----------------
+
+
+def f_sigkill(run: Run) -> None:
+    run.sleep_until(4)
+    run.sigkill(run.victim())
+    run.sleep_until(12)
+    run.sigkill(run.victim())
+
+
+def f_sigstop(run: Run) -> None:
+    run.sleep_until(4)
+    run.sigstop(run.victim(), 4.5)
+
+
+def f_partition(run: Run) -> None:
+    run.sleep_until(4)
+    run.partition(run.victim(), 3.0, 4.0)
+
+
+def f_server_aof(run: Run) -> None:
+    run.sleep_until(5)
+    run.server_kill(3.0, appendonly=True)
+
+
+def f_server_wipe(run: Run) -> None:
+    run.sleep_until(5)
+    run.server_kill(3.0, appendonly=False)
+
+
+def f_flush_kill(run: Run) -> None:
+    run.sleep_until(5)
+    run.server_command("SCRIPT", "FLUSH")
+    run.sleep_until(11)
+    run.server_command("CLIENT", "KILL", "TYPE", "normal")
+
+
+def f_random(run: Run) -> None:
+    """The soak: a random fault every 15-35 s (one at a time), killed instances replaced."""
+    kinds = ["sigkill", "sigstop", "partition", "server", "flush", "client-kill"]
+    end = run.config.seconds - 8
+    at = run.rng.uniform(8, 20)
+    for _ in range(10_000):
+        if at >= end:
+            return
+        run.sleep_until(at)
+        kind = run.rng.choice(kinds)
+        if kind == "sigkill":
+            run.sigkill(run.victim(2))
+        elif kind == "sigstop":
+            run.sigstop(run.victim(2), run.rng.uniform(2.5, 6))
+        elif kind == "partition":
+            run.partition(run.victim(2), run.rng.uniform(1, 3), run.rng.uniform(1, 4))
+        elif kind == "server":
+            run.server_kill(run.rng.uniform(0.5, 4), appendonly=True)
+        elif kind == "flush":
+            run.server_command("SCRIPT", "FLUSH")
+        else:
+            run.server_command("CLIENT", "KILL", "TYPE", "normal")
+        at = (wall_ms() - run.t0_ms) / 1000 + run.rng.uniform(15, 35)
+
+
+FaultScript = Callable[[Run], None]
+
+QUICK: list[tuple[str, FaultScript, dict[str, object]]] = [
+    ("sigkill-runner", f_sigkill, {}),
+    ("sigstop-instance", f_sigstop, {}),
+    ("partition", f_partition, {}),
+    ("server-kill-aof", f_server_aof, {"appendonly": True, "seconds": 22.0}),
+    ("server-kill-wipe", f_server_wipe, {"appendonly": False, "seconds": 22.0}),
+    ("script-flush-client-kill", f_flush_kill, {"seconds": 18.0}),
+]
+
+
+@dataclass
+class Outcome:
+    name: str
+    report: Report
+    line: str
+
+
+def run_scenario(name: str, script: FaultScript, config: Config, keep: bool = False) -> Outcome:
+    started = time.monotonic()
+    tmp = tempfile.mkdtemp(prefix=f"chaos-{name}-")
+    try:
+        directory = Path(tmp)
+        server = Server(directory, config.appendonly)
+        run = Run(name, config, directory, server, random.Random(f"{config.seed}:{name}"))
+        stop_ms = 0
+        try:
+            server.start()
+            run.spawn(config.instances)
+            run.t0_ms = wall_ms() + 500
+            # Every wait of the fault script ends by this bound (and the script's own).
+            run.deadline = time.monotonic() + config.seconds + 120
+            script(run)
+            run.sleep_until(config.seconds)
+            stop_ms = wall_ms()
+            run.windows.append(Window("stopping", stop_ms))
+            for instance in run.instances:
+                if instance.alive():
+                    instance.terminate()
+            bound = time.monotonic() + 15
+            for instance in run.instances:
+                if instance.alive() and not instance.wait_or_kill(bound - time.monotonic()):
+                    run.note(f"{instance.name} did not stop within 15 s: killed")
+                    run.windows.append(Window("forced", stop_ms, FOREVER, instance.name))
+            if server.process is None:
+                server.start()
+            run.snapshot_results()
+        finally:
+            for instance in run.instances:
+                instance.close()
+            server.kill()
+        logs = {i.name: i.log_path.read_text(errors="replace").splitlines() for i in run.instances}
+        paths = [i.ledger for i in run.instances]
+        starts, ends = checker.read_ledgers(paths)
+        stalls = checker.read_gaps(paths, config.heartbeat_ms)
+        max_gap_ms = max((w.end_ms - w.start_ms for w in checker.read_gaps(paths, 0)), default=0)
+        for life in run.lives.values():
+            if life.ended_ms >= FOREVER:
+                life.ended_ms = stop_ms
+        report = checker.check(
+            starts=starts,
+            ends=ends,
+            results=run.results,
+            windows=run.windows + stalls,
+            lives=run.lives,
+            jobs=run.jobs(),
+            every_ms=config.every_ms,
+            check_from_ms=run.t0_ms + config.every_ms,
+            check_to_ms=stop_ms - 2 * config.every_ms,
+            slack_ms=config.lease_ms,
+            recovery_ms=5000 + config.lease_ms + config.every_ms,
+            logs=logs,
+            loop_gaps=checker.read_gaps(paths, 0),
+        )
+    finally:
+        if keep:
+            print(f"{name}: files kept in {tmp}", flush=True)
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+    elapsed = time.monotonic() - started
+    minutes = max(1e-9, (stop_ms - run.t0_ms) / 60000)
+    lines = sum(len(v) for v in logs.values())
+    tracebacks = sum(1 for v in logs.values() for line in v if line.startswith("Traceback"))
+    errors = sum(1 for v in logs.values() for line in v if " ERROR " in line)
+    takeovers = sorted(report.takeovers_ms)
+    explained_by = ",".join(f"{k}:{v}" for k, v in sorted(report.explained_by.items())) or "-"
+    recorded = ",".join(f"{k}:{v}" for k, v in sorted(report.recorded.items())) or "0"
+    line = (
+        f"{name}: {config.instances}x{config.jobs} {(stop_ms - run.t0_ms) / 1000:.0f}s "
+        f"slots={report.slots} ran={report.ran} runs={report.runs} recorded={recorded} "
+        f"explained_gaps={report.explained_gaps} duplicates={report.duplicates} "
+        f"(explained={report.explained_duplicates} by {explained_by}) "
+        f"unexplained={len(report.unexplained)} "
+        f"misses={len(report.misses)} stalled_skips={len(report.stalled_skips)} "
+        f"late_max={report.late_max_ms}ms "
+        f"late_p99={report.late_p99_ms}ms late_max_in_faults={report.late_max_all_ms}ms "
+        f"takeovers_ms={takeovers[:8]}{'...' if len(takeovers) > 8 else ''} "
+        f"unsettled={report.unsettled} fence_checks={report.fence_checks} "
+        f"loop_stalls={len(stalls)} max_loop_gap={max_gap_ms}ms "
+        f"log_lines_per_min={lines / minutes:.0f} "
+        f"errors={errors} tracebacks={tracebacks} wall={elapsed:.0f}s"
+    )
+    detail = [f"  {e}" for e in run.events]
+    detail += [f"  explained by a stall: {x}" for x in report.stalls[:10]]
+    if len(report.stalls) > 10:
+        detail.append(f"  ... and {len(report.stalls) - 10} more explained by stalls")
+    detail += [f"  skipped in a stall: {x}" for x in report.stalled_skips[:10]]
+    if len(report.stalled_skips) > 10:
+        detail.append(f"  ... and {len(report.stalled_skips) - 10} more skipped in stalls")
+    for item in report.unexplained + report.misses:
+        detail.append("  " + item)
+    if report.unexplained or report.misses or tracebacks:
+        for v in logs.values():
+            detail += ["  | " + x for x in v if x.startswith("Traceback") or " ERROR " in x][:20]
+    return Outcome(name, report, line + ("\n" + "\n".join(detail) if detail else ""))
