@@ -95,6 +95,7 @@ class Report:
     explained_by: dict[str, int] = field(default_factory=dict)
     stalls: list[str] = field(default_factory=list)
     stalled_skips: list[str] = field(default_factory=list)
+    stale_starts: list[str] = field(default_factory=list)
     unsettled: int = 0
     fence_checks: int = 0
 
@@ -181,9 +182,18 @@ def check(
     for (job, slot), group in sorted(by_slot.items()):
         if len(group) < 2:
             continue
-        group.sort(key=lambda s: (s.wall_ms, s.fence))
+        # In the order of the wins (the fence), not of the handlers' starts: a stalled
+        # runner can start an attempt after its successor started.
+        group.sort(key=lambda s: (s.fence, s.wall_ms))
         for earlier, later in itertools.pairwise(group):
             report.duplicates += 1
+            if earlier.wall_ms > later.wall_ms:
+                report.stale_starts.append(
+                    f"{job} slot {slot}: {earlier.instance} started attempt {earlier.attempt} "
+                    f"(fence {earlier.fence}) {earlier.wall_ms - later.wall_ms} ms after "
+                    f"{later.instance} started attempt {later.attempt} (fence {later.fence}); "
+                    f"store: {[r.member for r in results.get(job, {}).get(slot, [])]}"
+                )
             reason = explain(earlier, later, ends.get(earlier.key), windows_of(earlier.instance),
                              global_windows, slack_ms)  # fmt: skip
             if reason is None:

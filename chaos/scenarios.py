@@ -351,6 +351,7 @@ def run_scenario(name: str, script: FaultScript, config: Config, keep: bool = Fa
         f"late_max={report.late_max_ms}ms "
         f"late_p99={report.late_p99_ms}ms late_max_in_faults={report.late_max_all_ms}ms "
         f"takeovers_ms={takeovers[:8]}{'...' if len(takeovers) > 8 else ''} "
+        f"stale_starts={len(report.stale_starts)} "
         f"unsettled={report.unsettled} fence_checks={report.fence_checks} "
         f"loop_stalls={len(stalls)} max_loop_gap={max_gap_ms}ms "
         f"log_lines_per_min={lines / minutes:.0f} "
@@ -360,6 +361,7 @@ def run_scenario(name: str, script: FaultScript, config: Config, keep: bool = Fa
     detail += [f"  explained by a stall: {x}" for x in report.stalls[:10]]
     if len(report.stalls) > 10:
         detail.append(f"  ... and {len(report.stalls) - 10} more explained by stalls")
+    detail += [f"  SUSPICIOUS stale start: {x}" for x in report.stale_starts]
     detail += [f"  skipped in a stall: {x}" for x in report.stalled_skips[:10]]
     if len(report.stalled_skips) > 10:
         detail.append(f"  ... and {len(report.stalled_skips) - 10} more skipped in stalls")
