@@ -195,6 +195,17 @@ class Claimer:
         if reply.kind == "won":
             if (job.name, due.slot_id) in self._context.attempts:
                 return  # a repeated claim of an attempt that runs here already
+            if time.monotonic() >= sent + reply.wait_ms / 1000:
+                # The reply came back after the lease it granted ran out (a starved
+                # machine): a backup may run this attempt already, so it is not started.
+                log.warning(
+                    "%s slot %s attempt %d: won, but the reply came after its lease ran "
+                    "out; not started (a backup takes it over)",
+                    job.name,
+                    due.slot_id,
+                    reply.attempt,
+                )
+                return
             self._runner.start_attempt(job, due.slot_id, due.token, reply, sent)
         elif reply.kind == "running":
             self._back_up(job, due, reply.wait_ms, now_ms)
