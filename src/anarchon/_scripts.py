@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
@@ -17,8 +18,17 @@ __all__ = ["Script", "ScriptCall", "lease_script", "lua_source", "run_scripts"]
 
 
 def _lua_dir() -> Path:
-    # In a wheel the scripts are the package's data (anarchon/lua); in a source
-    # checkout (editable install) they are the repository's top-level lua/.
+    """Where the Lua scripts are loaded from.
+
+    In a wheel the scripts are the package's data (anarchon/lua); in a source
+    checkout (editable install) they are the repository's top-level lua/.
+
+    Test hook: ``ANARCHON_LUA_DIR`` names another directory to load them from
+    (``python -m tests.mutants`` points it at mutated copies). Not for production.
+    """
+    override = os.environ.get("ANARCHON_LUA_DIR")
+    if override:
+        return Path(override)
     packaged = resources.files("anarchon") / "lua"
     if packaged.is_dir():
         return Path(str(packaged))

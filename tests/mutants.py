@@ -1,0 +1,317 @@
+"""Hand-written mutants of the Lua lease scripts, each removing one decision.
+
+``python -m tests.mutants`` applies each mutant in turn to a temporary copy of
+``lua/``, points anarchon at it (``ANARCHON_LUA_DIR``) and runs the mutant's
+pytest selection against it; a mutant is killed when its selection fails. It
+ends with one line ``mutants: killed=K of N`` and exits 0 only when every
+mutant was killed (the survivors are printed first, one line each).
+
+    python -m tests.mutants              # every mutant
+    python -m tests.mutants --list       # what each one removes, and its selection
+    python -m tests.mutants --only NAME  # one mutant (repeat --only for more)
+
+Each mutant is (name, file, exact old text, new text): the old text must occur
+exactly once in the shipped file, so a mutant breaks loudly when the scripts
+change. The property machines load the scripts with the server's clock read
+swapped for an argument (``property_tests/lease_scripts.py``), so a mutant of
+the clock read would only trip their "the clock read moved" assertion: the
+clock mutants run ``tests/`` tests instead, on the real server clock.
+
+The property suite runs under the ``mutants`` Hypothesis profile (the lease
+machine's ``ci`` count, a fixed seed, no shrinking, no example database): this
+module is loaded as a pytest plugin (``-p tests.mutants``) in each pytest
+process, which registers that profile before ``property_tests/profiles.py``
+loads it (``HYPOTHESIS_PROFILE=mutants``).
+Always the quick server matrix (``CI`` and ``ANARCHON_FULL_MATRIX`` unset).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+LUA = ROOT / "lua"
+PROFILE = "mutants"
+MUTANT_EXAMPLES = 1000  # what ci gives the lease machine
+SEED = "20261201"
+
+if os.environ.get("HYPOTHESIS_PROFILE") == PROFILE:
+    # Loaded as a pytest plugin (``-p tests.mutants``): register the profile that
+    # property_tests/profiles.py is about to load.
+    from hypothesis import Phase, settings
+
+    # No shrinking (a kill needs one failing example, not the smallest) and no example
+    # database (a mutant's failures must not be replayed by the next ordinary run).
+    settings.register_profile(
+        PROFILE,
+        max_examples=MUTANT_EXAMPLES,
+        stateful_step_count=40,
+        deadline=None,
+        database=None,
+        phases=(Phase.explicit, Phase.generate),
+    )
+
+MACHINE = "property_tests/test_lease_machine.py"
+HONEST = "tests/test_honest_answers.py"
+DEAD = "tests/test_dead_runs_settle.py"
+RULES = "tests/test_lease_rules.py"
+LEASES = "tests/test_leases.py"
+TAKEOVER = "tests/test_takeover.py"
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    file: str  # in lua/
+    old: str
+    new: str
+    removes: str
+    tests: tuple[str, ...]  # the pytest selection (paths or node ids)
+
+
+MUTANTS: list[Mutant] = [
+    Mutant(
+        "overlap-scan",
+        "claim.lua",
+        "if blocks then blocked_ms = math.max(blocked_ms or 0, left_ms) end",
+        "",
+        "scan_active never blocks: no overlap protection at all",
+        (MACHINE,),
+    ),
+    Mutant(
+        "first-claim-blocking",
+        "claim.lua",
+        "local blocks = (first_claim or (o.status == 'running' and left_ms > 0))",
+        "local blocks = ((o.status == 'running' and left_ms > 0))",
+        "a first claim is blocked only by a live lease (not by a pending retry or an orphan)",
+        (MACHINE,),
+    ),
+    Mutant(
+        "retry-blocking",
+        "claim.lua",
+        "if blocked_ms then return {'running', blocked_ms} end",
+        "",
+        "a due retry starts even while another run of the job holds a live lease",
+        (MACHINE,),
+    ),
+    Mutant(
+        "heartbeat-token",
+        "heartbeat.lua",
+        "if s.token ~= token or s.status ~= 'running' then",
+        "if s.status ~= 'running' then",
+        "a heartbeat extends the run's lease whoever's token it carries",
+        (MACHINE,),
+    ),
+    Mutant(
+        "finish-token",
+        "finish.lua",
+        "if s.token ~= token then return {'lost', s.status} end",
+        "",
+        "a finish settles the run whoever's token it carries",
+        (MACHINE,),
+    ),
+    Mutant(
+        "claim-attempt-bound",
+        "claim.lua",
+        "if s.attempt >= max_attempts then",
+        "if false then",
+        "an expired last attempt is retried instead of settled interrupted",
+        (MACHINE,),
+    ),
+    Mutant(
+        "finish-attempt-bound",
+        "finish.lua",
+        "elseif s.attempt < max_attempts then",
+        "elseif true then",
+        "a failed last attempt is retried instead of settled failed",
+        (MACHINE,),
+    ),
+    Mutant(
+        "trim-keeps-active",
+        "claim.lua",
+        "if o and (o.status == 'running' or o.status == 'retry') then",
+        "if false then",
+        "trim_old_state forgets running runs and pending retries",
+        (MACHINE,),
+    ),
+    Mutant(
+        "trim-keeps-after-settle",
+        "claim.lua",
+        "elseif o and o.until_ms >= horizon then",
+        "elseif false then",
+        "trim_old_state forgets a run settled less than keep_ms ago",
+        (MACHINE,),
+    ),
+    Mutant(
+        "may-start",
+        "claim.lua",
+        "if not s and not may_start then return {'done', 'forgotten'} end",
+        "",
+        "a later claim (may_start=0) of a forgotten slot starts it",
+        # The machine forgets a run only after a first claim's trim, and a backup
+        # rarely asks that late: the direct test is the one that kills it.
+        (f"{RULES}::test_a_backups_claim_of_a_forgotten_slot_is_told_done_and_starts_nothing",),
+    ),
+    Mutant(
+        "probe",
+        "claim.lua",
+        "if probe then",
+        "if false then",
+        "a probe claims like any claim (ends an expired attempt, wins the next one)",
+        (f"{HONEST}::test_a_probe_finds_its_own_live_win_and_changes_nothing_otherwise",),
+    ),
+    Mutant(
+        "skip-if-blocked",
+        "claim.lua",
+        "if skip_if_blocked then",
+        "if false then",
+        "a blocked first claim is not recorded as skipped",
+        (MACHINE,),
+    ),
+    Mutant(
+        "expired-token-cleared",
+        "claim.lua",
+        "  s.token = ''\n",
+        "",
+        "an expired attempt's token still holds the run (its late finish or heartbeat counts)",
+        (MACHINE,),
+    ),
+    Mutant(
+        "repeated-claim-live-lease",
+        "claim.lua",
+        "if s.status == 'running' and s.token == token and s.until_ms > now then",
+        "if s.status == 'running' and s.token == token then",
+        "a claim repeated after its lease expired gets the old win back",
+        (MACHINE,),
+    ),
+    Mutant(
+        "fence-seed",
+        "claim.lua",
+        "redis.call('HSET', state_key, FENCE_FIELD, int(now * 1000))",
+        "redis.call('HSET', state_key, FENCE_FIELD, 0)",
+        "fences start from 0, not the server's clock: they go back after a wipe",
+        (MACHINE,),
+    ),
+    Mutant(
+        "heartbeat-no-revival",
+        "heartbeat.lua",
+        "if s.until_ms <= now and not allow_overlap then",
+        "if false then",
+        "an expired lease is revived while another run of the job holds a live one",
+        (MACHINE,),
+    ),
+    Mutant(
+        "clock-whole-seconds",
+        "lease_state.lua",
+        "return tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)",
+        "return tonumber(time[1]) * 1000",
+        "the server clock drops its milliseconds (leases end up to a second early or late)",
+        (HONEST, DEAD, LEASES),
+    ),
+    Mutant(
+        "clock-seconds",
+        "lease_state.lua",
+        "return tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)",
+        "return tonumber(time[1])",
+        "the server clock in seconds, not milliseconds (a lease of 1 s lasts 1000 s)",
+        (HONEST, DEAD),
+    ),
+]
+
+
+def mutated_lua(mutant: Mutant, into: Path) -> None:
+    """Copy lua/ into ``into`` with ``mutant`` applied; the old text must occur once."""
+    shutil.copytree(LUA, into, dirs_exist_ok=True)
+    path = into / mutant.file
+    text = path.read_text(encoding="utf-8")
+    count = text.count(mutant.old)
+    if count != 1:
+        raise SystemExit(
+            f"mutant {mutant.name}: its old text occurs {count} times in lua/{mutant.file}"
+            " (the scripts changed: update tests/mutants.py)"
+        )
+    path.write_text(text.replace(mutant.old, mutant.new), encoding="utf-8")
+
+
+def selection_command(mutant: Mutant) -> list[str]:
+    return [
+        sys.executable, "-m", "pytest", "-x", "-q", "-n", "2", "-p", "no:randomly",
+        "-p", "tests.mutants", "--no-header", f"--hypothesis-seed={SEED}",
+        *mutant.tests,
+    ]  # fmt: skip
+
+
+def run_mutant(mutant: Mutant) -> tuple[bool, str, float]:
+    """Run the mutant's selection; (killed, the failing test or the summary, seconds)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("CI", "ANARCHON_FULL_MATRIX")}
+    env["HYPOTHESIS_PROFILE"] = PROFILE
+    start = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix=f"anarchon-mutant-{mutant.name}-") as tmp:
+        mutated_lua(mutant, Path(tmp))
+        env["ANARCHON_LUA_DIR"] = tmp
+        done = subprocess.run(
+            selection_command(mutant), cwd=ROOT, env=env, capture_output=True, text=True
+        )
+    seconds = time.monotonic() - start
+    lines = done.stdout.splitlines()
+    failed = [line.split(" - ")[0] for line in lines if line.startswith(("FAILED", "ERROR"))]
+    summary = lines[-1] if lines else done.stderr.strip()[-200:]
+    # 1: tests failed; 2: xdist's -x interrupted the session after a failure.
+    if done.returncode in (1, 2) and failed:
+        errors = [line[1:].strip() for line in lines if line.startswith("E   ")]
+        why = f" ({errors[0][:160]})" if errors else ""
+        return True, failed[0].removeprefix("FAILED ") + why, seconds
+    if done.returncode == 0:
+        return False, summary, seconds
+    # Anything else (a usage error, an internal error, an interrupted run) is the
+    # runner's problem, not a kill.
+    raise SystemExit(
+        f"mutant {mutant.name}: pytest exited {done.returncode}\n{done.stdout[-3000:]}"
+        f"\n{done.stderr[-3000:]}"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.mutants", description=__doc__)
+    parser.add_argument("--list", action="store_true", help="print the mutants and exit")
+    parser.add_argument("--only", action="append", metavar="NAME", help="run only this mutant")
+    args = parser.parse_args(argv)
+    names = [m.name for m in MUTANTS]
+    assert len(set(names)) == len(names), "mutant names must be unique"
+    for mutant in MUTANTS:  # every mutant applies, even when only some run
+        with tempfile.TemporaryDirectory() as tmp:
+            mutated_lua(mutant, Path(tmp))
+    if args.list:
+        for mutant in MUTANTS:
+            print(f"{mutant.name}: lua/{mutant.file}: {mutant.removes}")
+            print(f"    {' '.join(mutant.tests)}")
+        return 0
+    chosen = MUTANTS
+    if args.only:
+        unknown = sorted(set(args.only) - set(names))
+        if unknown:
+            parser.error(f"unknown mutant(s): {', '.join(unknown)}")
+        chosen = [m for m in MUTANTS if m.name in args.only]
+    survivors = []
+    for mutant in chosen:
+        killed, detail, seconds = run_mutant(mutant)
+        verdict = "killed" if killed else "SURVIVED"
+        print(f"{mutant.name}: {verdict} in {seconds:.0f} s: {detail}", flush=True)
+        if not killed:
+            survivors.append(mutant)
+    for mutant in survivors:
+        print(f"survivor: {mutant.name} ({mutant.removes})")
+    print(f"mutants: killed={len(chosen) - len(survivors)} of {len(chosen)}")
+    return 0 if not survivors else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
