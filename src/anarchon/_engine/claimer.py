@@ -195,7 +195,9 @@ class Claimer:
         if reply.kind == "won":
             if (job.name, due.slot_id) in self._context.attempts:
                 return  # a repeated claim of an attempt that runs here already
-            if time.monotonic() >= sent + reply.wait_ms / 1000:
+            store = self._context.store
+            leased = store is not None and store.leases  # claim-only wins hold no lease
+            if leased and time.monotonic() >= sent + reply.wait_ms / 1000:
                 # The reply came back after the lease it granted ran out (a starved
                 # machine): a backup may run this attempt already, so it is not started.
                 log.warning(
