@@ -183,9 +183,9 @@ class Scheduler(Generic[K]):
         )
         self._agenda = Agenda(self._context)
         self._lease_keeper = LeaseKeeper(self._context)
-        settler = Settler(self._context, self._agenda)
-        self._runner = Runner(self._context, self._agenda, settler, self._lease_keeper)
-        self._claimer = Claimer(self._context, self._agenda, self._runner, settler)
+        self._settler = Settler(self._context, self._agenda)
+        self._runner = Runner(self._context, self._agenda, self._settler, self._lease_keeper)
+        self._claimer = Claimer(self._context, self._agenda, self._runner, self._settler)
         self._stopped = anyio.Event()
         #: The grace period of a stop in progress (None until stop() is first called).
         self._grace: anyio.CancelScope | None = None
@@ -549,7 +549,7 @@ class Scheduler(Generic[K]):
             reply = ClaimReply("won", attempt=1, fence=fence, trigger="manual")
         if self._context.state != "running":
             # stop() began while the manual claim was in flight: give the win back.
-            await self._claimer.release(found, slot_id, token, reply)
+            await self._settler.release(found, slot_id, token, reply)
             raise SchedulerStateError("the scheduler stopped before run_now() could start")
         attempt = self._runner.start_attempt(found, slot_id, token, reply, claim_sent)
         await attempt.settled.wait()

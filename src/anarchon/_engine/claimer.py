@@ -132,14 +132,12 @@ class Claimer:
                     replies = await store.claim_many(requests)
                 except Exception as exc:
                     self._context.health.failed("resolving claims on stop", exc)
-            for due, reply in zip(part, replies or [], strict=False):
-                job = self._context.jobs.get(due.job)
-                if isinstance(reply, ClaimReply) and reply.kind == "won" and job is not None:
-                    await self._settler.release(job, due.slot_id, due.token, reply)
-
-    async def release(self, job: Job, slot_id: str, token: str, won: ClaimReply) -> None:
-        """Give back an attempt won but not to be started (the scheduler is stopping)."""
-        await self._settler.release(job, slot_id, token, won)
+            # Released together, so their finishes share one round trip.
+            async with anyio.create_task_group() as group:
+                for due, reply in zip(part, replies or [], strict=False):
+                    job = self._context.jobs.get(due.job)
+                    if isinstance(reply, ClaimReply) and reply.kind == "won" and job is not None:
+                        group.start_soon(self._settler.release, job, due.slot_id, due.token, reply)
 
     def _claim_request(self, due: _Due) -> ClaimRequest:
         job = self._context.jobs[due.job]
