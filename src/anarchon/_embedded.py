@@ -42,7 +42,8 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _ping(port: int, timeout_sec: float = 0.5) -> bool:
+def ping(port: int, timeout_sec: float = 0.5) -> bool:
+    """Whether a server on 127.0.0.1:``port`` answers PING."""
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=timeout_sec) as sock:
             sock.sendall(b"*1\r\n$4\r\nPING\r\n")
@@ -91,7 +92,7 @@ class EmbeddedServer:
                 )
             deadline = time.monotonic() + timeout_sec
             while time.monotonic() < deadline and self._process.poll() is None:
-                if _ping(self.port):
+                if ping(self.port):
                     return self
                 time.sleep(0.02)
             self._kill()

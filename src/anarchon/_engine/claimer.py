@@ -75,7 +75,6 @@ class Claimer:
         store = context.store
         assert store is not None
         requests = [self._claim_request(due) for due in batch]
-        skips = {id(due) for due, r in zip(batch, requests, strict=True) if r.skip_if_blocked}
         replies: list[ClaimReply | ServerReplyError] | None = None
         sent = time.monotonic()
         failure: BaseException | str = "no reply in time"
@@ -92,7 +91,7 @@ class Claimer:
         context.health.answered()
         now_ms = _now_ms()
         again = []
-        for due, reply in zip(batch, replies, strict=True):
+        for due, request, reply in zip(batch, requests, replies, strict=True):
             if isinstance(reply, ServerReplyError):
                 if is_transient(reply):
                     log.warning(
@@ -110,7 +109,7 @@ class Claimer:
                         "connection's user may run scripts",
                     )
                 continue
-            self._on_claim_reply(due, reply, now_ms, sent, skipped=id(due) in skips)
+            self._on_claim_reply(due, reply, now_ms, sent, skipped=request.skip_if_blocked)
         if again:
             self._retry_claims(again)
 
