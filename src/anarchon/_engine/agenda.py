@@ -226,12 +226,13 @@ class Agenda:
                 continue
             if due.first and due.failures == 0:
                 self._schedule_next_slot(job, due.slot_ms, now_ms)
-            if due.first and due.failures > 0 and not self._in_time(job, due, now_ms, quiet=True):
+            if due.first and not self._in_time(job, due, now_ms):
+                if due.failures == 0:
+                    self._log_missed(job, due, now_ms)
+                    continue
                 # Too late to start now, but its lost reply may have won: ask only that.
                 due.first = False
                 due.may_start = False
-            if due.first and not self._in_time(job, due, now_ms):
-                continue
             if not due.first and due.may_start and self._waited_too_long(job, due, now_ms):
                 continue
             batch.append(due)
@@ -282,7 +283,7 @@ class Agenda:
         )
         return True
 
-    def _in_time(self, job: Job, due: _Due, now_ms: float, quiet: bool = False) -> bool:
+    def _in_time(self, job: Job, due: _Due, now_ms: float) -> bool:
         """A first claim is made only while the slot is young enough, or in catch-up."""
         age_ms = now_ms - due.slot_ms
         if age_ms <= job.late_window_ms:
@@ -290,14 +291,15 @@ class Agenda:
         if age_ms <= job.catch_up_ms:
             due.trigger = "catch-up"
             return True
-        if quiet:
-            return False
+        return False
+
+    @staticmethod
+    def _log_missed(job: Job, due: _Due, now_ms: float) -> None:
         log.warning(
             "%s: slot %s missed: %.0f ms late, max_late_ms=%d and catch_up_ms=%d",
             job.name,
             from_epoch_ms(due.slot_ms),
-            age_ms,
+            now_ms - due.slot_ms,
             job.max_late_ms,
             job.catch_up_ms,
         )
-        return False
