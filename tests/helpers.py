@@ -9,9 +9,11 @@ import threading
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import anyio
 import redis
+import redis.asyncio
 
 from anarchon import Run
 
@@ -71,6 +73,53 @@ class Ledger:
             job, slot = str(key)[len(self.key_prefix) :].rsplit(":", 1)
             counts[(job, int(slot))] = int(value)
         return counts
+
+
+class PinnedConnection:
+    """One connection of a redis-py client's pool, and the id the server gave it.
+
+    ``ping()`` cannot tell whether a client was closed: redis-py reconnects on the next
+    command. The connection itself can: a connection that was closed and opened again
+    answers ``CLIENT ID`` with a new id. Pin one before handing the client to anarchon
+    (it goes back to the pool, where anarchon picks it up first: the pool is LIFO) and
+    check it once anarchon is done: ``still_open()`` asks the same connection object.
+    """
+
+    def __init__(self, connection: Any, client_id: int) -> None:
+        self.connection = connection
+        self.client_id = client_id
+
+    @classmethod
+    def of(cls, client: redis.Redis) -> PinnedConnection:
+        pool = client.connection_pool
+        connection = pool.get_connection()
+        try:
+            return cls(connection, cls._ask(connection))
+        finally:
+            pool.release(connection)
+
+    @classmethod
+    async def of_async(cls, client: redis.asyncio.Redis) -> PinnedConnection:
+        pool = client.connection_pool
+        connection = await pool.get_connection()
+        try:
+            await connection.send_command("CLIENT", "ID")
+            return cls(connection, int(await connection.read_response()))
+        finally:
+            await pool.release(connection)
+
+    @staticmethod
+    def _ask(connection: Any) -> int:
+        connection.send_command("CLIENT", "ID")
+        return int(connection.read_response())
+
+    def still_open(self) -> bool:
+        """The same connection, never closed: it answers with the id it had."""
+        return self._ask(self.connection) == self.client_id
+
+    async def still_open_async(self) -> bool:
+        await self.connection.send_command("CLIENT", "ID")
+        return int(await self.connection.read_response()) == self.client_id
 
 
 async def wait_until(condition: Callable[[], bool], timeout_sec: float, what: str) -> None:

@@ -19,7 +19,7 @@ from anarchon import (
     UnsupportedServerError,
     ValkeyBackend,
 )
-from tests.helpers import OneShot, wait_until
+from tests.helpers import OneShot, PinnedConnection, wait_until
 from tests.servers import ServerSpec
 
 pytestmark = pytest.mark.anyio
@@ -84,9 +84,10 @@ async def test_a_passed_asyncio_client_is_used_and_left_open(
         with pytest.raises(UnsupportedServerError, match="protocol=2"):
             await run_one_slot(RedisBackend(redis=client, prefix=prefix))
         return
+    pinned = await PinnedConnection.of_async(client)
     runs = await run_one_slot(RedisBackend(redis=client, prefix=prefix))
     assert [r.job for r in runs] == ["once"]
-    assert await client.ping()
+    assert await pinned.still_open_async(), "the passed client's connection was closed"
     await client.aclose()
 
 
@@ -100,9 +101,10 @@ async def test_a_passed_sync_client_is_used_and_left_open(
         with pytest.raises(UnsupportedServerError, match="protocol=2"):
             await run_one_slot(RedisBackend(redis=client, prefix=prefix))
         return
+    pinned = PinnedConnection.of(client)
     runs = await run_one_slot(RedisBackend(redis=client, prefix=prefix))
     assert [r.job for r in runs] == ["once"]
-    assert client.ping()
+    assert pinned.still_open(), "the passed client's connection was closed"
     client.close()
 
 

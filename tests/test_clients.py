@@ -23,7 +23,7 @@ from anarchon import (
 )
 from anarchon._embedded import EmbeddedServer
 from tests.clients import CLIENT_KINDS, Target, make_client
-from tests.helpers import Ledger, OneShot, wait_until
+from tests.helpers import Ledger, OneShot, PinnedConnection, wait_until
 from tests.servers import MATRIX_FIRST, ServerSpec, cluster_matrix, running_cluster, running_server
 
 pytestmark = pytest.mark.anyio
@@ -312,6 +312,7 @@ async def test_a_connection_anarchon_opened_is_closed_on_stop_and_a_passed_one_i
     await run_one(RedisBackend(redis=standalone.url or "", prefix=prefix))
     await wait_until(lambda: client_count(standalone.port) == before, 5, "the connection to close")
     passed = redis.Redis(port=standalone.port, protocol=2)
+    pinned = PinnedConnection.of(passed)
     await run_one(RedisBackend(redis=passed, prefix=prefix))
-    assert passed.ping()  # still open and usable
+    assert pinned.still_open(), "the passed client's connection was closed"
     passed.close()
