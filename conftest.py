@@ -9,7 +9,14 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from tests.servers import ServerSpec, full_matrix, matrix, running_server, stop_all
+from tests.servers import (
+    ServerSpec,
+    full_matrix,
+    has_idmp,
+    matrix,
+    running_server,
+    stop_all,
+)
 
 MATRIX = matrix()
 
@@ -39,7 +46,18 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         servers = MATRIX
         if metafunc.definition.get_closest_marker("needs_idmp"):
             # Idempotent XADD: Redis 8.6+ (python -m tests.build_servers redis-8.6).
-            servers = [s for s in MATRIX if s.family == "redis" and s.version >= (8, 6)]
+            servers = [s for s in MATRIX if has_idmp(s)]
+            if not servers:
+                reason = (
+                    "no server with idempotent XADD (Redis 8.6+) in this run's matrix: "
+                    "python -m tests.build_servers redis-8.6"
+                )
+                metafunc.parametrize(
+                    "server",
+                    [pytest.param(None, marks=pytest.mark.skip(reason=reason), id="no-idmp")],
+                    indirect=True,
+                )
+                return
         metafunc.parametrize("server", servers, ids=[s.id for s in servers], indirect=True)
 
 

@@ -26,10 +26,12 @@ from anarchon._embedded import EmbeddedServer, package_binary
 from tests.build_servers import cache_dir
 
 __all__ = [
+    "NO_IDMP",
     "ServerSpec",
     "cluster_matrix",
     "discover_servers",
     "full_matrix",
+    "has_idmp",
     "matrix",
     "running_cluster",
     "running_pair",
@@ -101,6 +103,18 @@ def discover_servers() -> list[ServerSpec]:
     ):
         specs.append(ServerSpec(f"external{index}", "external", (), f"env {url}", url=url))
     return specs
+
+
+def has_idmp(spec: ServerSpec) -> bool:
+    """Idempotent XADD (the idmp strategy): Redis 8.6 and newer."""
+    return spec.family == "redis" and spec.version >= (8, 6)
+
+
+#: Why an idmp test does not run on a server without idempotent XADD.
+NO_IDMP = (
+    "{} has no idempotent XADD (Redis 8.6+): the idmp strategy is refused there "
+    "(tests/test_strategies.py checks the refusal)"
+)
 
 
 def full_matrix() -> bool:

@@ -11,9 +11,9 @@ import anyio
 import pytest
 import redis
 
-from anarchon import RedisBackend, Run, Scheduler, UnsupportedServerError
+from anarchon import RedisBackend, Run, Scheduler
 from tests.helpers import Ledger
-from tests.servers import ServerSpec
+from tests.servers import NO_IDMP, ServerSpec, has_idmp
 
 pytestmark = pytest.mark.anyio
 
@@ -27,12 +27,8 @@ SECONDS = 10
 async def test_each_slot_runs_exactly_once_with_five_instances_and_twenty_jobs(
     server: ServerSpec, server_url: str, prefix: str, direct: redis.Redis, strategy: str
 ) -> None:
-    if strategy == "idmp" and not (server.family == "redis" and server.version >= (8, 6)):
-        # Refused at start (tests/test_strategies.py checks the message).
-        with pytest.raises(UnsupportedServerError):
-            async with Scheduler(RedisBackend(redis=server_url, prefix=prefix, strategy="idmp")):
-                pass
-        return
+    if strategy == "idmp" and not has_idmp(server):
+        pytest.skip(NO_IDMP.format(server.id))
     ledger = Ledger(direct, prefix)
     schedulers: list[Scheduler[Any]] = []
     for index in range(INSTANCES):
