@@ -13,7 +13,9 @@ from tests.servers import (
     ServerSpec,
     full_matrix,
     has_idmp,
+    in_ci,
     matrix,
+    missing_ci_servers,
     running_server,
     stop_all,
 )
@@ -28,6 +30,20 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     if os.environ.get("ANARCHON_TEST_WORKERS"):
         return int(os.environ["ANARCHON_TEST_WORKERS"])
     return 2 * (os.cpu_count() or 1)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under CI=true every server CI builds or installs must be in the matrix: a build
+    that left no binary, or a package that did not install, is an error here rather
+    than a matrix that quietly shrinks (and idmp tests that quietly skip)."""
+    missing = missing_ci_servers(MATRIX) if in_ci() else {}
+    if missing:
+        lines = [f"  {server_id}: {how}" for server_id, how in missing.items()]
+        raise pytest.UsageError(
+            "CI=true, but servers that CI provides were not found:\n"
+            + "\n".join(lines)
+            + "\n(without CI=true, ANARCHON_FULL_MATRIX=1 runs on the servers present)"
+        )
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:

