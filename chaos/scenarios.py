@@ -16,8 +16,9 @@ import redis
 
 from chaos import checker
 from chaos.checker import FOREVER, Life, Report, Result, Window
-from chaos.procs import Instance, Server, wall_ms
+from chaos.procs import Instance, valkey_server, wall_ms
 from chaos.worker import LONG_EVERY, job_name
+from tests.restartable_server import RestartableServer
 
 PREFIX = "chaos:"
 
@@ -41,7 +42,7 @@ class Run:
     name: str
     config: Config
     directory: Path
-    server: Server
+    server: RestartableServer
     rng: random.Random
     instances: list[Instance] = field(default_factory=list)
     windows: list[Window] = field(default_factory=list)
@@ -277,7 +278,7 @@ def run_scenario(name: str, script: FaultScript, config: Config, keep: bool = Fa
     tmp = tempfile.mkdtemp(prefix=f"chaos-{name}-")
     try:
         directory = Path(tmp)
-        server = Server(directory, config.appendonly)
+        server = valkey_server(directory, config.appendonly)
         run = Run(name, config, directory, server, random.Random(f"{config.seed}:{name}"))
         stop_ms = 0
         try:

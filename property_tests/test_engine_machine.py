@@ -1,0 +1,900 @@
+"""The real engine in a state machine: three ``Scheduler`` instances, each with its own
+connection through a ``FaultProxy``, on a server the machine can ``kill -9``.
+
+The lease machine proves the scripts; this one proves the engine around them (the
+agenda, the claimer, the runner, the lease keeper, settle), which the scripts cannot
+see: a takeover that starves, a scheduler ended by a wrapped connection error, a
+``stop()`` that hangs, a claim dropped after one error reply. Nothing is simulated:
+the schedulers run in an event loop of their own (a blocking portal, asyncio or trio)
+on the real clock, with leases of 900 ms and jobs firing every 250 ms to 2 s, and the
+rules act on them from the test's thread:
+
+- ``wait``: time passes;
+- ``fault_connection``: one instance's connection drops replies the server applied,
+  refuses and resets connections, or cuts each connection after its next request;
+- ``stall``: one instance's traffic freezes both ways (its heartbeats stop, its
+  handlers go on, as a ``SIGSTOP`` looks from outside), then flows again, late;
+- ``server_error``: the server itself answers OOM, READONLY or BUSY for a while;
+- ``kill``: an instance's connection is cut and refused, then its task is cancelled:
+  it releases nothing, so its leases expire as a dead process's would;
+- ``stop``: a graceful ``stop()``, sometimes cancelled part way and called again;
+- ``restart``: a killed or stopped instance starts again, as a new runner;
+- ``run_now``: a manual run on one instance;
+- ``restart_server``: ``kill -9`` of the server and a start on the same port, from
+  its append-only file (fsynced on every write) or empty.
+
+Handlers write to a ledger in the test process, independent of the store (a wiped
+store cannot wipe it). After every step the machine checks, in words:
+
+1. No slot starts twice unless the earlier attempt failed (a retry), or its runner
+   was dead, stalled, stopping or cut off (or the server was down or wiped) before
+   the later one started; and the later attempt always has a higher attempt number
+   and a higher fence. No attempt number exceeds ``max_attempts``.
+2. Every slot due while the server and at least one instance were healthy (from a
+   little before the slot until its lateness window closed) started, or the store
+   records it skipped (overlap) or interrupted, or an instance logged why it skipped
+   it (a backlog after a gap, too late) while its event loop was starved.
+3. Every run settles: no unsettled run stays in the active set without a live lease
+   for longer than a lease plus one period of its job plus a claim cycle, once the
+   server and an instance were healthy that long.
+4. The store stays bounded: the history within ``history_size``, the active set
+   within a few runs, the state within the slots of its keep window.
+5. No instance's task dies; ``stop()`` (and a kill) returns within its bound
+   (``stop_grace_ms`` plus a few round-trip deadlines, plus slack for a loaded
+   machine), and no handler of a stopped instance is left running.
+
+At the end every fault is healed, each instance runs again, the machine waits for
+the last windows to close, checks everything once more, and stops the instances.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from concurrent.futures import Future
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any, ClassVar, Literal, NoReturn
+
+import anyio
+import anyio.from_thread
+import pytest
+import redis
+from anyio.abc import TaskStatus
+from hypothesis import HealthCheck, Phase, event, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from anarchon import OverlapPolicy, RedisBackend, Run, RunOverlapError, Scheduler
+from anarchon._engine._context import round_trip_deadline_sec
+from anarchon._lease import JobKeys
+from anarchon._store import is_manual
+from property_tests.profiles import PROFILE
+from tests.clients import Target, make_client
+from tests.faults import FaultProxy, busy, oom, read_only
+from tests.restartable_server import RestartableServer
+from tests.servers import ServerSpec, discover_servers
+
+LEASE_MS = 900
+HEARTBEAT_MS = 300
+RETRY_DELAY_MS = 200
+MAX_LATE_MS = 1500
+STOP_GRACE_MS = 300
+HISTORY_SIZE = 60
+MAX_ATTEMPTS = 3
+ROUND_TRIP_SEC = round_trip_deadline_sec(LEASE_MS)
+#: stop() returns within its grace plus a few round trips (claim batch in flight,
+#: unanswered claims, finishes, closing); the slack is for a loaded 2-core machine.
+STOP_BOUND_SEC = STOP_GRACE_MS / 1000 + 4 * ROUND_TRIP_SEC + 2.0
+#: A window is healthy only if it starts this long after a fault healed: a batch in
+#: flight times out, a dropped connection reconnects.
+SETTLE_AFTER_FAULT_MS = 1000 * ROUND_TRIP_SEC + 700
+#: The schedulers' event loop counts as starved when a 50 ms sleep overshoots by this
+#: much, and the server as slow when a PING takes this long: a loaded machine, which
+#: delays every instance's round trips as a fault would.
+SLOW_MS = 100
+NAMES = ("a", "b", "c")
+
+Behaviour = Literal["quick", "slow", "flaky", "long", "hang", "sync"]
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    name: str
+    every_ms: int
+    behaviour: Behaviour
+    overlap: OverlapPolicy = "skip"
+
+
+#: Cadences faster and slower than the lease; handlers that succeed, fail, hang,
+#: run longer than the lease (heartbeats) and run in a worker thread.
+JOBS = (
+    JobSpec("tick", 250, "quick"),
+    JobSpec("slow", 600, "slow", overlap="wait"),
+    JobSpec("flaky", 700, "flaky"),
+    JobSpec("long", 2000, "long"),
+    JobSpec("hang", 1500, "hang"),
+    JobSpec("sync", 1000, "sync"),
+)
+SPECS = {spec.name: spec for spec in JOBS}
+#: How each instance connects, per event loop: a URL, a user's send() client, and a
+#: client library's own async client.
+CLIENT_KINDS = {
+    "asyncio": ("url", "send", "redis-py-async"),
+    "trio": ("url", "send", "glide-async"),
+}
+#: Jobs whose handlers end soon (run_now waits for the run).
+QUICK_JOBS = ("tick", "flaky")
+
+
+def fail(message: str) -> NoReturn:
+    """Fail the step, and print why at once: the engine runs on the real clock, so
+    Hypothesis's replay of a failing example may fail elsewhere or not at all (and
+    then reports only that it was flaky)."""
+    print(f"engine machine: {message}", file=sys.stderr, flush=True)
+    pytest.fail(message)
+
+
+def check(condition: bool, message: str | Callable[[], str]) -> None:
+    if not condition:
+        fail(message() if callable(message) else message)
+
+
+def wall_ms() -> float:
+    return time.time() * 1000
+
+
+# ------------------------------------------------------------------ the ledger
+
+
+@dataclass
+class Start:
+    """One handler start, as the handler saw it."""
+
+    job: str
+    slot_id: str
+    slot_ms: int
+    attempt: int
+    fence: int
+    runner: str
+    trigger: str
+    started_ms: float
+    ended_ms: float | None = None
+    #: ok, raised, cancelled (async), lost (a sync handler told its lease is gone)
+    outcome: str | None = None
+
+
+class Ledger:
+    """Every handler start and end, written by the handlers (in the portal's thread,
+    or a worker thread), read by the rules."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.starts: list[Start] = []
+
+    def started(self, run: Run) -> Start:
+        # A manual run's slot is its own (the fence tells two apart).
+        slot_id = f"manual:{run.fence}" if run.trigger == "manual" else str(run.slot_ms)
+        entry = Start(
+            run.job, slot_id, run.slot_ms, run.attempt, run.fence, run.runner, run.trigger,
+            wall_ms(),
+        )  # fmt: skip
+        with self._lock:
+            self.starts.append(entry)
+        return entry
+
+    def ended(self, entry: Start, outcome: str) -> None:
+        with self._lock:
+            entry.ended_ms = wall_ms()
+            entry.outcome = outcome
+
+    def snapshot(self) -> list[Start]:
+        with self._lock:
+            return list(self.starts)
+
+
+def slot_index(spec: JobSpec, slot_ms: int) -> int:
+    return slot_ms // spec.every_ms
+
+
+async def behave(spec: JobSpec, run: Run) -> None:
+    """What a run of ``spec`` does; the same on every instance for the same attempt."""
+    index = slot_index(spec, run.slot_ms)
+    if spec.behaviour == "quick":
+        await anyio.sleep(0.005)
+    elif spec.behaviour == "slow":
+        await anyio.sleep(0.4 + (index % 5) * 0.1)  # 0.4-0.8 s, often past the next slot
+    elif spec.behaviour == "flaky":
+        await anyio.sleep(0.01)
+        if run.attempt == 1 and index % 3 == 0:
+            raise RuntimeError(f"attempt {run.attempt} of slot {run.slot_ms} fails")
+    elif spec.behaviour == "long":
+        await anyio.sleep(1.5)  # longer than the lease: it lives on heartbeats
+    elif spec.behaviour == "hang":
+        if run.attempt == 1 and index % 4 == 0:
+            await anyio.sleep_forever()  # until its lease is lost or its instance stops
+        await anyio.sleep(0.05)
+
+
+def make_handler(spec: JobSpec, ledger: Ledger) -> Callable[..., Any]:
+    if spec.behaviour == "sync":
+
+        def sync_handler(run: Run) -> None:
+            entry = ledger.started(run)
+            outcome = "ok"
+            try:
+                for _ in range(30):  # 0.3 s in steps, checking the lease
+                    if run.lease_lost.is_set():
+                        outcome = "lost"
+                        return
+                    time.sleep(0.01)
+            finally:
+                ledger.ended(entry, outcome)
+
+        return sync_handler
+
+    async def handler(run: Run) -> None:
+        entry = ledger.started(run)
+        outcome = "cancelled"
+        try:
+            await behave(spec, run)
+            outcome = "ok"
+        except Exception:
+            outcome = "raised"
+            raise
+        finally:
+            ledger.ended(entry, outcome)
+
+    return handler
+
+
+# ------------------------------------------------------------- what was wrong when
+
+
+@dataclass
+class Window:
+    """A span of wall time (epoch ms) when ``who`` (a runner id, or "server") was not
+    healthy."""
+
+    who: str
+    start_ms: float
+    end_ms: float = math.inf
+    what: str = ""
+
+    def overlaps(self, start_ms: float, end_ms: float) -> bool:
+        return self.start_ms <= end_ms and start_ms <= self.end_ms
+
+
+@dataclass
+class Stated:
+    """A slot an instance said it skipped or missed (a log line), with when."""
+
+    job: str
+    first_slot_ms: int
+    last_slot_ms: int
+    said_ms: float
+    reason: str
+
+
+class SkipLog(logging.Handler):
+    """Collects the engine's own statements that it skips or misses slots."""
+
+    _SKIPS: ClassVar[dict[str, str]] = {
+        "%s: slot %s skipped: a newer slot (%s) is due too, after a gap": "backlog",
+        "%s: slot %s missed: %.0f ms late, max_late_ms=%d and catch_up_ms=%d": "too late",
+        "%s: slot %s skipped: it waited %.0f ms behind an older run, longer than a "
+        "waiting slot may (lateness or catch-up window plus a lease plus 30 s)": "waited",
+    }
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self._lock2 = threading.Lock()
+        self.stated: list[Stated] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        args = record.args if isinstance(record.args, tuple) else ()
+        if len(args) < 2 or not isinstance(args[1], datetime):
+            return
+        job, moment = str(args[0]), int(args[1].timestamp() * 1000)
+        said_ms = record.created * 1000
+        reason = self._SKIPS.get(str(record.msg))
+        if reason is not None:
+            stated = Stated(job, moment, moment, said_ms, reason)
+        elif record.msg == "%s: slots after %s were missed (no claim in time)":
+            # Every slot after ``moment`` older than the lateness window then.
+            stated = Stated(job, moment + 1, int(said_ms) - MAX_LATE_MS, said_ms, "gap")
+        else:
+            return
+        with self._lock2:
+            self.stated.append(stated)
+
+    def explains(self, job: str, slot_ms: int) -> Stated | None:
+        with self._lock2:
+            for stated in self.stated:
+                if stated.job == job and stated.first_slot_ms <= slot_ms <= stated.last_slot_ms:
+                    return stated
+        return None
+
+
+# ---------------------------------------------------------------- the instances
+
+
+@dataclass
+class Instance:
+    """One scheduler, behind its own proxy; a restart makes a new runner."""
+
+    name: str
+    proxy: FaultProxy
+    #: "url" (anarchon opens and closes its own connection) or a kind of
+    #: ``tests.clients.make_client`` (the user's own client, closed by the machine).
+    client_kind: str = "url"
+    generation: int = 0
+    close_client: Callable[[], Awaitable[None]] | None = None
+    scheduler: Scheduler[Any] | None = None
+    future: Future[None] | None = None
+    scope: anyio.CancelScope | None = None
+    runner: str = ""
+
+    @property
+    def up(self) -> bool:
+        return self.scheduler is not None
+
+
+def newest_servers() -> list[ServerSpec]:
+    """The newest Redis and the newest Valkey with a binary to start (the machine
+    kills and restarts its own server)."""
+    newest: dict[str, ServerSpec] = {}
+    for spec in discover_servers():
+        if spec.binary is None:
+            continue
+        if spec.family not in newest or spec.version > newest[spec.family].version:
+            newest[spec.family] = spec
+    return [newest[family] for family in ("valkey", "redis") if family in newest]
+
+
+class EngineMachine(RuleBasedStateMachine):
+    server_spec: ServerSpec
+    event_loop: str = "asyncio"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._tmp = tempfile.TemporaryDirectory(prefix="anarchon-engine-machine-")
+        assert self.server_spec.binary is not None
+        self.server = RestartableServer(self.server_spec.binary, Path(self._tmp.name), True)
+        self.server.start()
+        self.admin = self._admin()
+        self.prefix = "em:"
+        self.ledger = Ledger()
+        self.skips = SkipLog()
+        logging.getLogger("anarchon").addHandler(self.skips)
+        self.windows: list[Window] = []
+        self._watching = threading.Event()
+        self.wipes: list[float] = []
+        #: Each job's state as it was just before each wipe.
+        self.forgotten: dict[str, dict[str, str]] = {spec.name: {} for spec in JOBS}
+        self.checked_until: dict[str, int] = {}
+        #: Slots judged with a healthy window (True) and without one (False).
+        self.judged = {True: 0, False: 0}
+        #: When each runner (an instance's generation) was up, its scheduler started.
+        self.runner_up_ms: dict[str, float] = {}
+        self.began_ms = wall_ms()
+        self._portal_cm = anyio.from_thread.start_blocking_portal(self.event_loop)
+        self.portal = self._portal_cm.__enter__()
+        self._lag_future = self.portal.start_task_soon(self._watch_loop)
+        self._server_watch = threading.Thread(target=self._watch_server, daemon=True)
+        self._server_watch.start()
+        self.instances = {
+            name: Instance(name, FaultProxy(self.server.url), kind)
+            for name, kind in zip(NAMES, CLIENT_KINDS[self.event_loop], strict=True)
+        }
+        for instance in self.instances.values():
+            self._start(instance)
+        for spec in JOBS:
+            # The first slot each job may be asked to have run: one every instance saw.
+            self.checked_until[spec.name] = int(self.began_ms)
+
+    # -------------------------------------------------------------- plumbing
+
+    def _admin(self) -> redis.Redis:
+        return redis.Redis(
+            port=self.server.port, socket_timeout=10, protocol=2, decode_responses=True
+        )
+
+    async def _watch_loop(self) -> None:
+        """Records when the schedulers' event loop was starved (a loaded machine): every
+        instance is then as good as stalled."""
+        while True:
+            before = time.monotonic()
+            await anyio.sleep(0.05)
+            lag_ms = (time.monotonic() - before - 0.05) * 1000
+            if lag_ms > SLOW_MS:
+                self._slow("loop", lag_ms + 50, f"starved {lag_ms:.0f} ms")
+
+    def _watch_server(self) -> None:
+        """Records when the server answered slowly, on a connection of its own."""
+        client = redis.Redis(port=self.server.port, socket_timeout=5, protocol=2)
+        try:
+            while not self._watching.wait(0.05):
+                before = time.monotonic()
+                try:
+                    client.ping()
+                except redis.RedisError:
+                    continue  # down: the rule that took it down says so
+                took_ms = (time.monotonic() - before) * 1000
+                if took_ms > SLOW_MS:
+                    self._slow("server", took_ms, f"slow {took_ms:.0f} ms")
+        finally:
+            client.close()
+
+    def _slow(self, who: str, took_ms: float, what: str) -> None:
+        now = wall_ms()
+        self.windows.append(Window(who, now - took_ms, now + SETTLE_AFTER_FAULT_MS, what))
+
+    def _start(self, instance: Instance) -> None:
+        instance.generation += 1
+        runner = f"{instance.name}{instance.generation}"
+        client: Any = instance.proxy.url
+        if instance.client_kind != "url":
+            target = Target(url=instance.proxy.url)
+            client, instance.close_client = self.portal.call(
+                make_client, instance.client_kind, target
+            )
+        scheduler: Scheduler[Any] = Scheduler(
+            RedisBackend(redis=client, prefix=self.prefix),
+            lease_ms=LEASE_MS,
+            heartbeat_ms=HEARTBEAT_MS,
+            retry_delay_ms=RETRY_DELAY_MS,
+            history_size=HISTORY_SIZE,
+            stop_grace_ms=STOP_GRACE_MS,
+            instance_id=runner,
+        )
+        for spec in JOBS:
+            scheduler.add_job(
+                make_handler(spec, self.ledger),
+                every_ms=spec.every_ms,
+                name=spec.name,
+                overlap=spec.overlap,
+                max_attempts=MAX_ATTEMPTS,
+                max_late_ms=MAX_LATE_MS,
+            )
+
+        async def host(task_status: TaskStatus[anyio.CancelScope]) -> None:
+            with anyio.CancelScope() as scope:
+                async with scheduler:
+                    task_status.started(scope)
+                    await anyio.sleep_forever()
+
+        future, scope = self.portal.start_task(host, name=f"instance {runner}")
+        instance.scheduler, instance.future, instance.scope = scheduler, future, scope
+        instance.runner = runner
+        self.runner_up_ms[runner] = wall_ms()
+
+    def _end(self, instance: Instance, how: str, started: float) -> None:
+        """Wait for the instance's task to end (after a kill or a stop) within the bound."""
+        assert instance.future is not None and instance.scope is not None
+        self.portal.call(instance.scope.cancel)
+        left = STOP_BOUND_SEC - (time.monotonic() - started)
+        try:
+            instance.future.result(timeout=max(left, 0.1))
+        except TimeoutError:
+            fail(f"{how} of {instance.runner} did not return within {STOP_BOUND_SEC} s")
+        took = time.monotonic() - started
+        check(took <= STOP_BOUND_SEC, f"{how} of {instance.runner} took {took:.2f} s")
+        event(f"{how} took {'<1' if took < 1 else '>=1'} s")
+        # Nothing leaks: every handler of the runner has returned.
+        running = [
+            s for s in self.ledger.snapshot() if s.runner == instance.runner and s.ended_ms is None
+        ]
+        check(not running, f"handlers of {instance.runner} still run after its {how}: {running}")
+        instance.scheduler = instance.future = instance.scope = None
+        self._close_client(instance)
+
+    def _close_client(self, instance: Instance) -> None:
+        """The user's own client outlives the scheduler: the user closes it."""
+        if instance.close_client is not None:
+            close, instance.close_client = instance.close_client, None
+
+            async def close_in_time() -> None:
+                with anyio.move_on_after(5):
+                    await close()
+
+            self.portal.call(close_in_time)
+
+    def _hurt(self, who: str, what: str) -> Window:
+        window = Window(who, wall_ms(), what=what)
+        self.windows.append(window)
+        return window
+
+    @contextmanager
+    def _impaired(self, who: str, what: str) -> Iterator[None]:
+        window = self._hurt(who, what)
+        try:
+            yield
+        finally:
+            window.end_ms = wall_ms() + SETTLE_AFTER_FAULT_MS
+
+    def _up(self) -> list[Instance]:
+        return [instance for instance in self.instances.values() if instance.up]
+
+    # ---------------------------------------------------------------- rules
+
+    @rule(ms=st.integers(100, 1500))
+    def wait(self, ms: int) -> None:
+        time.sleep(ms / 1000)
+
+    @precondition(lambda self: bool(self._up()))
+    @rule(
+        data=st.data(),
+        kind=st.sampled_from(["drop_replies", "refuse", "reset", "drop_after_request"]),
+        ms=st.integers(100, 1500),
+    )
+    def fault_connection(self, data: st.DataObject, kind: str, ms: int) -> None:
+        instance = data.draw(st.sampled_from(self._up()))
+        proxy = instance.proxy
+        event(f"fault: {kind}")
+        with self._impaired(instance.runner, kind):
+            if kind == "drop_replies":
+                proxy.drop_replies(True)
+                time.sleep(ms / 1000)
+                proxy.drop_replies(False)
+                proxy.reset()  # connections that lost a reply are out of step
+            elif kind == "refuse":
+                proxy.refuse(True)
+                time.sleep(ms / 1000)
+                proxy.refuse(False)
+            elif kind == "reset":
+                proxy.reset()
+                time.sleep(ms / 1000)
+            else:
+                proxy.drop_after_request(data.draw(st.integers(1, 3), label="requests"))
+                time.sleep(ms / 1000)
+                proxy.drop_after_request(0)
+
+    @precondition(lambda self: bool(self._up()))
+    @rule(data=st.data(), ms=st.integers(200, 2500))
+    def stall(self, data: st.DataObject, ms: int) -> None:
+        instance = data.draw(st.sampled_from(self._up()))
+        with self._impaired(instance.runner, "stall"):
+            instance.proxy.pause()
+            time.sleep(ms / 1000)
+            instance.proxy.resume()
+
+    @rule(kind=st.sampled_from(["oom", "read_only", "busy"]), ms=st.integers(100, 1500))
+    def server_error(self, kind: str, ms: int) -> None:
+        event(f"server error: {kind}")
+        fault: AbstractContextManager[None]
+        if kind == "oom":
+            fault = oom(self.admin)
+        elif kind == "read_only":
+            fault = read_only(self.admin)
+        else:
+            fault = busy(self.server.url, seconds=ms / 1000 + 10)
+        with self._impaired("server", kind), fault:
+            time.sleep(ms / 1000)
+
+    @precondition(lambda self: bool(self._up()))
+    @rule(data=st.data())
+    def kill(self, data: st.DataObject) -> None:
+        instance = data.draw(st.sampled_from(self._up()))
+        started = time.monotonic()
+        self._hurt(instance.runner, "killed")
+        instance.proxy.refuse(True)  # nothing it sends from now on arrives
+        self._end(instance, "kill", started)
+
+    @precondition(lambda self: bool(self._up()))
+    @rule(data=st.data(), cancel_after_ms=st.none() | st.integers(0, 400))
+    def stop(self, data: st.DataObject, cancel_after_ms: int | None) -> None:
+        instance = data.draw(st.sampled_from(self._up()))
+        scheduler = instance.scheduler
+        assert scheduler is not None
+        started = time.monotonic()
+        self._hurt(instance.runner, "stopping")
+
+        async def stop() -> None:
+            if cancel_after_ms is not None:
+                with anyio.move_on_after(cancel_after_ms / 1000):
+                    await scheduler.stop()
+            await scheduler.stop()
+
+        self.portal.call(stop)
+        self._end(instance, "stop" if cancel_after_ms is None else "cancelled stop", started)
+
+    @precondition(lambda self: any(not instance.up for instance in self.instances.values()))
+    @rule(data=st.data())
+    def restart(self, data: st.DataObject) -> None:
+        down = [instance for instance in self.instances.values() if not instance.up]
+        instance = data.draw(st.sampled_from(down))
+        instance.proxy.refuse(False)
+        self._start(instance)
+
+    @precondition(lambda self: bool(self._up()))
+    @rule(data=st.data(), job=st.sampled_from(QUICK_JOBS))
+    def run_now(self, data: st.DataObject, job: str) -> None:
+        instance = data.draw(st.sampled_from(self._up()))
+        scheduler = instance.scheduler
+        assert scheduler is not None
+
+        async def run_now() -> str:
+            try:
+                with anyio.fail_after(10):
+                    return (await scheduler.run_now(job)).status
+            except RunOverlapError:
+                return "refused: overlap"
+
+        outcome = self.portal.call(run_now)
+        event(f"run_now: {outcome}")
+        check(outcome in ("ok", "failed", "refused: overlap"), f"run_now answered {outcome}")
+
+    @rule(persist=st.booleans(), down_ms=st.integers(0, 1000))
+    def restart_server(self, persist: bool, down_ms: int) -> None:
+        # Slots whose windows close now are judged on the store before it may be wiped.
+        self.check_misses()
+        event(f"server restart {'from AOF' if persist else 'empty'}")
+        with self._impaired("server", "restart"):
+            if not persist:
+                # What the store said before it forgot, for the slots judged later.
+                for spec in JOBS:
+                    keys = JobKeys.for_job(self.prefix, spec.name)
+                    self.forgotten[spec.name].update(self.admin.hgetall(keys.state))
+            self.admin.close()
+            self.server.kill()
+            if not persist:
+                self.wipes.append(wall_ms())
+            time.sleep(down_ms / 1000)
+            self.server.start(wipe=not persist)
+            self.admin = self._admin()
+
+    # ------------------------------------------------------------ invariants
+
+    def _healthy(self, who: str, start_ms: float, end_ms: float) -> bool:
+        """No fault of ``who`` (a runner, or the server) overlaps the span; a runner is
+        not healthy while the event loop all instances share was starved either."""
+        whom = (who,) if who == "server" else (who, "loop")
+        return not any(w.who in whom and w.overlaps(start_ms, end_ms) for w in self.windows)
+
+    def _some_instance_healthy(self, start_ms: float, end_ms: float) -> bool:
+        if not self._healthy("server", start_ms, end_ms):
+            return False
+        return any(
+            up_ms <= start_ms and self._healthy(runner, up_ms, end_ms)
+            for runner, up_ms in self.runner_up_ms.items()
+        )
+
+    @invariant()
+    def no_instance_task_died(self) -> None:
+        for instance in self._up():
+            assert instance.future is not None
+            if instance.future.done():
+                instance.future.result()  # raises what ended it
+                fail(f"instance {instance.runner} ended by itself")
+
+    @invariant()
+    def no_slot_started_twice_without_reason(self) -> None:
+        by_slot: dict[tuple[str, str], list[Start]] = {}
+        for start in self.ledger.snapshot():
+            check(1 <= start.attempt <= MAX_ATTEMPTS, f"attempt out of bounds: {start}")
+            by_slot.setdefault((start.job, start.slot_id), []).append(start)
+        for starts in by_slot.values():
+            starts.sort(key=lambda s: s.started_ms)
+            for earlier, later in itertools.pairwise(starts):
+                if self._wiped(earlier.started_ms, later.started_ms):
+                    # The store forgot the slot: attempts count again from 1, but fences
+                    # keep growing (they start from the server's clock).
+                    event("second start: the store was wiped meanwhile")
+                    check(
+                        later.fence > earlier.fence,
+                        f"after a wipe {later.job} slot {later.slot_id} started with a fence "
+                        f"no higher than before: {earlier} then {later}",
+                    )
+                    continue
+                check(
+                    later.attempt > earlier.attempt and later.fence > earlier.fence,
+                    f"a later start of {later.job} slot {later.slot_id} has no higher attempt "
+                    f"and fence: {earlier} then {later}",
+                )
+                if self._explained(earlier, later):
+                    continue
+                fail(
+                    f"{later.job} slot {later.slot_id} started twice with no dead, stalled "
+                    f"or cut-off runner in between: {earlier} then {later}"
+                )
+
+    def _wiped(self, start_ms: float, end_ms: float) -> bool:
+        return any(start_ms <= wipe_ms <= end_ms for wipe_ms in self.wipes)
+
+    def _explained(self, earlier: Start, later: Start) -> bool:
+        ended_ms = earlier.ended_ms
+        if earlier.outcome == "raised" and ended_ms is not None and ended_ms <= later.started_ms:
+            event("second start: a retry after a failure")
+            return True
+        if not self._healthy(earlier.runner, earlier.started_ms, later.started_ms):
+            event("second start: its earlier runner was dead, stalled, stopping or cut off")
+            return True
+        if not self._healthy("server", earlier.started_ms, later.started_ms):
+            event("second start: the server failed meanwhile")
+            return True
+        return False
+
+    @invariant()
+    def check_misses(self) -> None:
+        """Slots whose lateness window (and a takeover's lease) closed since the last
+        check: each started, or the store or an instance says why not."""
+        now = wall_ms()
+        # A takeover of a won-but-dead first attempt comes up to two leases later.
+        horizon = int(now) - MAX_LATE_MS - 2 * LEASE_MS - 1000
+        # The store first, then the ledger: a handler starts before the store can
+        # say anything that depends on it.
+        states = {
+            spec.name: self.admin.hgetall(JobKeys.for_job(self.prefix, spec.name).state)
+            for spec in JOBS
+        }
+        starts = {(s.job, s.slot_ms) for s in self.ledger.snapshot() if s.trigger != "manual"}
+        for spec in JOBS:
+            first = self.checked_until[spec.name]
+            slot = (first // spec.every_ms + 1) * spec.every_ms
+            while slot <= horizon:
+                self.checked_until[spec.name] = slot
+                window = (slot - SETTLE_AFTER_FAULT_MS, slot + MAX_LATE_MS)
+                healthy = self._some_instance_healthy(*window)
+                self.judged[healthy] += 1
+                if (spec.name, slot) in starts:
+                    pass
+                elif not healthy:
+                    event("slot not judged: no healthy instance or server")
+                else:
+                    state = states[spec.name].get(str(slot)) or self.forgotten[spec.name].get(
+                        str(slot)
+                    )
+                    self._judge_unstarted(spec, slot, state)
+                slot += spec.every_ms
+
+    def _judge_unstarted(self, spec: JobSpec, slot: int, state: str | None) -> None:
+        status = state.split("|")[0] if state else None
+        if status in ("skipped", "interrupted"):
+            event(f"slot not started: recorded {status}")
+            return
+        stated = self.skips.explains(spec.name, slot)
+        said = f"; an instance said it skipped it: {stated.reason}" if stated else ""
+        fail(
+            f"{spec.name} slot {slot} ({datetime.fromtimestamp(slot / 1000)}) never started "
+            f"and nothing says why, though the server and an instance were healthy from "
+            f"{SETTLE_AFTER_FAULT_MS} ms before it until {MAX_LATE_MS} ms after; its state: "
+            f"{state!r}{said}"
+        )
+
+    @invariant()
+    def the_store_agrees_with_the_handlers(self) -> None:
+        """An attempt the store records ok (or failed) is one whose handler returned
+        (or raised): never one that was cancelled or told its lease was lost."""
+        # The store first, then the ledger: a handler's end is in the ledger before
+        # its finish is sent.
+        states = {
+            spec.name: self.admin.hgetall(JobKeys.for_job(self.prefix, spec.name).state)
+            for spec in JOBS
+        }
+        outcomes = {(s.job, s.slot_id, s.attempt): s.outcome for s in self.ledger.snapshot()}
+        last_wipe_ms = max(self.wipes, default=-math.inf)
+        for spec in JOBS:
+            for slot_id, state in states[spec.name].items():
+                fields = state.split("|")
+                if len(fields) < 8:
+                    continue  # the job's fence counter lives in the same hash
+                status, attempt, fence = fields[0], int(fields[1]), fields[4]
+                if status not in ("ok", "failed"):
+                    continue
+                key = f"manual:{fence}" if is_manual(slot_id) else slot_id
+                if not is_manual(slot_id) and int(slot_id) < last_wipe_ms + 1000:
+                    continue  # the ledger may hold the same attempt from before a wipe
+                outcome = outcomes.get((spec.name, key, attempt))
+                expected = "ok" if status == "ok" else "raised"
+                check(
+                    outcome == expected,
+                    f"the store records {spec.name} slot {slot_id} attempt {attempt} {status}, "
+                    f"but its handler's outcome was {outcome!r}",
+                )
+
+    @invariant()
+    def every_run_settles_and_the_store_is_bounded(self) -> None:
+        seconds, micros = self.admin.time()
+        now = seconds * 1000 + micros // 1000
+        for spec in JOBS:
+            keys = JobKeys.for_job(self.prefix, spec.name)
+            active = self.admin.smembers(keys.active)
+            states = self.admin.hmget(keys.state, sorted(active)) if active else []
+            for slot_id, state in zip(sorted(active), states, strict=True):
+                if state is None:
+                    continue
+                status, until_ms = state.split("|")[0], int(state.split("|")[3])
+                bound_ms = LEASE_MS + max(spec.every_ms, LEASE_MS) + 1000
+                if until_ms + bound_ms < now and self._some_instance_healthy(
+                    until_ms, until_ms + bound_ms
+                ):
+                    fail(
+                        f"{spec.name} slot {slot_id} is {status} without a live lease since "
+                        f"{now - until_ms} ms, though an instance and the server were healthy"
+                    )
+            check(len(active) <= 4, f"{spec.name}: the active set grew: {sorted(active)}")
+            check(self.admin.xlen(keys.runs) <= HISTORY_SIZE, f"{spec.name}: runs past the bound")
+            check(self.admin.zcard(keys.results) <= HISTORY_SIZE, f"{spec.name}: too many results")
+            manual = sum(
+                1 for s in self.ledger.snapshot() if s.job == spec.name and s.trigger == "manual"
+            )
+            slots_so_far = int((wall_ms() - self.began_ms) / spec.every_ms) + 2
+            held = self.admin.hlen(keys.state)
+            check(
+                held <= slots_so_far + manual + len(active),
+                f"{spec.name}: the state holds {held} entries, more than the {slots_so_far} "
+                f"slots since the start, {manual} manual runs and {len(active)} active",
+            )
+
+    # -------------------------------------------------------------- the end
+
+    def teardown(self) -> None:
+        try:
+            if self.server.process is not None:
+                for instance in self.instances.values():
+                    instance.proxy.refuse(False)
+                    instance.proxy.resume()
+                    if not instance.up:
+                        self._start(instance)
+                # Let every window close on a healthy fleet, then judge them all.
+                time.sleep((MAX_LATE_MS + 2 * LEASE_MS + 1500 + SETTLE_AFTER_FAULT_MS) / 1000)
+                self.check_misses()
+                self.no_slot_started_twice_without_reason()
+                self.every_run_settles_and_the_store_is_bounded()
+                self.no_instance_task_died()
+                healthy = self.judged[True] / max(1, sum(self.judged.values()))
+                event(f"slots whose window was healthy: {int(healthy * 10) * 10}%+")
+                for what in ("starved", "slow"):
+                    seen = any(w.what.startswith(what) for w in self.windows)
+                    event(f"the {'loop' if what == 'starved' else 'server'} was {what}: {seen}")
+                for instance in self.instances.values():
+                    started = time.monotonic()
+                    self.portal.call(instance.scheduler.stop)  # type: ignore[union-attr]
+                    self._end(instance, "stop", started)
+        finally:
+            for instance in self.instances.values():
+                if instance.up and instance.scope is not None:
+                    self.portal.call(instance.scope.cancel)
+                self._close_client(instance)
+            self._lag_future.cancel()
+            self._watching.set()
+            self._server_watch.join()
+            self._portal_cm.__exit__(None, None, None)
+            logging.getLogger("anarchon").removeHandler(self.skips)
+            for instance in self.instances.values():
+                instance.proxy.close()
+            self.admin.close()
+            self.server.kill()
+            self._tmp.cleanup()
+
+
+SERVERS = newest_servers()
+#: The newest Valkey under asyncio, the newest Redis under trio.
+PAIRS = list(zip(SERVERS, ("asyncio", "trio"), strict=False))
+
+for _spec, _loop in PAIRS:
+    _name = f"TestEngine_{_spec.id}_{_loop}".replace("-", "_").replace(".", "_")
+    _machine = type(_name, (EngineMachine,), {"server_spec": _spec, "event_loop": _loop})
+    _test = _machine.TestCase
+    _test.settings = settings(
+        max_examples=6 if PROFILE == "ci" else 200,
+        stateful_step_count=12 if PROFILE == "ci" else 60,
+        deadline=None,
+        suppress_health_check=list(HealthCheck),
+        # The engine runs on the real clock: a replay is not the same run, so shrinking
+        # would spend minutes on examples that pass for other reasons. The failing
+        # steps are printed as they ran.
+        phases=[Phase.explicit, Phase.reuse, Phase.generate],
+    )
+    _test.pytestmark = [pytest.mark.slow]
+    globals()[_name] = _test
+del _spec, _loop, _name, _machine, _test
