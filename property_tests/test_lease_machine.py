@@ -8,8 +8,10 @@ reported by a claim are taken over at once; ``run_now`` claims a manual slot
 with one attempt. Handlers heartbeat, finish ok / failed / cancelled, or hang
 (stop heartbeating); instances stop (cancelling and releasing what they hold),
 crash (forgetting everything) and start again with another clock; time
-advances. Every reply of the real scripts must equal the model's
-(property_tests/model.py), and after every step the invariants hold:
+advances; every instance claims the slots the others claimed too. Every reply of
+the real scripts must equal the model's (property_tests/model.py), a backup's
+"running" wait included (to the millisecond: a backup told to wait longer takes
+over late), and after every step the invariants hold:
 
 1. Exclusive: each slot's state holds one token; a live lease belongs to the
    model's current attempt.
@@ -43,6 +45,10 @@ from tests.servers import MATRIX_FIRST, ServerSpec, matrix, running_server
 
 LEASE_MS = 1000
 RETRY_DELAY_MS = 300
+# A failed attempt's retry delay: shorter than the lease, or longer (the scheduler's
+# default starts at 1 s and doubles), so that a backup asking at the end of the lease
+# often finds the retry still waiting.
+RETRY_DELAYS = st.sampled_from([RETRY_DELAY_MS, 2500])
 LATE_MS = 1500  # the lateness window: a first claim only of slots this young
 KEEP_MS = 2 * LATE_MS + LEASE_MS + 500  # what the scheduler sends, without its minute
 TRIM_PER_CLAIM = 32  # the claim script forgets at most this many runs per first claim
@@ -161,12 +167,16 @@ class LeaseMachine(RuleBasedStateMachine):
         self.write_happened()
         got = self._reply(raw)
         event(f"claim: {got.kind} {got.status or got.attempt}, may_start={may_start}")
-        if expected.kind == "running" and got.kind == "running":
-            # A retry blocked by a live lease: the time left is the first one the script
-            # meets (with overlap protection there is one at most): compare presence.
-            assert got.wait_ms > 0 and expected.wait_ms > 0
-        else:
-            assert got == expected, (got, expected)
+        if got.kind == "running":
+            waits_for = self.model.runs[slot].status  # "running": a lease, "retry": a delay
+            event(f"claim: running, waits for a {'lease' if waits_for == 'running' else waits_for}")
+        # Exact, the wait of a "running" reply too: the model knows to the millisecond
+        # when the lease or retry delay the backup waits for runs out (``until_ms`` on
+        # the machine's clock, which is the server's: the instances' offsets move only
+        # which slots they claim), and a backup that waited longer would take over late.
+        assert got == expected, (got, expected)
+        if got.kind == "running":
+            assert got.wait_ms > 0
         if got.kind == "won" and got.fence > fence_before:
             # Invariants 3 and 5: each attempt of a slot is won once (attempt 1 too:
             # a slot is never started twice).
@@ -247,6 +257,37 @@ class LeaseMachine(RuleBasedStateMachine):
         instance.first_claims.add(slot)
         self.claim_as(instance, slot, trigger, self.max_attempts, may_start=True)
 
+    def _slots_claimed_elsewhere(self, instance: Instance) -> list[str]:
+        """The scheduled slots with a run in the store that ``instance`` has not claimed
+        yet and would claim now: its own clock says they are due and young enough."""
+        if not instance.up:
+            return []
+        clock = self.now + instance.offset_ms
+        return sorted(
+            slot
+            for slot in self.model.runs
+            if not slot.startswith("m")
+            and slot not in instance.first_claims
+            and 0 <= clock - slot_ms_of(slot) < LATE_MS
+        )
+
+    def _a_slot_is_claimed_elsewhere(self) -> bool:
+        return any(self._slots_claimed_elsewhere(i) for i in self.instances.values())
+
+    @precondition(_a_slot_is_claimed_elsewhere)
+    @rule(data=st.data(), trigger=st.sampled_from(["schedule", "schedule", "catch-up"]))
+    def claim_a_slot_another_instance_claimed(self, data: st.DataObject, trigger: str) -> None:
+        """Every instance claims every slot: this one's first claim of a slot another
+        instance already won (running, waiting for its retry, settled) or skipped. Its
+        answer is a backup's "running" with the time left on that lease or retry delay,
+        to the millisecond, or the slot's outcome."""
+        names = [n for n, i in self.instances.items() if self._slots_claimed_elsewhere(i)]
+        instance = self.instances[data.draw(st.sampled_from(names), label="instance")]
+        slots = self._slots_claimed_elsewhere(instance)
+        slot = data.draw(st.sampled_from(slots), label="slot")
+        instance.first_claims.add(slot)
+        self.claim_as(instance, slot, trigger, self.max_attempts, may_start=True)
+
     @rule(name=st.sampled_from(INSTANCES))
     def run_now(self, name: str) -> None:
         instance = self.instances[name]
@@ -278,16 +319,18 @@ class LeaseMachine(RuleBasedStateMachine):
         if not expected:  # invariant 4: a stale token changes nothing
             assert self.client.hget(self.keys[0], slot) == before
 
-    def _finish(self, instance: Instance, slot: str, outcome: str) -> None:
+    def _finish(
+        self, instance: Instance, slot: str, outcome: str, retry_delay_ms: int = RETRY_DELAY_MS
+    ) -> None:
         held = instance.held.pop(slot)
         self.forget_what_the_store_forgot()
         before = self.client.hgetall(self.keys[0])
         expected = self.model.finish(
-            slot, held.token, outcome, RETRY_DELAY_MS, self.now, held.max_attempts
+            slot, held.token, outcome, retry_delay_ms, self.now, held.max_attempts
         )
         got = self.call(
             "finish", [self.keys[0], self.keys[1], self.keys[4]],
-            [slot, slot_ms_of(slot), held.token, outcome, held.max_attempts, RETRY_DELAY_MS,
+            [slot, slot_ms_of(slot), held.token, outcome, held.max_attempts, retry_delay_ms,
              "", 10**6, 0],
         )  # fmt: skip
         self.write_happened()
@@ -298,10 +341,14 @@ class LeaseMachine(RuleBasedStateMachine):
             assert (got[0], got[1]) == ("settled", expected)
 
     @precondition(_anyone_holds)
-    @rule(data=st.data(), outcome=st.sampled_from(["ok", "failed", "cancelled"]))
-    def finish(self, data: st.DataObject, outcome: str) -> None:
+    @rule(
+        data=st.data(),
+        outcome=st.sampled_from(["ok", "failed", "cancelled"]),
+        retry_delay_ms=RETRY_DELAYS,
+    )
+    def finish(self, data: st.DataObject, outcome: str, retry_delay_ms: int) -> None:
         instance, slot, _ = self._held(data)
-        self._finish(instance, slot, outcome)
+        self._finish(instance, slot, outcome, retry_delay_ms)
 
     @precondition(_anyone_holds)
     @rule(data=st.data())

@@ -193,6 +193,25 @@ MUTANTS: list[Mutant] = [
         (MACHINE,),
     ),
     Mutant(
+        "running-wait",
+        "claim.lua",
+        "if s.status == 'running' then\n"
+        "  if s.until_ms > now then return {'running', s.until_ms - now} end",
+        "if s.status == 'running' then\n"
+        "  if s.until_ms > now then return {'running', lease_ms} end",
+        "a backup of a live lease is told to wait a whole lease, not the time left on it",
+        (MACHINE,),
+    ),
+    Mutant(
+        "retry-wait",
+        "claim.lua",
+        "if s.status == 'retry' then\n"
+        "  if s.until_ms > now then return {'running', s.until_ms - now} end",
+        "if s.status == 'retry' then\n  if s.until_ms > now then return {'running', lease_ms} end",
+        "a claim of a run waiting for its retry is told to wait a whole lease, not the delay left",
+        (MACHINE,),
+    ),
+    Mutant(
         "fence-seed",
         "claim.lua",
         "redis.call('HSET', state_key, FENCE_FIELD, int(now * 1000))",
