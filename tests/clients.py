@@ -46,8 +46,13 @@ class SendClient:
         return self.client.execute_command(command, *args)
 
 
-async def make_client(kind: str, target: Target) -> tuple[Any, Callable[[], Awaitable[None]]]:
-    """A client of ``kind`` for ``target`` and a coroutine function that closes it."""
+async def make_client(
+    kind: str, target: Target, *, resp3: bool = True
+) -> tuple[Any, Callable[[], Awaitable[None]]]:
+    """A client of ``kind`` for ``target`` and a coroutine function that closes it.
+
+    redis-py and valkey-py clients speak RESP2; GLIDE speaks its default, RESP3, unless
+    ``resp3`` is False (a server without HELLO: Redis 5)."""
     cluster = target.cluster_ports is not None
     port = target.port
     if kind in ("redis-py-async", "valkey-py-async"):
@@ -84,22 +89,32 @@ async def make_client(kind: str, target: Target) -> tuple[Any, Callable[[], Awai
         import glide
 
         address = [glide.NodeAddress("127.0.0.1", port)]
+        protocol = glide.ProtocolVersion.RESP3 if resp3 else glide.ProtocolVersion.RESP2
         if cluster:
             client = await glide.GlideClusterClient.create(
-                glide.GlideClusterClientConfiguration(address)
+                glide.GlideClusterClientConfiguration(address, protocol=protocol)
             )
         else:
-            client = await glide.GlideClient.create(glide.GlideClientConfiguration(address))
+            client = await glide.GlideClient.create(
+                glide.GlideClientConfiguration(address, protocol=protocol)
+            )
         return client, client.close
     if kind == "glide-sync":
         import glide_sync
 
         address = [glide_sync.NodeAddress("127.0.0.1", port)]
+        sync_protocol = (
+            glide_sync.ProtocolVersion.RESP3 if resp3 else glide_sync.ProtocolVersion.RESP2
+        )
         if cluster:
-            config: Any = glide_sync.GlideClusterClientConfiguration(address)
+            config: Any = glide_sync.GlideClusterClientConfiguration(
+                address, protocol=sync_protocol
+            )
             client = glide_sync.GlideClusterClient.create(config)
         else:
-            client = glide_sync.GlideClient.create(glide_sync.GlideClientConfiguration(address))
+            client = glide_sync.GlideClient.create(
+                glide_sync.GlideClientConfiguration(address, protocol=sync_protocol)
+            )
 
         async def close_glide_sync() -> None:
             await anyio.to_thread.run_sync(client.close)
