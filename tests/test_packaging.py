@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import zipfile
+from collections import Counter
 from pathlib import Path
 
+import anyio
 import pytest
+
+from anarchon import RedisBackend, RunResult, Scheduler
+from tests.servers import MATRIX_FIRST, running_server
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -30,7 +36,9 @@ def test_the_wheel_ships_the_lua_scripts_and_py_typed(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_the_demo_runs_every_slot_once_on_an_embedded_valkey() -> None:
+def test_the_demo_starts_an_embedded_valkey_and_ends_with_a_clean_summary() -> None:
+    """What a user sees. The summary is the demo's own count: the next test checks the
+    demo's runs against the store instead."""
     done = subprocess.run(
         [sys.executable, "-m", "anarchon", "demo", "--seconds", "4"],
         capture_output=True,
@@ -38,7 +46,49 @@ def test_the_demo_runs_every_slot_once_on_an_embedded_valkey() -> None:
         timeout=120,
     )
     assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.startswith("started an embedded Valkey")
     summary = done.stdout.strip().splitlines()[-1]
     assert summary.startswith("summary: slots=")
     assert "duplicates=0 misses=0" in summary
     assert "ran on instance-" in done.stdout
+
+
+RAN = re.compile(r"^\s+(\d\d:\d\d:\d\d)\s+(\S+)\s+ran on (\S+)\s+\(fence (\d+)\)$")
+
+
+@pytest.mark.slow
+def test_the_demos_runs_are_each_slot_once_by_the_stores_history() -> None:
+    """The demo against a server the test reads itself: every run it printed is one
+    attempt the store recorded as won and settled, no slot ran twice, and each job's
+    slots follow each other second by second (a missed slot leaves a gap)."""
+    url = running_server(MATRIX_FIRST)
+    seconds = 5
+    done = subprocess.run(
+        [sys.executable, "-m", "anarchon", "demo", "--seconds", str(seconds), "--redis", url],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    (prefix,) = re.findall(r" prefix '([^']+)'$", lines[0])
+    printed = Counter(m.groups() for m in map(RAN.match, lines) if m)
+    assert printed, done.stdout
+    assert [run for run, n in printed.items() if n > 1] == [], "printed twice"
+
+    jobs = ["job-1", "job-2", "job-3"]
+
+    async def read_history() -> list[RunResult]:
+        async with Scheduler(RedisBackend(redis=url, prefix=prefix)) as reader:
+            return [r for job in jobs for r in await reader.history(job, 1000)]
+
+    history = anyio.run(read_history)
+    assert {(r.attempt, r.status, r.trigger) for r in history} == {(1, "ok", "schedule")}
+    recorded = Counter(
+        (r.slot.strftime("%H:%M:%S"), r.job, r.runner, str(r.fence)) for r in history
+    )
+    assert recorded == printed
+    for job in jobs:
+        slots = sorted(r.slot_ms for r in history if r.job == job)
+        assert len(slots) >= seconds - 1, (job, slots)
+        assert slots == list(range(slots[0], slots[-1] + 1000, 1000)), (job, slots)
