@@ -21,7 +21,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from anarchon import RedisBackend, Run, Scheduler
+from anarchon import ConnectionFailedError, RedisBackend, Run, Scheduler
 from anarchon._lease import JobKeys
 from anarchon._store import ClaimRequest
 from anarchon.clients import ServerReplyError
@@ -394,3 +394,46 @@ async def test_after_a_lost_claim_reply_every_slot_runs_or_is_recorded_skipped(
     due = set(range(first, int(ended_ms) - 500, every_ms))
     assert due - ran - skipped == set(), "slots neither run nor recorded skipped"
     assert len(skipped) <= 4, f"{len(skipped)} slots skipped after one lost reply"
+
+
+# ------------------------------------------------------------------ run_now
+
+
+async def test_run_now_whose_claim_reply_was_lost_runs_once_and_returns_its_result(
+    proxy: FaultProxy, prefix: str
+) -> None:
+    """The manual claim reaches the server, its reply is cut: run_now claims again with
+    the same token (the script recognises the repeat), runs the job once, and answers."""
+    fences: list[int] = []
+    scheduler = Scheduler(RedisBackend(redis=SendClient(proxy.url), prefix=prefix), lease_ms=2000)
+
+    @scheduler.job(every_ms=3_600_000, name="report")  # not due during the test
+    async def report(run: Run) -> None:
+        fences.append(run.fence)
+
+    async with scheduler:
+        proxy.drop_after_request(1)
+        result = await scheduler.run_now("report")
+        assert proxy.bytes_dropped > 0, "the fault did not hit the manual claim"
+    assert result.status == "ok" and result.trigger == "manual"
+    assert len(fences) == 1, fences
+
+
+async def test_run_now_while_the_server_is_unreachable_raises_connection_failed_in_time(
+    proxy: FaultProxy, prefix: str
+) -> None:
+    scheduler = Scheduler(RedisBackend(redis=SendClient(proxy.url), prefix=prefix), lease_ms=2000)
+
+    @scheduler.job(every_ms=3_600_000, name="report")
+    async def report() -> None:
+        pass
+
+    async with scheduler:
+        proxy.refuse(True)
+        started = time.monotonic()
+        with pytest.raises(ConnectionFailedError, match="report"):
+            await scheduler.run_now("report")
+        took = time.monotonic() - started
+        proxy.refuse(False)
+    # A few tries with short pauses, each within the round-trip deadline (lease / 3).
+    assert took < 5, took

@@ -527,7 +527,9 @@ class Scheduler(Generic[K]):
         recorded in the history with trigger ``"manual"``, and is one attempt (no
         retries). Unless the job allows overlapping runs, it is refused with
         ``RunOverlapError`` while another run of the job is unsettled (running,
-        waiting for its retry, or orphaned)::
+        waiting for its retry, or orphaned). Its claim is sent again (with the same
+        token) after a lost reply or a transient error reply, a few times within about
+        a second plus the round-trip deadlines; then it raises ``ConnectionFailedError``::
 
             result = await scheduler.run_now("report")
             assert result.status == "ok"

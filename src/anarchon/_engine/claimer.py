@@ -20,7 +20,7 @@ import anyio
 from .._errors import AnarchonError, ConnectionFailedError, RunOverlapError
 from .._job import Job
 from .._schedule import from_epoch_ms
-from .._store import ClaimReply, ClaimRequest
+from .._store import ClaimReply, ClaimRequest, Store
 from ..clients import ServerReplyError, is_transient
 from ._context import EngineContext, _attempts_for, _now_ms
 from .agenda import Agenda, _Due
@@ -36,6 +36,8 @@ _CLAIM_BATCH_MAX = 200
 #: Delays before a failed claim is sent again: the first soon (a lost reply is learned
 #: while the slot is young), then backing off; each with a random part of +-20 %.
 _CLAIM_RETRY_MS = (50, 250, 500, 1000, 2000, 5000)
+#: run_now's manual claim: pauses between its tries (the caller waits for an answer).
+_MANUAL_RETRY_MS = (50, 250, 500)
 
 
 class Claimer:
@@ -272,17 +274,7 @@ class Claimer:
             allow_overlap=job.overlap,
             keep_ms=job.keep_ms(lease_ms),
         )
-        replies: list[ClaimReply | ServerReplyError] | None = None
-        with anyio.move_on_after(self._context.round_trip_sec):
-            replies = await store.claim_many([request])
-        if replies is None:
-            raise ConnectionFailedError(
-                f"no reply to the manual claim of {job.name!r} within "
-                f"{self._context.round_trip_sec:.2f} s; is the server reachable?"
-            )
-        (reply,) = replies
-        if isinstance(reply, ServerReplyError):
-            raise AnarchonError(f"the server refused the manual claim of {job.name!r}: {reply}")
+        reply = await self._claim_manual_with_retries(store, job, request)
         for orphan in reply.orphans:
             self._take_over(job, orphan, _now_ms())
         if reply.kind == "overlap":
@@ -296,3 +288,37 @@ class Claimer:
         if reply.kind != "won":  # a fresh slot id has no state: only won or overlap
             raise AnarchonError(f"unexpected reply to a manual claim of {job.name!r}: {reply}")
         return reply
+
+    async def _claim_manual_with_retries(
+        self, store: Store, job: Job, request: ClaimRequest
+    ) -> ClaimReply:
+        """The manual claim's round trip, sent again with its token after a failure or a
+        transient error reply (a lost reply's claim may have won: the repeat says so),
+        a few times with short pauses; then the server counts as unreachable."""
+        failure: BaseException | str = "no reply in time"
+        round_trip_sec = self._context.round_trip_sec
+        for pause_ms in (*_MANUAL_RETRY_MS, None):
+            replies: list[ClaimReply | ServerReplyError] | None = None
+            with anyio.move_on_after(round_trip_sec):
+                try:
+                    replies = await store.claim_many([request])
+                except Exception as exc:
+                    failure = exc
+            if replies is not None:
+                (reply,) = replies
+                if not isinstance(reply, ServerReplyError):
+                    return reply
+                if not is_transient(reply):
+                    raise AnarchonError(
+                        f"the server refused the manual claim of {job.name!r}: {reply}"
+                    )
+                failure = reply
+            if pause_ms is None:
+                break
+            await anyio.sleep(pause_ms / 1000 * random.uniform(0.8, 1.2))
+        raise ConnectionFailedError(
+            f"the manual claim of {job.name!r} got no answer in "
+            f"{len(_MANUAL_RETRY_MS) + 1} tries (each within {round_trip_sec:.2f} s; last: "
+            f"{failure}); is the server reachable? If a try did reach it, the run's lease "
+            "expires unused and the job's next slots wait for it"
+        )
