@@ -274,6 +274,9 @@ class Window:
     start_ms: float
     end_ms: float = math.inf
     what: str = ""
+    #: For the load the machine observed: how long the loop stood still (or the PING
+    #: took), without the settling time added to ``end_ms``.
+    took_ms: float = 0.0
 
     def overlaps(self, start_ms: float, end_ms: float) -> bool:
         return self.start_ms <= end_ms and start_ms <= self.end_ms
@@ -442,7 +445,7 @@ class EngineMachine(RuleBasedStateMachine):
 
     def _slow(self, who: str, took_ms: float, what: str) -> None:
         now = wall_ms()
-        self.windows.append(Window(who, now - took_ms, now + SETTLE_AFTER_FAULT_MS, what))
+        self.windows.append(Window(who, now - took_ms, now + SETTLE_AFTER_FAULT_MS, what, took_ms))
 
     def _start(self, instance: Instance) -> None:
         instance.generation += 1
@@ -706,12 +709,40 @@ class EngineMachine(RuleBasedStateMachine):
                     f"a later start of {later.job} slot {later.slot_id} has no higher attempt "
                     f"and fence: {earlier} then {later}",
                 )
+                self._check_self_fencing(earlier, later)
                 if self._explained(earlier, later):
                     continue
                 fail(
                     f"{later.job} slot {later.slot_id} started twice with no dead, stalled "
                     f"or cut-off runner in between: {earlier} then {later}"
                 )
+
+    def _check_self_fencing(self, earlier: Start, later: Start) -> None:
+        """A later attempt starts only after the earlier one's lease expired on the
+        server, and a runner that could not renew its lease cancels (or tells) its
+        handler by then: the two handlers overlap only by the time a starved event
+        loop takes to deliver that cancellation."""
+        if later.attempt <= earlier.attempt:
+            return  # a wipe: the store forgot the earlier run, so nothing fenced it
+        ended_ms = wall_ms() if earlier.ended_ms is None else earlier.ended_ms
+        overlap_ms = ended_ms - later.started_ms
+        if overlap_ms <= 100:
+            return
+        # A starved loop delivers the cancellation late, by about as long as it stood.
+        if any(
+            w.who == "loop"
+            and w.took_ms >= overlap_ms - 100
+            and w.start_ms <= ended_ms
+            and later.started_ms - LEASE_MS <= w.start_ms + w.took_ms
+            for w in self.windows
+        ):
+            event("attempts overlapped: the event loop was starved that long")
+            return
+        fail(
+            f"{later.job} slot {later.slot_id}: attempt {later.attempt} started while "
+            f"attempt {earlier.attempt} still ran (its runner did not fence itself when "
+            f"its lease ran out): {earlier} then {later}"
+        )
 
     def _wiped(self, start_ms: float, end_ms: float) -> bool:
         return any(start_ms <= wipe_ms <= end_ms for wipe_ms in self.wipes)
