@@ -293,12 +293,6 @@ def known_disagreement(expression: str, zone: str, moment: datetime, until: date
     terms = [term for field in expression.split() for term in field.split(",")]
     if any(re.fullmatch(r"(\d+)-\1/\d+", term) for term in terms):
         return "a range of one value with a step runs on to the field's maximum"
-    if (
-        oracle.fixed_time
-        and not seconds_field
-        and moment.replace(fold=0).astimezone(zone_of(zone)).fold
-    ):
-        return "a fixed-time job asked during a repeated hour answers an earlier instant"
     changes = clock_changes(zone, 2024, 2031)
     if not any(moment - timedelta(hours=2) <= c <= until + timedelta(hours=2) for c in changes):
         return ""
@@ -385,16 +379,34 @@ def test_cron_fires_around_clock_changes_follow_the_documented_rules(
     assert_fires_agree(expression, zone, moment, count=4)
 
 
+def fires_from(expression: str, zone: str, moment: datetime) -> list[str]:
+    """The schedule's next two fires from ``moment``, each asked from the one before,
+    as local ISO times."""
+    schedule = CronSchedule(expression, zone)
+    fires = []
+    for _ in range(2):
+        fire = schedule.next_after(moment)
+        assert fire is not None
+        fires.append(fire.astimezone(zone_of(zone)).isoformat())
+        moment = fire
+    return fires
+
+
+def test_a_fixed_time_job_asked_during_the_repeated_hour_answers_a_later_instant() -> None:
+    """01:10 EST, the second 01:10 of New York's autumn change: that night's 01:30 fired
+    the first time round (01:30 EDT); the next fire is the next night's."""
+    expression, zone = "30 1 * * *", "America/New_York"
+    moment = datetime(2026, 11, 1, 6, 10, tzinfo=UTC)
+    documented = ["2026-11-02T01:30:00-05:00", "2026-11-03T01:30:00-05:00"]
+    oracle = oracle_fires(expression, zone, moment, 2)
+    assert [fire.astimezone(zone_of(zone)).isoformat() for fire in oracle] == documented
+    assert fires_from(expression, zone, moment) == documented
+
+
 # -- known disagreements with the documented rules (strict: each fails once fixed)
 
 #: name: (expression, zone, moment, the documented next two fires as local ISO times)
 DISAGREEMENTS: dict[str, tuple[str, str, datetime, list[str]]] = {
-    # 01:10 EST, the second 01:10 of New York's autumn change: that night's 01:30 fired
-    # the first time round (01:30 EDT); the next fire is the next night's.
-    "asked during the repeated hour": (
-        "30 1 * * *", "America/New_York", datetime(2026, 11, 1, 6, 10, tzinfo=UTC),
-        ["2026-11-02T01:30:00-05:00", "2026-11-03T01:30:00-05:00"],
-    ),
     # From midnight of New York's spring day: 02:30 is skipped, it fires at 03:00 EDT.
     "six fields, skipped hour": (
         "0 30 2 * * *", "America/New_York", datetime(2026, 3, 8, 5, 0, tzinfo=UTC),
@@ -423,20 +435,6 @@ DISAGREEMENTS: dict[str, tuple[str, str, datetime, list[str]]] = {
 }  # fmt: skip
 
 
-def fires_from(name: str) -> list[str]:
-    """The schedule's next two fires of a disagreement, each asked from the one before,
-    as local ISO times."""
-    expression, zone, moment, _ = DISAGREEMENTS[name]
-    schedule = CronSchedule(expression, zone)
-    fires = []
-    for _ in range(2):
-        fire = schedule.next_after(moment)
-        assert fire is not None
-        fires.append(fire.astimezone(zone_of(zone)).isoformat())
-        moment = fire
-    return fires
-
-
 @pytest.mark.parametrize("name", sorted(DISAGREEMENTS))
 def test_the_oracle_finds_the_documented_fires_where_anarchon_disagrees(name: str) -> None:
     expression, zone, moment, documented = DISAGREEMENTS[name]
@@ -445,22 +443,16 @@ def test_the_oracle_finds_the_documented_fires_where_anarchon_disagrees(name: st
     assert known_disagreement(expression, zone, moment, fires[-1])  # left out above
 
 
-@pytest.mark.xfail(strict=True, reason="next_after answers the first 01:30, before the moment")
-def test_a_fixed_time_job_asked_during_the_repeated_hour_answers_a_later_instant() -> None:
-    assert (
-        fires_from("asked during the repeated hour")
-        == DISAGREEMENTS["asked during the repeated hour"][3]
-    )
-
-
 @pytest.mark.xfail(strict=True, reason="6-field jobs get no Debian DST rules: no fire that day")
 def test_a_six_field_fixed_time_in_the_skipped_hour_fires_once_when_the_clocks_jump() -> None:
-    assert fires_from("six fields, skipped hour") == DISAGREEMENTS["six fields, skipped hour"][3]
+    expression, zone, moment, documented = DISAGREEMENTS["six fields, skipped hour"]
+    assert fires_from(expression, zone, moment) == documented
 
 
 @pytest.mark.xfail(strict=True, reason="6-field jobs get no Debian DST rules: 01:30 fires twice")
 def test_a_six_field_fixed_time_in_the_repeated_hour_fires_once() -> None:
-    assert fires_from("six fields, repeated hour") == DISAGREEMENTS["six fields, repeated hour"][3]
+    expression, zone, moment, documented = DISAGREEMENTS["six fields, repeated hour"]
+    assert fires_from(expression, zone, moment) == documented
 
 
 @pytest.mark.xfail(strict=True, reason="hours stepped in UTC across a half-hour change: 03:30")
@@ -468,10 +460,11 @@ def test_a_six_field_fixed_time_in_the_repeated_hour_fires_once() -> None:
 def test_a_job_every_minute_of_an_hour_fires_from_its_first_minute_after_a_half_hour_change(
     name: str,
 ) -> None:
-    assert fires_from(name) == DISAGREEMENTS[name][3]
+    expression, zone, moment, documented = DISAGREEMENTS[name]
+    assert fires_from(expression, zone, moment) == documented
 
 
 @pytest.mark.xfail(strict=True, reason="a range of one value with a step runs to the maximum")
 def test_a_range_of_one_value_with_a_step_is_that_value() -> None:
-    name = "one-value range with a step"
-    assert fires_from(name) == DISAGREEMENTS[name][3]
+    expression, zone, moment, documented = DISAGREEMENTS["one-value range with a step"]
+    assert fires_from(expression, zone, moment) == documented

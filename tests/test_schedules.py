@@ -9,6 +9,7 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from anarchon import CronSchedule, IntervalSchedule, InvalidScheduleError, Schedule
+from anarchon._schedule import SlotClock, from_epoch_ms, to_epoch_ms
 
 # (zone, spring day, autumn day, a time in the repeated hour)
 DST_ZONES = [
@@ -54,6 +55,25 @@ def test_a_fixed_time_in_the_repeated_hour_runs_once(
     assert len(fires) == 1
     local = fires[0].astimezone(ZoneInfo(zone))
     assert (local.hour, local.minute) == (int(repeated.split()[1]), 30)
+
+
+@pytest.mark.parametrize("minute", [0, 10, 29, 30, 31, 59])
+@pytest.mark.parametrize(("zone", "spring", "autumn", "repeated"), DST_ZONES)
+def test_a_fixed_time_job_asked_during_the_second_pass_of_the_repeated_hour_is_not_disabled(
+    zone: str, spring: str, autumn: str, repeated: str, minute: int
+) -> None:
+    """An instance starting (or back from a gap) in the second pass of the repeated hour
+    gets a later slot, the next day's (that night's fired the first time round), not an
+    InvalidScheduleError that would disable the job."""
+    local = ZoneInfo(zone)
+    hour = int(repeated.split()[1])
+    wall = datetime.fromisoformat(autumn).replace(hour=hour, minute=minute, tzinfo=local, fold=1)
+    after_ms = to_epoch_ms(wall.astimezone(UTC))
+    slot_ms = SlotClock(CronSchedule(repeated, zone)).next_slot_ms(after_ms)
+    assert slot_ms is not None and slot_ms > after_ms
+    slot = from_epoch_ms(slot_ms).astimezone(local)
+    next_day = datetime.fromisoformat(autumn).date() + timedelta(days=1)
+    assert (slot.date(), slot.hour, slot.minute) == (next_day, hour, 30)
 
 
 @pytest.mark.parametrize("day_kind", ["spring", "autumn"])

@@ -87,10 +87,14 @@ class CronSchedule:
         return next(self.fires_after(moment), None)
 
     def fires_after(self, moment: datetime, /) -> Iterator[datetime]:
-        """Every fire time after ``moment``, in order (cheaper than ``next_after`` each
-        time: the expression is parsed once)."""
+        """Every fire time strictly after ``moment``, in order (cheaper than
+        ``next_after`` each time: the expression is parsed once)."""
         local = moment.astimezone(self._zone)
-        return (fire.astimezone(UTC) for fire in CronSim(self.expression, local))
+        fires = (fire.astimezone(UTC) for fire in CronSim(self.expression, local))
+        # Asked during the second pass of a repeated hour, cronsim starts with that
+        # hour's fixed times of the first pass, which lie before ``moment``: they
+        # fired already (a fixed time fires once in a repeated hour, the first time).
+        return (fire for fire in fires if fire > moment)
 
     def __repr__(self) -> str:
         return f"CronSchedule({self.expression!r}, {self.timezone!r})"
