@@ -14,7 +14,7 @@ import anyio
 import pytest
 import redis
 
-from anarchon import RedisBackend, Run, RunOverlapError, Scheduler
+from anarchon import RedisBackend, Run, RunOverlapError, RunResult, Scheduler
 from anarchon._lease import JobKeys
 from anarchon._store import AttemptEnd, ClaimRequest
 from tests.helpers import CommandLog, Ledger, OneShot, wait_until
@@ -36,7 +36,7 @@ async def test_a_handler_failing_twice_then_succeeding_runs_three_attempts_with_
     server_url: str, prefix: str
 ) -> None:
     calls: list[int] = []
-    scheduler = Scheduler(RedisBackend(redis=server_url, prefix=prefix), retry_delay_ms=300)
+    scheduler = Scheduler(RedisBackend(redis=server_url, prefix=prefix), retry_delay_ms=1000)
 
     @scheduler.job(OneShot.in_ms(100), name="flaky", max_attempts=3)
     async def flaky(run: Run) -> None:
@@ -45,9 +45,12 @@ async def test_a_handler_failing_twice_then_succeeding_runs_three_attempts_with_
             raise RuntimeError(f"boom {run.attempt}")
 
     async with scheduler:
-        await wait_until(lambda: len(calls) == 3, 10, "three attempts")
-        await anyio.sleep(0.2)
-        history = sorted(await scheduler.history("flaky"), key=lambda r: r.attempt)
+        await wait_until(lambda: len(calls) == 3, 15, "three attempts")
+        history: list[RunResult] = []
+        with anyio.fail_after(5):
+            while len(history) < 3:  # the third attempt's result, once it has settled
+                await anyio.sleep(0.05)
+                history = sorted(await scheduler.history("flaky"), key=lambda r: r.attempt)
 
     assert calls == [1, 2, 3]
     assert [(r.attempt, r.status, r.trigger) for r in history] == [
@@ -56,11 +59,14 @@ async def test_a_handler_failing_twice_then_succeeding_runs_three_attempts_with_
         (3, "ok", "retry"),
     ]
     assert history[0].error is not None and "boom 1" in history[0].error
-    # Exponential delays from retry_delay_ms: 300 ms, then 600 ms (server times).
+    # Delays from retry_delay_ms, doubling: 1 s, then 2 s, on the server's clock (a
+    # failure's finish and the next attempt's claim), which refuses a retry before
+    # its time. The upper bounds tell 1 s, 2 s from 2 s, 4 s or 1 s, 3 s, with a
+    # second of room each for a loaded machine's late claim.
     gap_1 = history[1].started_at - history[0].finished_at
     gap_2 = history[2].started_at - history[1].finished_at
-    assert timedelta(milliseconds=300) <= gap_1 < timedelta(milliseconds=600)
-    assert timedelta(milliseconds=600) <= gap_2 < timedelta(milliseconds=1200)
+    assert timedelta(milliseconds=1000) <= gap_1 < timedelta(milliseconds=2000), gap_1
+    assert timedelta(milliseconds=2000) <= gap_2 < timedelta(milliseconds=3000), gap_2
 
 
 async def test_with_max_attempts_two_a_failing_run_ends_failed(
