@@ -34,6 +34,18 @@ class OneShot:
         return cls(at.replace(microsecond=0) + timedelta(seconds=1))
 
 
+class Seconds:
+    """A schedule that fires at ``count`` whole seconds in a row, the first at least
+    ``delay_ms`` from now."""
+
+    def __init__(self, delay_ms: int, count: int) -> None:
+        first = OneShot.in_ms(delay_ms).at
+        self.instants = [first + timedelta(seconds=index) for index in range(count)]
+
+    def next_after(self, moment: datetime, /) -> datetime | None:
+        return next((at for at in self.instants if at > moment), None)
+
+
 class Ledger:
     """Counts runs per job and slot in the server, on a connection of its own.
 
@@ -161,14 +173,18 @@ class CommandLog:
             *lines, self.buffer = self.buffer.split(b"\r\n")
             self.lines += [line.decode(errors="replace") for line in lines]
 
+    def seen(self) -> list[tuple[float, str]]:
+        """The commands seen so far, as (server time in seconds, NAME)."""
+        commands = []
+        for line in list(self.lines):
+            match = re.match(r'^\+([\d.]+) \[\d+ ([^\]]+)\] "([^"]+)"', line)
+            if match and match.group(2) != "lua":
+                commands.append((float(match.group(1)), match.group(3).upper()))
+        return commands
+
     def close(self) -> list[tuple[float, str]]:
         """Stop listening; the commands seen, as (server time in seconds, NAME)."""
         self.stop.set()
         self.thread.join()
         self.sock.close()
-        commands = []
-        for line in self.lines:
-            match = re.match(r'^\+([\d.]+) \[\d+ ([^\]]+)\] "([^"]+)"', line)
-            if match and match.group(2) != "lua":
-                commands.append((float(match.group(1)), match.group(3).upper()))
-        return commands
+        return self.seen()

@@ -17,7 +17,7 @@ import redis
 from anarchon import RedisBackend, Run, RunOverlapError, RunResult, Scheduler
 from anarchon._lease import JobKeys
 from anarchon._store import AttemptEnd, ClaimRequest
-from tests.helpers import CommandLog, Ledger, OneShot, wait_until
+from tests.helpers import CommandLog, Ledger, OneShot, Seconds, wait_until
 from tests.servers import ServerSpec
 
 pytestmark = pytest.mark.anyio
@@ -514,27 +514,40 @@ async def test_a_short_run_costs_one_claim_per_instance_and_one_finish(
     result write (a script call). Nothing else, no heartbeat for a short run."""
     if strategy == "idmp" and not (server.family == "redis" and server.version >= (8, 6)):
         pytest.skip(f"{server.id} has no idempotent XADD (Redis 8.6+): idmp is refused there")
-    instances = 3
+    instances, slots = 3, 5
+    # A first slot loads the scripts (a fresh server answers NOSCRIPT); MONITOR
+    # watches the five after it, from before the first claim to after the last
+    # finish, so a loaded machine moves no command out of the window.
+    schedule = Seconds(delay_ms=1_000, count=1 + slots)
     runs: list[int] = []
     schedulers: list[Any] = []
     for index in range(instances):
         backend: Any = RedisBackend(redis=server_url, prefix=prefix, strategy=strategy)  # type: ignore[call-overload]
         scheduler: Any = Scheduler(backend, instance_id=f"i{index}")
 
-        @scheduler.job("* * * * * *", name="short")
+        @scheduler.job(schedule, name="short")
         async def short(run: Run) -> None:
             runs.append(run.slot_ms)
 
         schedulers.append(scheduler)
 
-    async with schedulers[0], schedulers[1], schedulers[2]:
-        await sleep_until_after_second(0.5)
-        monitor = CommandLog(server_url)
-        runs_before = len(runs)
-        await anyio.sleep(5)
-        commands = [name for _, name in await anyio.to_thread.run_sync(monitor.close)]
-        slots = len(runs) - runs_before
-
-    assert slots == 5
     claim = "XADD" if strategy == "stream-id" else "EVALSHA"
-    assert sorted(commands) == sorted([claim] * (slots * instances) + ["EVALSHA"] * slots)
+    expected = sorted([claim] * (slots * instances) + ["EVALSHA"] * slots)
+    async with schedulers[0], schedulers[1], schedulers[2]:
+        await wait_until(lambda: len(runs) == 1, 10, "the first slot to run")
+        with anyio.fail_after(5):  # its finish has settled
+            first: list[RunResult] = []
+            while not first:
+                await anyio.sleep(0.02)
+                first = await schedulers[0].history("short")
+        monitor = CommandLog(server_url)
+        watching_ms = time.time() * 1000
+        await wait_until(lambda: len(runs) == 1 + slots, 10, "the five slots to run")
+        await wait_until(lambda: len(monitor.seen()) >= len(expected), 10, "their commands")
+        await anyio.sleep(0.5)  # room for a command too many
+        commands = [name for _, name in await anyio.to_thread.run_sync(monitor.close)]
+
+    second_slot_ms = schedule.instants[1].timestamp() * 1000
+    assert watching_ms < second_slot_ms, "MONITOR started after the second slot was due"
+    assert runs == sorted(set(runs))  # each slot once
+    assert sorted(commands) == expected

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
 from typing import Any
 
 import anyio
@@ -18,7 +17,7 @@ from anarchon import (
     UnsupportedServerError,
     ValkeyBackend,
 )
-from tests.helpers import OneShot, wait_until
+from tests.helpers import OneShot, Seconds, wait_until
 from tests.servers import NO_IDMP, ServerSpec, has_idmp
 
 pytestmark = pytest.mark.anyio
@@ -143,18 +142,6 @@ async def test_a_claim_only_run_records_its_result_and_keys(
         f"{prefix}once:results",
         f"{prefix}once:runs",
     ]
-
-
-class Seconds:
-    """A schedule that fires at ``count`` whole seconds in a row, the first at least
-    ``delay_ms`` from now."""
-
-    def __init__(self, delay_ms: int, count: int) -> None:
-        first = OneShot.in_ms(delay_ms).at
-        self.instants = [first + timedelta(seconds=index) for index in range(count)]
-
-    def next_after(self, moment: datetime, /) -> datetime | None:
-        return next((at for at in self.instants if at > moment), None)
 
 
 @pytest.mark.slow
