@@ -28,10 +28,14 @@ def results_of(direct: redis.Redis, prefix: str, job: str) -> list[list[str]]:
     return [str(m).split("|") for m in members]
 
 
+@pytest.mark.slow
 async def test_a_job_longer_than_its_lease_keeps_it_through_heartbeats(
     server_url: str, prefix: str, direct: redis.Redis
 ) -> None:
-    lease_ms = 600
+    # A run of three leases. A heartbeat every 250 ms keeps a 1.5 s lease through a
+    # stall of more than a second (a loaded machine's), and without heartbeats a
+    # backup would take the run over at 1.5 s.
+    lease_ms = 1500
     ledger = Ledger(direct, prefix)
     schedule = OneShot.in_ms(300)
     finished: list[int] = []
@@ -40,7 +44,7 @@ async def test_a_job_longer_than_its_lease_keeps_it_through_heartbeats(
         scheduler = Scheduler(
             RedisBackend(redis=server_url, prefix=prefix),
             lease_ms=lease_ms,
-            heartbeat_ms=150,
+            heartbeat_ms=250,
             instance_id=f"i{index}",
         )
 
@@ -55,7 +59,7 @@ async def test_a_job_longer_than_its_lease_keeps_it_through_heartbeats(
     async with AsyncExitStack() as stack:
         for scheduler in schedulers:
             await stack.enter_async_context(scheduler)
-        await wait_until(lambda: bool(finished), 10, "the long run to finish")
+        await wait_until(lambda: bool(finished), 15, "the long run to finish")
         # Backups keep asking while it runs; give them one more lease to misbehave.
         await anyio.sleep(2 * lease_ms / 1000)
 
