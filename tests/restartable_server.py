@@ -10,7 +10,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from anarchon._embedded import free_port, ping
+from anarchon._embedded import free_port, launch
 
 __all__ = ["RestartableServer"]
 
@@ -53,26 +53,14 @@ class RestartableServer:
             if self.port == 0:
                 self.port = free_port()
             args = [
-                str(self.binary),
-                "--port", str(self.port),
-                "--bind", "127.0.0.1",
                 "--save", "",
                 "--appendonly", "yes" if self.appendonly else "no",
                 "--appendfsync", "always",
                 "--dir", str(self.directory),
-                "--daemonize", "no",
-                "--protected-mode", "no",
             ]  # fmt: skip
-            with open(self.log_path, "ab") as log_file:
-                self.process = subprocess.Popen(
-                    args, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
-                )
-            deadline = time.monotonic() + timeout_sec
-            while time.monotonic() < deadline and self.process.poll() is None:
-                if ping(self.port):
-                    return
-                time.sleep(0.02)
-            self.kill()
+            self.process = launch(self.binary, self.port, args, self.log_path, timeout_sec)
+            if self.process is not None:
+                return
             time.sleep(0.2)
         tail = self.log_path.read_text(errors="replace")[-2000:]
         raise RuntimeError(f"{self.binary} did not start on port {self.port}:\n{tail}")

