@@ -130,7 +130,6 @@ JOBS = (
     JobSpec("hang", 1500, "hang"),
     JobSpec("sync", 1000, "sync"),
 )
-SPECS = {spec.name: spec for spec in JOBS}
 #: How each instance connects, per event loop: a URL, a user's send() client, and a
 #: client library's own async client.
 CLIENT_KINDS = {

@@ -36,8 +36,9 @@ _CLAIM_BATCH_MAX = 200
 #: Delays before a failed claim is sent again: the first soon (a lost reply is learned
 #: while the slot is young), then backing off; each with a random part of +-20 %.
 _CLAIM_RETRY_MS = (50, 250, 500, 1000, 2000, 5000)
-#: run_now's manual claim: pauses between its tries (the caller waits for an answer).
-_MANUAL_RETRY_MS = (50, 250, 500)
+#: run_now's manual claim pauses as a failed claim does, for its first three tries only:
+#: the caller waits for an answer.
+_MANUAL_RETRY_MS = _CLAIM_RETRY_MS[:3]
 
 
 class Claimer:
