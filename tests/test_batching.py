@@ -131,11 +131,18 @@ async def test_a_large_instant_is_claimed_in_parts_of_at_most_two_hundred(
 ) -> None:
     _, counting = await three_instants(server_url, prefix, jobs=450)
 
-    sizes_of_slot: dict[str, list[int]] = {}
+    # A claim (ARGV[1], after the five keys, is the slot; ARGV[3] the token) is sent
+    # again with its token when its round trip failed (a loaded machine can miss the
+    # deadline): the parts are the round trips of claims sent for the first time.
+    parts_of_slot: dict[str, list[int]] = {}
+    sent_before: set[str] = set()
     for batch in counting.batches:
         claims = [c for c in batch if script_of(c) == "claim" and c[0] == "EVALSHA"]
-        for slot in {c[8] for c in claims}:
-            sizes_of_slot.setdefault(slot, []).append(sum(1 for c in claims if c[8] == slot))
-    complete = [sizes for sizes in sizes_of_slot.values() if sum(sizes) == 450]
-    assert len(complete) >= 2, sizes_of_slot
+        assert len(claims) <= 200, len(claims)
+        first_time = [c for c in claims if c[10] not in sent_before]
+        sent_before.update(c[10] for c in claims)
+        for slot in {c[8] for c in first_time}:
+            parts_of_slot.setdefault(slot, []).append(sum(1 for c in first_time if c[8] == slot))
+    complete = [sizes for sizes in parts_of_slot.values() if sum(sizes) == 450]
+    assert len(complete) >= 2, parts_of_slot
     assert all(sorted(sizes) == [50, 200, 200] for sizes in complete), complete
