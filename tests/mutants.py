@@ -1,4 +1,5 @@
-"""Hand-written mutants of the Lua lease scripts, each removing one decision.
+"""Hand-written mutants of the Lua lease scripts (and, with ``--engine``, of the
+engine's Python), each removing one decision.
 
 ``python -m tests.mutants`` applies each mutant in turn to a temporary copy of
 ``lua/``, points anarchon at it (``ANARCHON_LUA_DIR``) and runs the mutant's
@@ -9,6 +10,11 @@ mutant was killed (the survivors are printed first, one line each).
     python -m tests.mutants              # every mutant
     python -m tests.mutants --list       # what each one removes, and its selection
     python -m tests.mutants --only NAME  # one mutant (repeat --only for more)
+    python -m tests.mutants --engine     # the engine's mutants instead
+
+An engine mutant is applied to a copy of ``src/`` that the selection imports first
+(``PYTHONPATH``), with ``ANARCHON_LUA_DIR`` at the shipped ``lua/`` (the copy has no
+scripts beside it); its selection is the engine machine and its direct test.
 
 Each mutant is (name, file, exact old text, new text): the old text must occur
 exactly once in the shipped file, so a mutant breaks loudly when the scripts
@@ -65,16 +71,20 @@ DEAD = "tests/test_dead_runs_settle.py"
 RULES = "tests/test_lease_rules.py"
 LEASES = "tests/test_leases.py"
 TAKEOVER = "tests/test_takeover.py"
+ENGINE_MACHINE = "property_tests/test_engine_machine.py"
+ENGINE_FAULTS = "tests/test_engine_faults.py"
+SRC = ROOT / "src"
 
 
 @dataclass(frozen=True)
 class Mutant:
     name: str
-    file: str  # in lua/
+    file: str  # in lua/ (or, for an engine mutant, in src/anarchon/)
     old: str
     new: str
     removes: str
     tests: tuple[str, ...]  # the pytest selection (paths or node ids)
+    engine: bool = False
 
 
 MUTANTS: list[Mutant] = [
@@ -246,16 +256,103 @@ MUTANTS: list[Mutant] = [
 ]
 
 
-def mutated_lua(mutant: Mutant, into: Path) -> None:
-    """Copy lua/ into ``into`` with ``mutant`` applied; the old text must occur once."""
-    shutil.copytree(LUA, into, dirs_exist_ok=True)
-    path = into / mutant.file
+def _engine(name: str, file: str, old: str, new: str, removes: str, test: str) -> Mutant:
+    return Mutant(name, file, old, new, removes, (ENGINE_MACHINE, test), engine=True)
+
+
+ENGINE_MUTANTS: list[Mutant] = [
+    _engine(
+        "orphan-takeover-deleted",
+        "_engine/claimer.py",
+        "        for orphan in reply.orphans:\n            self._take_over(job, orphan, now_ms)\n"
+        '        if reply.kind == "won":',
+        '        if reply.kind == "won":',
+        "the claimer takes over the orphans a claim reports",
+        "tests/test_dead_runs_settle.py",
+    ),
+    _engine(
+        "no-claim-deadline",
+        "_engine/claimer.py",
+        "            scope.deadline = anyio.current_time() + context.round_trip_sec\n",
+        "",
+        "a claim batch's round trip has a deadline",
+        f"{ENGINE_FAULTS}::test_stop_is_bounded_while_the_server_is_frozen",
+    ),
+    _engine(
+        "claim-retry-dropped",
+        "_engine/claimer.py",
+        '            context.health.failed(f"claiming {len(batch)} slot(s)", failure)\n'
+        "            self._retry_claims(batch)\n",
+        '            context.health.failed(f"claiming {len(batch)} slot(s)", failure)\n',
+        "a claim batch whose round trip failed is sent again",
+        f"{ENGINE_FAULTS}::test_after_a_lost_claim_reply_every_slot_runs_or_is_recorded_skipped",
+    ),
+    _engine(
+        "transient-reply-dropped",
+        "_engine/claimer.py",
+        "                    again.append(due)\n",
+        "                    pass\n",
+        "a claim answered with a transient error reply is sent again",
+        f"{ENGINE_FAULTS}::test_a_backups_claim_answered_oom_is_retried_and_takes_over",
+    ),
+    _engine(
+        "backup-waits-a-whole-lease",
+        "_engine/claimer.py",
+        "self._back_up(job, due, reply.wait_ms, now_ms)",
+        "self._back_up(job, due, self._context.lease_ms, now_ms)",
+        "a backup asks again when the time left runs out, not a whole lease later",
+        "tests/test_takeover.py",
+    ),
+    _engine(
+        "no-self-fencing",
+        "_engine/lease_keeper.py",
+        "    def _give_up(attempt: _Attempt) -> None:\n        attempt.lost = True\n",
+        "    def _give_up(attempt: _Attempt) -> None:\n        return\n",
+        "a runner cancels its handler when its lease would expire unconfirmed",
+        f"{ENGINE_FAULTS}::test_a_runner_that_cannot_reach_the_server_gives_up_its_lease_by_its_expiry",
+    ),
+    _engine(
+        "sync-lost-recorded-ok",
+        "_engine/runner.py",
+        'outcome = "cancelled" if attempt.run.lease_lost.is_set() else "ok"',
+        'outcome = "ok"',
+        "a sync handler that returns after lease_lost is recorded cancelled",
+        f"{ENGINE_FAULTS}::test_a_sync_handler_that_returns_on_lease_lost_is_recorded_cancelled",
+    ),
+    _engine(
+        "stop-not-shielded",
+        "_scheduler.py",
+        "        assert self._grace is not None\n        with anyio.CancelScope(shield=True):",
+        "        assert self._grace is not None\n        with anyio.CancelScope(shield=False):",
+        "the stop runs shielded, so cancelling its caller's task still releases leases",
+        f"{ENGINE_FAULTS}::test_a_cancelled_stop_leaves_a_later_stop_and_the_block_able_to_finish",
+    ),
+    _engine(
+        "send-exception-group",
+        "clients/send.py",
+        "                failures.append(exc)\n",
+        "                raise\n",
+        "a send() pipeline's failures come out as one TransportError, not an exception group",
+        f"{ENGINE_FAULTS}::test_a_send_clients_dropped_connection_does_not_end_the_scheduler",
+    ),
+]
+
+
+def mutated_copy(mutant: Mutant, into: Path) -> None:
+    """Copy lua/ (an engine mutant: src/) into ``into`` with ``mutant`` applied; the old
+    text must occur once."""
+    if mutant.engine:
+        shutil.copytree(SRC, into / "src", dirs_exist_ok=True)
+        path, shown = into / "src" / "anarchon" / mutant.file, f"src/anarchon/{mutant.file}"
+    else:
+        shutil.copytree(LUA, into, dirs_exist_ok=True)
+        path, shown = into / mutant.file, f"lua/{mutant.file}"
     text = path.read_text(encoding="utf-8")
     count = text.count(mutant.old)
     if count != 1:
         raise SystemExit(
-            f"mutant {mutant.name}: its old text occurs {count} times in lua/{mutant.file}"
-            " (the scripts changed: update tests/mutants.py)"
+            f"mutant {mutant.name}: its old text occurs {count} times in {shown}"
+            " (the code changed: update tests/mutants.py)"
         )
     path.write_text(text.replace(mutant.old, mutant.new), encoding="utf-8")
 
@@ -274,8 +371,12 @@ def run_mutant(mutant: Mutant) -> tuple[bool, str, float]:
     env["HYPOTHESIS_PROFILE"] = PROFILE
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix=f"anarchon-mutant-{mutant.name}-") as tmp:
-        mutated_lua(mutant, Path(tmp))
-        env["ANARCHON_LUA_DIR"] = tmp
+        mutated_copy(mutant, Path(tmp))
+        if mutant.engine:
+            env["PYTHONPATH"] = os.pathsep.join([str(Path(tmp) / "src"), str(ROOT)])
+            env["ANARCHON_LUA_DIR"] = str(LUA)
+        else:
+            env["ANARCHON_LUA_DIR"] = tmp
         done = subprocess.run(
             selection_command(mutant), cwd=ROOT, env=env, capture_output=True, text=True
         )
@@ -302,23 +403,26 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.mutants", description=__doc__)
     parser.add_argument("--list", action="store_true", help="print the mutants and exit")
     parser.add_argument("--only", action="append", metavar="NAME", help="run only this mutant")
+    parser.add_argument("--engine", action="store_true", help="the engine's mutants instead")
     args = parser.parse_args(argv)
-    names = [m.name for m in MUTANTS]
+    listed = ENGINE_MUTANTS if args.engine else MUTANTS
+    names = [m.name for m in MUTANTS + ENGINE_MUTANTS]
     assert len(set(names)) == len(names), "mutant names must be unique"
-    for mutant in MUTANTS:  # every mutant applies, even when only some run
+    for mutant in listed:  # every mutant applies, even when only some run
         with tempfile.TemporaryDirectory() as tmp:
-            mutated_lua(mutant, Path(tmp))
+            mutated_copy(mutant, Path(tmp))
     if args.list:
-        for mutant in MUTANTS:
-            print(f"{mutant.name}: lua/{mutant.file}: {mutant.removes}")
+        for mutant in listed:
+            where = f"src/anarchon/{mutant.file}" if mutant.engine else f"lua/{mutant.file}"
+            print(f"{mutant.name}: {where}: {mutant.removes}")
             print(f"    {' '.join(mutant.tests)}")
         return 0
-    chosen = MUTANTS
+    chosen = listed
     if args.only:
-        unknown = sorted(set(args.only) - set(names))
+        unknown = sorted(set(args.only) - {m.name for m in listed})
         if unknown:
             parser.error(f"unknown mutant(s): {', '.join(unknown)}")
-        chosen = [m for m in MUTANTS if m.name in args.only]
+        chosen = [m for m in listed if m.name in args.only]
     survivors = []
     for mutant in chosen:
         killed, detail, seconds = run_mutant(mutant)
