@@ -1,7 +1,8 @@
 """Faults for tests: a TCP proxy that misbehaves on command, and real error replies.
 
 ``FaultProxy`` sits between any client and a real server on loopback and can
-freeze, cut, refuse or half-deliver the traffic. ``oom``, ``read_only`` and
+freeze, slow down, cut, refuse or half-deliver the traffic, or send it to
+another server (a failover). ``oom``, ``read_only`` and
 ``busy`` put a real server in a state where it answers with OOM, READONLY or
 BUSY errors itself: nothing is faked, the replies are the server's own.
 
@@ -40,6 +41,7 @@ import socket
 import struct
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from types import TracebackType
 from typing import Any
@@ -59,11 +61,59 @@ _REPLY_GRACE_SEC = 1.0
 _CONTROL_TIMEOUT_SEC = 5.0
 
 
+def _address(upstream: str | tuple[str, int]) -> tuple[str, int]:
+    """``(host, port)`` of a ``redis://`` URL, or the pair itself."""
+    if isinstance(upstream, tuple):
+        return upstream
+    parts = urlsplit(upstream)
+    if parts.port is None:
+        raise ValueError(f"no port in {upstream!r}")
+    return (parts.hostname or "127.0.0.1", parts.port)
+
+
 def _abort(sock: socket.socket) -> None:
     """Close ``sock`` with a TCP RST instead of a FIN (SO_LINGER on, timeout 0)."""
     with contextlib.suppress(OSError):
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     sock.close()
+
+
+class _Held:
+    """Chunks that ``delay()`` holds back in one direction, in the order they were
+    read, each with the time it may move on (monotonic)."""
+
+    def __init__(self) -> None:
+        self.chunks: deque[tuple[float, bytes]] = deque()
+        self.size = 0
+
+    def __bool__(self) -> bool:
+        return bool(self.chunks)
+
+    def add(self, due: float, data: bytes) -> float:
+        """Hold ``data`` until ``due``, or until the chunk before it moves on if that is
+        later; returns the time it moves on."""
+        if self.chunks:
+            due = max(due, self.chunks[-1][0])
+        self.chunks.append((due, data))
+        self.size += len(data)
+        return due
+
+    def next_due(self) -> float | None:
+        return self.chunks[0][0] if self.chunks else None
+
+    def last_due(self) -> float | None:
+        return self.chunks[-1][0] if self.chunks else None
+
+    def release(self, now: float, into: bytearray) -> None:
+        """Move every chunk due by ``now`` to ``into``."""
+        while self.chunks and self.chunks[0][0] <= now:
+            _, data = self.chunks.popleft()
+            into += data
+            self.size -= len(data)
+
+    def clear(self) -> None:
+        self.chunks.clear()
+        self.size = 0
 
 
 class _Link:
@@ -74,6 +124,9 @@ class _Link:
         self.server = server
         self.to_server = bytearray()
         self.to_client = bytearray()
+        # delay(): chunks read but not due yet, on their way to to_server / to_client.
+        self.held_to_server = _Held()
+        self.held_to_client = _Held()
         self.client_eof = False  # the client sent its FIN
         self.server_eof = False
         self.client_shut = False  # the proxy sent its FIN to the client
@@ -88,7 +141,8 @@ class _Link:
 
 class FaultProxy:
     """A loopback TCP proxy to ``upstream`` (a ``redis://`` URL or ``(host, port)``)
-    whose traffic a test can freeze, drop or cut from any thread.
+    whose traffic a test can freeze, slow down, drop or cut, or send to another
+    server, from any thread.
 
     One daemon thread moves the bytes (non-blocking sockets and a selector), so
     the proxy works the same under any event loop, or none. Each control returns
@@ -105,12 +159,8 @@ class FaultProxy:
     def __init__(
         self, upstream: str | tuple[str, int], *, connect_timeout_sec: float = 2.0
     ) -> None:
-        if isinstance(upstream, str):
-            parts = urlsplit(upstream)
-            if parts.port is None:
-                raise ValueError(f"no port in {upstream!r}")
-            upstream = (parts.hostname or "127.0.0.1", parts.port)
-        self.upstream = upstream
+        #: Where new connections go (``redirect()`` changes it).
+        self.upstream = _address(upstream)
         self.connect_timeout_sec = connect_timeout_sec
         #: Every connection the proxy accepted, refused ones included.
         self.connections_accepted = 0
@@ -124,6 +174,7 @@ class FaultProxy:
         self._dropping_replies = False
         self._refusing = False
         self._drop_after = 0
+        self._delay_sec = 0.0
         self._links: set[_Link] = set()
         self._masks: dict[socket.socket, int] = {}
         self._commands: queue.SimpleQueue[tuple[Callable[[], None], threading.Event]] = (
@@ -168,6 +219,17 @@ class FaultProxy:
     def connections_open(self) -> int:
         """Connections the proxy forwards right now."""
         return len(self._links)
+
+    @property
+    def bytes_held(self) -> int:
+        """Bytes that ``delay()`` holds back right now, both directions."""
+        held = [0]
+
+        def count() -> None:
+            held[0] = sum(lk.held_to_server.size + lk.held_to_client.size for lk in self._links)
+
+        self._call(count)
+        return held[0]
 
     def pause(self) -> None:
         """Stop moving bytes both ways, like a frozen server: connections stay open
@@ -215,6 +277,30 @@ class FaultProxy:
 
         def apply() -> None:
             self._drop_after = n
+
+        self._call(apply)
+
+    def delay(self, each_way_ms: float) -> None:
+        """Hold every chunk read from now on for ``each_way_ms`` before passing it on,
+        in both directions, like a slow link: a round trip takes twice that longer.
+        0 ends the delay. Chunks keep their order (one never overtakes a chunk held
+        before it, so a shorter delay lets nothing jump the queue), and what is held
+        when the delay changes moves on at its own time. The other controls work as
+        before: ``pause()`` holds the held chunks too, a reset drops them."""
+        if each_way_ms < 0:
+            raise ValueError("each_way_ms must be >= 0")
+        self._call(lambda: setattr(self, "_delay_sec", each_way_ms / 1000))
+
+    def redirect(self, upstream: str | tuple[str, int]) -> None:
+        """Send new connections to ``upstream`` (a ``redis://`` URL or ``(host,
+        port)``) from now on, as after a failover, and reset the current ones with a
+        TCP RST: they lead to the old server, and a client that reconnects reaches
+        the new one."""
+        address = _address(upstream)
+
+        def apply() -> None:
+            self.upstream = address
+            self._reset_all()
 
         self._call(apply)
 
@@ -275,6 +361,7 @@ class FaultProxy:
     def _run(self) -> None:
         try:
             while not self._stopping:
+                self._release_held()
                 self._sync_interest()
                 events = self._selector.select(self._timeout())
                 # Wake-ups first: a control queues its command before it wakes the
@@ -310,9 +397,32 @@ class FaultProxy:
         if self._paused:
             return None
         deadlines = [link.deadline for link in self._links if link.doomed or link.draining]
+        for link in self._links:
+            for held in (link.held_to_server, link.held_to_client):
+                due = held.next_due()
+                if due is not None:
+                    deadlines.append(due)
         if not deadlines:
             return None
         return max(0.0, min(deadlines) - time.monotonic())
+
+    def _release_held(self) -> None:
+        """Pass on the held chunks that are due (none while paused)."""
+        if self._paused:
+            return
+        now = time.monotonic()
+        for link in self._links:
+            link.held_to_server.release(now, link.to_server)
+            link.held_to_client.release(now, link.to_client)
+
+    def _forward(self, data: bytes, held: _Held, buffer: bytearray) -> float:
+        """Queue ``data`` to be sent (``buffer``), held back first while a delay is on
+        or earlier chunks are held; returns when it moves on (monotonic)."""
+        now = time.monotonic()
+        if self._delay_sec > 0 or held:
+            return held.add(now + self._delay_sec, data)
+        buffer += data
+        return now
 
     def _expire(self) -> None:
         if self._paused:
@@ -349,11 +459,13 @@ class FaultProxy:
             client_mask = server_mask = 0
             if not self._paused:
                 if not link.draining:
-                    if not (link.client_eof or link.doomed) and len(link.to_server) < _HIGH_WATER:
+                    queued = len(link.to_server) + link.held_to_server.size
+                    if not (link.client_eof or link.doomed) and queued < _HIGH_WATER:
                         client_mask |= read
                     if link.to_client:
                         client_mask |= write
-                if not link.server_eof and len(link.to_client) < _HIGH_WATER:
+                queued = len(link.to_client) + link.held_to_client.size
+                if not link.server_eof and queued < _HIGH_WATER:
                     server_mask |= read
                 if link.to_server:
                     server_mask |= write
@@ -432,11 +544,11 @@ class FaultProxy:
         if not data:
             link.client_eof = True
             return
-        link.to_server += data
+        reaches_server = self._forward(data, link.held_to_server, link.to_server)
         if self._drop_after > 0:
             self._drop_after -= 1
             link.doomed = True
-            link.deadline = time.monotonic() + _REPLY_GRACE_SEC
+            link.deadline = reaches_server + _REPLY_GRACE_SEC
 
     def _server_readable(self, link: _Link) -> None:
         data = self._recv(link, link.server)
@@ -453,7 +565,7 @@ class FaultProxy:
         elif self._dropping_replies:
             self.bytes_dropped += len(data)
         else:
-            link.to_client += data
+            self._forward(data, link.held_to_client, link.to_client)
 
     def _cut_client(self, link: _Link) -> None:
         """Reset the client's side; the server's side gets the rest of what the client
@@ -463,18 +575,25 @@ class FaultProxy:
         link.doomed = False
         link.draining = True
         link.to_client.clear()
-        link.deadline = time.monotonic() + _REPLY_GRACE_SEC
+        link.held_to_client.clear()
+        # What the client sent and delay() still holds reaches the server first.
+        link.deadline = max(time.monotonic(), link.held_to_server.last_due() or 0.0)
+        link.deadline += _REPLY_GRACE_SEC
         self._maybe_finish(link)
 
     def _maybe_finish(self, link: _Link) -> None:
         """Pass a FIN on once its direction is flushed; close when both are done."""
         try:
-            if (link.client_eof or link.draining) and not link.to_server and not link.server_shut:
+            if (
+                (link.client_eof or link.draining)
+                and not (link.to_server or link.held_to_server)
+                and not link.server_shut
+            ):
                 link.server.shutdown(socket.SHUT_WR)
                 link.server_shut = True
             if (
                 link.server_eof
-                and not link.to_client
+                and not (link.to_client or link.held_to_client)
                 and not link.client_shut
                 and not link.draining
             ):

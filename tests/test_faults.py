@@ -18,7 +18,9 @@ from redis.exceptions import OutOfMemoryError, ReadOnlyError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
+from anarchon._embedded import EmbeddedServer
 from tests.faults import FaultProxy, busy, oom, read_only, server_error, server_version
+from tests.servers import ServerSpec
 
 PING = b"*1\r\n$4\r\nPING\r\n"
 WRITE_SCRIPT = "return redis.call('SET', KEYS[1], ARGV[1])"
@@ -225,6 +227,86 @@ def test_a_half_close_is_passed_on(proxy: FaultProxy) -> None:
         assert sock.recv(64) == b"+PONG\r\n"
         assert sock.recv(64) == b""  # the server closed in turn, and so did the proxy
     wait_for(lambda: proxy.connections_open == 0, "the connection to close")
+
+
+def round_trip_sec(sock: socket.socket) -> float:
+    started = time.monotonic()
+    sock.sendall(PING)
+    assert sock.recv(64) == b"+PONG\r\n"
+    return time.monotonic() - started
+
+
+def test_delay_holds_each_direction(proxy: FaultProxy) -> None:
+    with raw(proxy, timeout_sec=5) as sock:
+        assert round_trip_sec(sock) < 5
+        proxy.delay(300)
+        sent = proxy.bytes_to_server
+        started = time.monotonic()
+        sock.sendall(PING)
+        wait_for(lambda: proxy.bytes_to_server > sent, "the PING reaching the server", 5)
+        assert time.monotonic() - started >= 0.3  # held on its way to the server
+        assert sock.recv(64) == b"+PONG\r\n"
+        assert time.monotonic() - started >= 0.6  # and the reply on its way back
+        proxy.delay(0)
+        assert round_trip_sec(sock) < 0.6
+
+
+def test_delay_keeps_the_order_when_it_changes(proxy: FaultProxy) -> None:
+    with raw(proxy, timeout_sec=5) as sock:
+        proxy.delay(400)
+        started = time.monotonic()
+        sock.sendall(echo("first"))
+        wait_for(lambda: proxy.bytes_held >= len(echo("first")), "the first ECHO held", 5)
+        proxy.delay(0)
+        sock.sendall(echo("second"))  # not held by itself, but behind the first
+        expected = bulk("first") + bulk("second")
+        received = b""
+        while len(received) < len(expected):
+            received += sock.recv(64)
+        assert received == expected
+        assert time.monotonic() - started >= 0.4
+    assert proxy.bytes_held == 0
+
+
+def test_a_delayed_proxy_moves_more_than_it_holds(proxy: FaultProxy, prefix: str) -> None:
+    big = "x" * (5 << 20)  # more than the proxy holds: backpressure counts what it holds
+    proxy.delay(20)
+    c = client(proxy.url, timeout_sec=10)
+    try:
+        assert c.set(f"{prefix}big", big)
+        assert c.get(f"{prefix}big") == big
+    finally:
+        c.close()
+
+
+def test_redirect_sends_new_connections_to_the_new_server(
+    server: ServerSpec, proxy: FaultProxy, direct: redis.Redis, prefix: str
+) -> None:
+    if server.binary is None:
+        pytest.skip("a server run elsewhere (ANARCHON_TEST_SERVERS): no binary for a second one")
+    with EmbeddedServer(server.binary) as other:
+        direct.set(f"{prefix}where", "first")
+        second = client(other.url)
+        second.set(f"{prefix}where", "second")
+        before = client(proxy.url)
+        try:
+            with raw(proxy) as current:
+                current.sendall(PING)
+                assert current.recv(64) == b"+PONG\r\n"
+                assert before.get(f"{prefix}where") == "first"
+                proxy.redirect(other.url)
+                with pytest.raises(ConnectionResetError):
+                    current.recv(64)  # the connection to the old server is cut
+            wait_for(lambda: proxy.connections_open == 0, "the old connections to close")
+            after = client(proxy.url)
+            try:
+                assert after.get(f"{prefix}where") == "second"
+            finally:
+                after.close()
+        finally:
+            before.close()
+            second.close()
+    assert proxy.upstream == ("127.0.0.1", other.port)
 
 
 def test_close_is_clean(server_url: str) -> None:
