@@ -9,6 +9,7 @@ import redis.exceptions
 
 from anarchon.clients import ServerReplyError, TransportError, is_transient, open_connection
 from anarchon.clients.redis_py import redis_errors
+from tests.clients import CLIENT_KINDS, Target, make_client
 from tests.faults import busy, oom, read_only
 
 pytestmark = pytest.mark.anyio
@@ -24,6 +25,49 @@ async def reply_error(url: str, command: tuple[str | int, ...]) -> ServerReplyEr
         await conn.aclose()
     assert isinstance(reply, ServerReplyError), reply
     return reply
+
+
+CLIENT_CASES = [(loop, kind) for kind, (loops, _) in CLIENT_KINDS.items() for loop in loops]
+
+
+@pytest.mark.parametrize(
+    ("anyio_backend", "kind"), CLIENT_CASES, ids=[f"{k}-{loop}" for loop, k in CLIENT_CASES]
+)
+async def test_every_client_keeps_the_code_of_an_error_reply(
+    server_url: str, direct: redis.Redis, prefix: str, kind: str
+) -> None:
+    """Each client library words the same reply its own way (redis-py strips the code
+    and names a class, GLIDE writes "OOM: ..." or "... - ReadOnly: ..."): each adapter
+    gives back the server's code, so that OOM, READONLY and BUSY are retried and a
+    wrong type is not, whichever client the user passed."""
+    client, close = await make_client(kind, Target(url=server_url))
+    conn = open_connection(client)
+    script = ("EVAL", WRITING_SCRIPT, 1, f"{prefix}k")
+    direct.set(f"{prefix}s", "a string")
+    seen: dict[str, tuple[str, bool]] = {}
+
+    async def code_of(name: str, command: tuple[str | int, ...]) -> None:
+        (reply,) = await conn.pipeline([command])
+        assert isinstance(reply, ServerReplyError), (name, reply)
+        seen[name] = (reply.kind, is_transient(reply))
+
+    try:
+        with oom(direct):
+            await code_of("OOM", script)
+        with read_only(direct):
+            await code_of("READONLY", script)
+        with busy(server_url):
+            await code_of("BUSY", ("GET", f"{prefix}k"))
+        await code_of("WRONGTYPE", ("HGET", f"{prefix}s", "field"))
+    finally:
+        await conn.aclose()
+        await close()
+    assert seen == {
+        "OOM": ("OOM", True),
+        "READONLY": ("READONLY", True),
+        "BUSY": ("BUSY", True),
+        "WRONGTYPE": ("WRONGTYPE", False),
+    }
 
 
 async def test_a_script_refused_for_lack_of_memory_is_transient(

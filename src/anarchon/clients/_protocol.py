@@ -52,6 +52,25 @@ class ServerReplyError(Exception):
         self.kind = kind
 
 
+#: Client libraries that turn an error reply into an exception class and drop the
+#: code from the message (redis-py, valkey-py, and ``send()`` clients built on them):
+#: the class names, subclasses before their bases (MasterDownError is a
+#: ClusterDownError), and the codes anarchon acts on.
+REPLY_ERROR_CLASSES = (
+    ("NoScriptError", "NOSCRIPT"),
+    ("ReadOnlyError", "READONLY"),
+    ("OutOfMemoryError", "OOM"),
+    ("BusyLoadingError", "LOADING"),
+    ("TryAgainError", "TRYAGAIN"),
+    ("MasterDownError", "MASTERDOWN"),
+    ("ClusterDownError", "CLUSTERDOWN"),
+    ("MovedError", "MOVED"),
+    ("AskError", "ASK"),
+    ("NoPermissionError", "NOPERM"),
+    ("AuthenticationError", "NOAUTH"),
+)
+
+
 class TransportError(Exception):
     """The command may not have reached the server, or its reply was lost."""
 

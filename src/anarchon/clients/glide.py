@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -13,8 +14,42 @@ from ._protocol import Command, Connection, ServerReplyError, TransportError, no
 
 __all__ = ["GlideAsyncConnection", "GlideSyncConnection"]
 
-# GLIDE reports an error reply as "... - NoScriptError: No matching script ...".
-_REPLY_CODES = (("NoScriptError", "NOSCRIPT"), ("ReadOnlyError", "READONLY"))
+# GLIDE words an error reply in one of two ways: a code it has no name for as
+# "OOM: command not allowed ..." (also BUSY, WRONGTYPE, NOPERM), and one it names
+# as "An error was signalled by the server: - ReadOnly: You can't write ...".
+_UNNAMED_CODE = re.compile(r"([A-Z][A-Z_-]*): ")
+_NAMED_KIND = re.compile(r" - (\w+): ")
+_KIND_CODES = {
+    "ResponseError": "ERR",
+    "NoScriptError": "NOSCRIPT",
+    "ReadOnly": "READONLY",
+    "ReadOnlyError": "READONLY",
+    "BusyLoadingError": "LOADING",
+    "TryAgain": "TRYAGAIN",
+    "ClusterDown": "CLUSTERDOWN",
+    "MasterDown": "MASTERDOWN",
+    "Moved": "MOVED",
+    "Ask": "ASK",
+    "CrossSlot": "CROSSSLOT",
+    "ExecAbortError": "EXECABORT",
+    "NotBusy": "NOTBUSY",
+    "TypeError": "WRONGTYPE",
+    "AuthenticationFailed": "NOAUTH",
+}
+
+
+def _reply_error(text: str) -> ServerReplyError:
+    """The server's code of an error reply as GLIDE words it, in front of the text
+    (as the server sent it): OOM, BUSY and READONLY must read as what they are, or a
+    transient refusal would be taken for a permanent one."""
+    unnamed = _UNNAMED_CODE.match(text)
+    if unnamed:
+        return ServerReplyError(f"{unnamed.group(1)} {text[unnamed.end() :]}", unnamed.group(1))
+    named = _NAMED_KIND.search(text)
+    code = _KIND_CODES.get(named.group(1)) if named else None
+    if named and code is not None:
+        return ServerReplyError(f"{code} {text[named.end() :]}", code)
+    return ServerReplyError(text)
 
 
 def _args(command: Command) -> list[str | bytes]:
@@ -25,10 +60,7 @@ def _convert(exc: BaseException) -> Exception:
     name = type(exc).__name__
     text = str(exc)
     if name == "RequestError":
-        for marker, code in _REPLY_CODES:
-            if marker in text or text.startswith(code):
-                return ServerReplyError(f"{code} {text}", code)
-        return ServerReplyError(text)
+        return _reply_error(text)
     return TransportError(f"{name}: {text}")
 
 

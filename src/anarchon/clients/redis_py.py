@@ -12,7 +12,14 @@ from typing import Any, TypeVar
 import anyio
 import anyio.to_thread
 
-from ._protocol import Command, Connection, ServerReplyError, TransportError, normalize_reply
+from ._protocol import (
+    REPLY_ERROR_CLASSES,
+    Command,
+    Connection,
+    ServerReplyError,
+    TransportError,
+    normalize_reply,
+)
 
 __all__ = ["ClientErrors", "RedisAsyncConnection", "RedisSyncConnection", "redis_errors"]
 
@@ -33,27 +40,13 @@ class ClientErrors:
     @classmethod
     def of(cls, exceptions: ModuleType) -> ClientErrors:
         base_name = "ValkeyError" if hasattr(exceptions, "ValkeyError") else "RedisError"
-        # Subclasses before their bases (MasterDownError is a ClusterDownError).
-        named = (
-            ("NoScriptError", "NOSCRIPT"),
-            ("ReadOnlyError", "READONLY"),
-            ("OutOfMemoryError", "OOM"),
-            ("BusyLoadingError", "LOADING"),
-            ("TryAgainError", "TRYAGAIN"),
-            ("MasterDownError", "MASTERDOWN"),
-            ("ClusterDownError", "CLUSTERDOWN"),
-            ("MovedError", "MOVED"),
-            ("AskError", "ASK"),
-            ("NoPermissionError", "NOPERM"),
-            ("AuthenticationError", "NOAUTH"),
-        )
         return cls(
             base=getattr(exceptions, base_name),
             response=exceptions.ResponseError,
             transport=(exceptions.ConnectionError, exceptions.TimeoutError),
             reply_codes=tuple(
                 (getattr(exceptions, name), code)
-                for name, code in named
+                for name, code in REPLY_ERROR_CLASSES
                 if hasattr(exceptions, name)
             ),
         )

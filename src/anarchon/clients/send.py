@@ -9,26 +9,32 @@ from typing import Any
 import anyio
 import anyio.to_thread
 
-from ._protocol import Command, Connection, ServerReplyError, TransportError, normalize_reply
+from ._protocol import (
+    REPLY_ERROR_CLASSES,
+    Command,
+    Connection,
+    ServerReplyError,
+    TransportError,
+    normalize_reply,
+)
 
 __all__ = ["SendConnection"]
 
 # Error replies start with an upper-case code word (ERR, NOSCRIPT, WRONGTYPE, ...).
 # A client that raises with such a message, or with an exception class named for
-# a reply (NoScriptError, ResponseError, ...), reports a server reply; anything
+# a reply (OutOfMemoryError, ResponseError, ...), reports a server reply; anything
 # else is taken as a transport failure.
 _REPLY_CODE_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZ_-")
-
-
-# Client libraries that strip the code from the message name it in the class.
-_CLASS_CODES = (("NoScript", "NOSCRIPT"), ("ReadOnly", "READONLY"))
 
 
 def _as_reply_error(exc: Exception) -> Exception:
     text = str(exc)
     name = type(exc).__name__
-    for marker, code in _CLASS_CODES:
-        if marker in name:
+    # A library that drops the code from the message names it in the class (or a
+    # base class: a user's own subclass of redis-py's OutOfMemoryError).
+    classes = {cls.__name__ for cls in type(exc).__mro__}
+    for class_name, code in REPLY_ERROR_CLASSES:
+        if class_name in classes:
             return ServerReplyError(f"{code} {text}", code)
     word = text.split(" ", 1)[0]
     if (word and set(word) <= _REPLY_CODE_CHARS) or "Response" in name:
