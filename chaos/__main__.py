@@ -7,7 +7,7 @@ import sys
 import time
 from dataclasses import replace
 
-from chaos.scenarios import QUICK, Config, f_random, run_scenario
+from chaos.scenarios import QUICK, Config, FaultScript, f_random, run_scenario
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -23,6 +23,7 @@ def main(argv: list[str] | None = None) -> int:
 
     started = time.monotonic()
     outcomes = []
+    plan: list[tuple[str, FaultScript, Config]]
     if args.long:
         config = Config(
             instances=args.instances or 10,

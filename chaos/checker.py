@@ -6,11 +6,20 @@ the store's results (what the scripts recorded).
   higher attempt, and the earlier runner was dead, stalled or cut off (a fault
   window of its instance, or the server being down, that began before the later
   start and after the earlier run began and had not ended ``slack_ms`` before it).
+  A **promotion** of a replica loses the wins the replica had not seen yet (the
+  primary acknowledged them, then died): for those alone, a later start on the
+  promoted replica is explained whatever its attempt and fence, since the replica
+  knew neither the slot's state nor the fence the primary had given.
 * A **miss** is a slot due in the checked range that no handler started, that the
   store did not record (any result, e.g. ``skipped`` by overlap, ``interrupted``),
-  and that no fault explains: not within ``recovery_ms`` of the server being down
-  or wiped, and at least one instance was healthy (ready, alive, outside its own
-  fault windows widened the same way) at the slot.
+  and that no fault explains: not within ``recovery_ms`` of the server being down,
+  wiped or replaced by a replica, and at least one instance was healthy (ready,
+  alive, outside its own fault windows widened the same way) at the slot.
+* **Fences** grow across a wipe (every start after it has a higher fence than any
+  before) and across a promotion from the promoted replica's counter on (every
+  start after it has a higher fence than that counter). A fence handed out after
+  a promotion that is not above the fence of a lost win is a **reused** fence:
+  not an error of the checker's to hide, it is printed (``fences_reused``).
 """
 
 from __future__ import annotations
@@ -69,6 +78,10 @@ class Window:
     end_ms: int = FOREVER
     instance: str | None = None
     wipe: bool = False
+    #: A promotion (from the primary's kill to the proxies' redirect): each job's
+    #: fence counter on the promoted replica. Replication applies the primary's
+    #: writes in order, so the replica saw exactly the wins up to that fence.
+    kept_fences: dict[str, int] | None = None
 
 
 @dataclass
@@ -98,6 +111,12 @@ class Report:
     stale_starts: list[str] = field(default_factory=list)
     unsettled: int = 0
     fence_checks: int = 0
+    #: Starts whose win the promoted replica never saw (a promotion lost it).
+    lost_wins: int = 0
+    #: Duplicates explained by such a lost win, one line each.
+    lost_write_duplicates: list[str] = field(default_factory=list)
+    #: Fences handed out again after a promotion (a lost win had them), one line each.
+    fences_reused: list[str] = field(default_factory=list)
 
 
 def read_gaps(paths: list[Path], min_ms: int) -> list[Window]:
@@ -174,6 +193,7 @@ def check(
     for start in starts:
         by_slot[(start.job, start.slot)].append(start)
     global_windows = [w for w in windows if w.instance is None]
+    promotions = _promotions(windows)
 
     def windows_of(instance: str) -> list[Window]:
         return [w for w in windows if w.instance in (None, instance)]
@@ -183,8 +203,9 @@ def check(
         if len(group) < 2:
             continue
         # In the order of the wins (the fence), not of the handlers' starts: a stalled
-        # runner can start an attempt after its successor started.
-        group.sort(key=lambda s: (s.fence, s.wall_ms))
+        # runner can start an attempt after its successor started. Wins on a promoted
+        # replica come after those on the primary it replaced, whatever their fences.
+        group.sort(key=lambda s: (_epoch(s, promotions), s.fence, s.wall_ms))
         for earlier, later in itertools.pairwise(group):
             report.duplicates += 1
             if earlier.wall_ms > later.wall_ms:
@@ -195,7 +216,7 @@ def check(
                     f"store: {[r.member for r in results.get(job, {}).get(slot, [])]}"
                 )
             reason = explain(earlier, later, ends.get(earlier.key), windows_of(earlier.instance),
-                             global_windows, slack_ms)  # fmt: skip
+                             global_windows, slack_ms, promotions)  # fmt: skip
             if reason is None:
                 end = ends.get(earlier.key)
                 report.unexplained.append(
@@ -223,6 +244,16 @@ def check(
                         f"f{later.fence} after {later.wall_ms - earlier.wall_ms} ms; "
                         f"stalls of {earlier.instance}: {gaps}"
                     )
+                elif kind == "lost-write":
+                    # The promotion lost the earlier win: printed, as a reader may not
+                    # expect the attempt and fence that follow.
+                    report.lost_write_duplicates.append(
+                        f"{job} slot {slot}: {earlier.instance} a{earlier.attempt} "
+                        f"f{earlier.fence} (a win the promoted replica never saw) -> "
+                        f"{later.instance} a{later.attempt} f{later.fence}, "
+                        f"{later.wall_ms - earlier.wall_ms} ms later"
+                    )
+                    report.takeovers_ms.append(takeover_ms)
                 else:
                     report.takeovers_ms.append(takeover_ms)
 
@@ -243,6 +274,37 @@ def check(
                         f"    before {top.line}\n    after  {low.line}"
                     )
 
+    # -- and from the promoted replica's counter on, across a promotion ----------------
+    for index, w in enumerate(promotions):
+        kept_fences = w.kept_fences or {}
+        for job in jobs:
+            kept = kept_fences.get(job, 0)
+            before = [s for s in starts if s.job == job and _epoch(s, promotions) == index]
+            after = [s for s in starts if s.job == job and _epoch(s, promotions) == index + 1]
+            lost = [s for s in before if s.fence > kept]
+            report.lost_wins += len(lost)
+            if not after:
+                continue
+            report.fence_checks += 1
+            low = min(after, key=lambda s: s.fence)
+            if low.fence <= kept:
+                report.unexplained.append(
+                    f"fence regression of {job} across the promotion {_fmt(w)}: the promoted "
+                    f"replica's fence counter was {kept}, and after it\n    {low.line}"
+                )
+            if lost:
+                # The replica's counter was behind the primary's: the fences from it up
+                # to the last lost win's are handed out a second time.
+                top = max(lost, key=lambda s: s.fence)
+                report.fences_reused += [
+                    f"{job}: fence {s.fence} handed out again after the promotion (slot "
+                    f"{s.slot}, {s.instance} a{s.attempt}); the primary had given up to "
+                    f"{top.fence} before it died (slot {top.slot}, {top.instance} "
+                    f"a{top.attempt}), the replica had seen up to {kept}"
+                    for s in sorted(after, key=lambda s: s.fence)
+                    if s.fence <= top.fence
+                ]
+
     # -- settling --------------------------------------------------------------------
     killed = {w.instance for w in windows if w.kind in ("sigkill", "forced")}
     report.unsettled = sum(1 for s in starts if s.key not in ends and s.instance not in killed)
@@ -254,11 +316,11 @@ def check(
     for job in jobs:
         for slot in range(first, last + 1, every_ms):
             report.slots += 1
-            group = by_slot.get((job, slot))
+            ran = by_slot.get((job, slot))
             explained = _explained_gap(slot, global_windows, windows, lives, every_ms, recovery_ms)
-            if group:
+            if ran:
                 report.ran += 1
-                late = min(s.wall_ms for s in group) - slot
+                late = min(s.wall_ms for s in ran) - slot
                 report.late_max_all_ms = max(report.late_max_all_ms, late)
                 if explained is None:
                     lateness_clean.append(late)
@@ -317,11 +379,17 @@ def explain(
     windows: list[Window],
     global_windows: list[Window],
     slack_ms: int,
+    promotions: list[Window] | None = None,
 ) -> tuple[str, int] | None:
     """The fault and the takeover time (ms from the fault to the later start) if the
     duplicate is explained, else None. A ``stall`` (the runner's event loop noted it
     did not run) counts from a lease before the earlier start: its heartbeats may
-    have stopped before its handler started."""
+    have stopped before its handler started. A ``lost-write``: a promotion lost the
+    earlier win, and the later one was won on the promoted replica (or after)."""
+    promotions = promotions or []
+    lost_in = _lost_in(earlier, promotions)
+    if lost_in is not None and _epoch(later, promotions) > _epoch(earlier, promotions):
+        return "lost-write", later.wall_ms - lost_in.end_ms
     if later.fence <= earlier.fence:
         return None
     wiped = any(
@@ -343,6 +411,27 @@ def explain(
 def _in(slot: int, w: Window, every_ms: int, recovery_ms: int) -> bool:
     end = w.end_ms if w.end_ms >= FOREVER else w.end_ms + recovery_ms
     return w.start_ms - every_ms <= slot <= end
+
+
+def _promotions(windows: list[Window]) -> list[Window]:
+    return sorted((w for w in windows if w.kept_fences is not None), key=lambda w: w.end_ms)
+
+
+def _epoch(start: Start, promotions: list[Window]) -> int:
+    """How many promotions came before ``start``'s win: 0 for a win on the first
+    primary. A handler starts after its win's reply, and nobody reaches a promoted
+    replica before the proxies are redirected to it (the window's end), so a start
+    before that end was won on the primary before."""
+    return sum(1 for w in promotions if start.wall_ms >= w.end_ms)
+
+
+def _lost_in(start: Start, promotions: list[Window]) -> Window | None:
+    """The promotion that lost ``start``'s win (the replica never saw it), if one did."""
+    epoch = _epoch(start, promotions)
+    if epoch >= len(promotions):
+        return None
+    w = promotions[epoch]
+    return w if start.fence > (w.kept_fences or {}).get(start.job, 0) else None
 
 
 def _healthy(

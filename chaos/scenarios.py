@@ -3,12 +3,14 @@ everything and checks the ledger (``chaos.checker``)."""
 
 from __future__ import annotations
 
+import contextlib
 import random
 import shutil
 import signal
+import socket
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,6 +23,28 @@ from chaos.worker import LONG_EVERY, job_name
 from tests.restartable_server import RestartableServer
 
 PREFIX = "chaos:"
+#: The field of a job's state hash that holds its fence counter (lua/lease_state.lua).
+FENCE_FIELD = "fence"
+
+
+def admin(server: RestartableServer, timeout_sec: float = 5.0) -> redis.Redis:
+    """A connection of the scenario's own to ``server`` (no proxy in between)."""
+    return redis.Redis(
+        port=server.port, socket_timeout=timeout_sec, decode_responses=True, protocol=2
+    )
+
+
+def command(server: RestartableServer, *args: str) -> object:
+    """One command on a connection of its own; the reply."""
+    with admin(server) as client:
+        execute: Callable[..., object] = client.execute_command  # untyped in redis-py
+        return execute(*args)
+
+
+def replication(server: RestartableServer) -> dict[str, str]:
+    """``INFO replication`` as text fields."""
+    with admin(server) as client:
+        return {k: str(v) for k, v in dict(client.info("replication")).items()}
 
 
 @dataclass
@@ -42,8 +66,11 @@ class Run:
     name: str
     config: Config
     directory: Path
+    #: The primary: the one server the instances' proxies lead to.
     server: RestartableServer
     rng: random.Random
+    #: Every server the run started (the primary, replicas), killed at the end.
+    servers: list[RestartableServer] = field(default_factory=list)
     instances: list[Instance] = field(default_factory=list)
     windows: list[Window] = field(default_factory=list)
     events: list[str] = field(default_factory=list)
@@ -87,6 +114,11 @@ class Run:
                 return
             time.sleep(min(left, 0.5))
 
+    def next_instant_sec(self) -> float:
+        """The next slot instant (every job's), in seconds from t0."""
+        every = self.config.every_ms
+        return ((wall_ms() // every + 1) * every - self.t0_ms) / 1000
+
     def note(self, text: str) -> None:
         self.events.append(f"{(wall_ms() - self.t0_ms) / 1000:+.1f}s {text}")
 
@@ -95,12 +127,10 @@ class Run:
     def snapshot_results(self) -> None:
         """Adds the store's results to what was read before (a wipe loses them)."""
         try:
-            client = redis.Redis(port=self.server.port, socket_timeout=5, decode_responses=True)
-            with client.pipeline(transaction=False) as pipe:
+            with admin(self.server) as client, client.pipeline(transaction=False) as pipe:
                 for job in self.jobs():
-                    pipe.zrange("{" + PREFIX + job + "}:results", 0, -1)
+                    pipe.zrange(state_key(job, "results"), 0, -1)
                 replies = pipe.execute()
-            client.close()
         except (redis.RedisError, OSError) as exc:
             self.note(f"results not read: {exc}")
             return
@@ -184,12 +214,86 @@ class Run:
         self.note(f"server back on port {self.server.port} ({'empty' if wipe else 'from AOF'})")
 
     def server_command(self, *args: str) -> None:
-        client = redis.Redis(port=self.server.port, socket_timeout=5)
-        try:
-            reply = client.execute_command(*args)
-        finally:
-            client.close()
+        reply = command(self.server, *args)
         self.note(f"{' '.join(args)} -> {reply!r}")
+
+    def start_replica(self) -> RestartableServer:
+        """A second server that replicates the primary, once in sync: its link up, and
+        its offset at least the primary's as read after that."""
+        directory = self.directory / f"replica-{len(self.servers)}"
+        directory.mkdir()
+        replica = RestartableServer(self.server.binary, directory, self.server.appendonly)
+        self.servers.append(replica)
+        replica.start()
+        command(self.server, "CONFIG", "SET", "repl-diskless-sync-delay", "0")
+        command(replica, "REPLICAOF", "127.0.0.1", str(self.server.port))
+        target: int | None = None
+        deadline = time.monotonic() + 30
+        while True:
+            info = replication(replica)
+            if info.get("master_link_status") == "up":
+                if target is None:
+                    target = int(replication(self.server)["master_repl_offset"])
+                if int(info.get("slave_repl_offset", "-1")) >= target:
+                    break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the replica on port {replica.port} did not sync: {info}")
+            time.sleep(0.05)
+        self.note(f"replica on port {replica.port} in sync (offset {target})")
+        return replica
+
+    def promote(self, replica: RestartableServer, lag_sec: float, down_sec: float) -> None:
+        """``kill -9`` of the primary, and ``down_sec`` later ``REPLICAOF NO ONE`` on
+        ``replica`` and every proxy redirected to it. With ``lag_sec`` the replica is
+        cut off from the primary that long before the kill (a replica fallen behind):
+        what the primary acknowledged meanwhile is lost with it.
+
+        What the promoted replica kept is read from it before anyone reaches it: each
+        job's fence counter. Replication applies the primary's writes in order, so
+        the wins it kept are exactly those up to that fence (chaos.checker)."""
+        with contextlib.ExitStack() as stack:
+            if lag_sec > 0:
+                nowhere = stack.enter_context(_unreachable_port())
+                command(replica, "REPLICAOF", "127.0.0.1", str(nowhere))
+                self.note(f"replica cut off from the primary, {lag_sec:.1f}s before its kill")
+                time.sleep(lag_sec)
+            self.snapshot_results()
+            primary_offset = int(replication(self.server)["master_repl_offset"])
+            start = wall_ms()
+            self.server.kill()
+            self.note(f"kill -9 primary (port {self.server.port}, offset {primary_offset})")
+            time.sleep(down_sec)
+            command(replica, "REPLICAOF", "NO", "ONE")
+        kept = self.fence_counters(replica)
+        replica_offset = int(replication(replica)["master_repl_offset"])
+        for instance in self.instances:
+            instance.proxy.redirect(("127.0.0.1", replica.port))
+        self.server = replica
+        self.windows.append(Window("promotion", start, wall_ms(), None, kept_fences=kept))
+        self.note(
+            f"replica on port {replica.port} promoted, proxies redirected to it (it had "
+            f"{primary_offset - replica_offset} bytes of the primary's stream fewer)"
+        )
+
+    def fence_counters(self, server: RestartableServer) -> dict[str, int]:
+        with admin(server) as client, client.pipeline(transaction=False) as pipe:
+            for job in self.jobs():
+                pipe.hget(state_key(job, "state"), FENCE_FIELD)
+            replies = pipe.execute()
+        return {job: int(r or 0) for job, r in zip(self.jobs(), replies, strict=True)}
+
+
+def state_key(job: str, kind: str) -> str:
+    """One of a job's keys: ``state``, ``active``, ``slots``, ``runs``, ``results``."""
+    return "{" + PREFIX + job + "}:" + kind
+
+
+@contextlib.contextmanager
+def _unreachable_port() -> Iterator[int]:
+    """A loopback port held bound but not listening: connections to it are refused."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as nowhere:
+        nowhere.bind(("127.0.0.1", 0))
+        yield nowhere.getsockname()[1]
 
 
 # -- the fault scripts (seconds from t0; the run ends at config.seconds) ----------------
@@ -229,9 +333,18 @@ def f_flush_kill(run: Run) -> None:
     run.server_command("CLIENT", "KILL", "TYPE", "normal")
 
 
+def f_promotion(run: Run) -> None:
+    replica = run.start_replica()
+    # Cut off just before a slot's instant and killed after it: the primary's wins of
+    # that slot, and the finishes of its short runs, are lost with it.
+    run.sleep_until(6)
+    run.sleep_until(run.next_instant_sec() - 0.05)
+    run.promote(replica, lag_sec=0.6, down_sec=1.0)
+
+
 def f_random(run: Run) -> None:
     """The soak: a random fault every 15-35 s (one at a time), killed instances replaced."""
-    kinds = ["sigkill", "sigstop", "partition", "server", "flush", "client-kill"]
+    kinds = ["sigkill", "sigstop", "partition", "server", "flush", "client-kill", "promotion"]
     end = run.config.seconds - 8
     at = run.rng.uniform(8, 20)
     for _ in range(10_000):
@@ -247,6 +360,9 @@ def f_random(run: Run) -> None:
             run.partition(run.victim(2), run.rng.uniform(1, 3), run.rng.uniform(1, 4))
         elif kind == "server":
             run.server_kill(run.rng.uniform(0.5, 4), appendonly=True)
+        elif kind == "promotion":
+            lag = run.rng.choice([0.0, run.rng.uniform(0.1, 1.5)])
+            run.promote(run.start_replica(), lag, run.rng.uniform(0.5, 3))
         elif kind == "flush":
             run.server_command("SCRIPT", "FLUSH")
         else:
@@ -263,6 +379,7 @@ QUICK: list[tuple[str, FaultScript, dict[str, object]]] = [
     ("server-kill-aof", f_server_aof, {"appendonly": True, "seconds": 22.0}),
     ("server-kill-wipe", f_server_wipe, {"appendonly": False, "seconds": 22.0}),
     ("script-flush-client-kill", f_flush_kill, {"seconds": 18.0}),
+    ("replica-promotion", f_promotion, {"seconds": 22.0}),
 ]
 
 
@@ -280,6 +397,7 @@ def run_scenario(name: str, script: FaultScript, config: Config, keep: bool = Fa
         directory = Path(tmp)
         server = valkey_server(directory, config.appendonly)
         run = Run(name, config, directory, server, random.Random(f"{config.seed}:{name}"))
+        run.servers.append(server)
         stop_ms = 0
         try:
             server.start()
@@ -299,13 +417,14 @@ def run_scenario(name: str, script: FaultScript, config: Config, keep: bool = Fa
                 if instance.alive() and not instance.wait_or_kill(bound - time.monotonic()):
                     run.note(f"{instance.name} did not stop within 15 s: killed")
                     run.windows.append(Window("forced", stop_ms, FOREVER, instance.name))
-            if server.process is None:
-                server.start()
+            if run.server.process is None:
+                run.server.start()
             run.snapshot_results()
         finally:
             for instance in run.instances:
                 instance.close()
-            server.kill()
+            for each in run.servers:
+                each.kill()
         logs = {i.name: i.log_path.read_text(errors="replace").splitlines() for i in run.instances}
         paths = [i.ledger for i in run.instances]
         starts, ends = checker.read_ledgers(paths)
@@ -354,6 +473,7 @@ def run_scenario(name: str, script: FaultScript, config: Config, keep: bool = Fa
         f"takeovers_ms={takeovers[:8]}{'...' if len(takeovers) > 8 else ''} "
         f"stale_starts={len(report.stale_starts)} "
         f"unsettled={report.unsettled} fence_checks={report.fence_checks} "
+        f"lost_wins={report.lost_wins} fences_reused={len(report.fences_reused)} "
         f"loop_stalls={len(stalls)} max_loop_gap={max_gap_ms}ms "
         f"log_lines_per_min={lines / minutes:.0f} "
         f"errors={errors} tracebacks={tracebacks} wall={elapsed:.0f}s"
@@ -362,6 +482,10 @@ def run_scenario(name: str, script: FaultScript, config: Config, keep: bool = Fa
     detail += [f"  explained by a stall: {x}" for x in report.stalls[:10]]
     if len(report.stalls) > 10:
         detail.append(f"  ... and {len(report.stalls) - 10} more explained by stalls")
+    detail += [f"  explained by a lost write: {x}" for x in report.lost_write_duplicates]
+    detail += [f"  fence reused: {x}" for x in report.fences_reused[:10]]
+    if len(report.fences_reused) > 10:
+        detail.append(f"  ... and {len(report.fences_reused) - 10} more fences reused")
     detail += [f"  SUSPICIOUS stale start: {x}" for x in report.stale_starts]
     detail += [f"  skipped in a stall: {x}" for x in report.stalled_skips[:10]]
     if len(report.stalled_skips) > 10:
