@@ -16,6 +16,7 @@ from pathlib import Path
 
 import redis
 
+from anarchon._engine._context import round_trip_deadline_sec
 from chaos import checker
 from chaos.checker import FOREVER, Life, Report, Result, Window
 from chaos.procs import Instance, valkey_server, wall_ms
@@ -282,6 +283,27 @@ class Run:
             replies = pipe.execute()
         return {job: int(r or 0) for job, r in zip(self.jobs(), replies, strict=True)}
 
+    def slow_links(
+        self, victims: list[Instance], seconds: float, low_ms: int, high_ms: int
+    ) -> None:
+        """The victims' proxies hold every chunk ``low_ms``..``high_ms`` each way (a new
+        random delay every half second) for ``seconds``, then heal."""
+        start = wall_ms()
+        names = ", ".join(v.name for v in victims)
+        self.note(f"slow links {names}: {low_ms}-{high_ms}ms each way for {seconds:.1f}s")
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            for victim in victims:
+                victim.proxy.delay(self.rng.uniform(low_ms, high_ms))
+            time.sleep(min(0.5, max(0.0, end - time.monotonic())))
+        for victim in victims:
+            victim.proxy.delay(0)
+        # Held chunks move on within a delay of the heal.
+        healed = wall_ms() + high_ms
+        for victim in victims:
+            self.windows.append(Window("slow", start, healed, victim.name, each_way_ms=high_ms))
+        self.note(f"slow links {names}: healed")
+
 
 def state_key(job: str, kind: str) -> str:
     """One of a job's keys: ``state``, ``active``, ``slots``, ``runs``, ``results``."""
@@ -342,9 +364,21 @@ def f_promotion(run: Run) -> None:
     run.promote(replica, lag_sec=0.6, down_sec=1.0)
 
 
+def f_slow(run: Run) -> None:
+    run.sleep_until(4)
+    # Every instance, round trips within the engine's deadline: it must keep up.
+    run.slow_links(run.live(), 5.0, 150, 250)
+    run.sleep_until(11)
+    # Two instances, round trips near and past it (one of them in a long run).
+    first = run.victim()
+    second = run.rng.choice([i for i in run.live() if i is not first])
+    run.slow_links([first, second], 5.0, 300, 400)
+
+
 def f_random(run: Run) -> None:
     """The soak: a random fault every 15-35 s (one at a time), killed instances replaced."""
-    kinds = ["sigkill", "sigstop", "partition", "server", "flush", "client-kill", "promotion"]
+    kinds = ["sigkill", "sigstop", "partition", "server", "flush", "client-kill", "promotion",
+             "slow"]  # fmt: skip
     end = run.config.seconds - 8
     at = run.rng.uniform(8, 20)
     for _ in range(10_000):
@@ -363,6 +397,9 @@ def f_random(run: Run) -> None:
         elif kind == "promotion":
             lag = run.rng.choice([0.0, run.rng.uniform(0.1, 1.5)])
             run.promote(run.start_replica(), lag, run.rng.uniform(0.5, 3))
+        elif kind == "slow":
+            victims = run.rng.sample(run.live(), min(len(run.live()), run.rng.choice([1, 2])))
+            run.slow_links(victims, run.rng.uniform(3, 8), 150, 400)
         elif kind == "flush":
             run.server_command("SCRIPT", "FLUSH")
         else:
@@ -380,6 +417,7 @@ QUICK: list[tuple[str, FaultScript, dict[str, object]]] = [
     ("server-kill-wipe", f_server_wipe, {"appendonly": False, "seconds": 22.0}),
     ("script-flush-client-kill", f_flush_kill, {"seconds": 18.0}),
     ("replica-promotion", f_promotion, {"seconds": 22.0}),
+    ("slow-proxy", f_slow, {}),
 ]
 
 
@@ -447,6 +485,8 @@ def run_scenario(name: str, script: FaultScript, config: Config, keep: bool = Fa
             recovery_ms=5000 + config.lease_ms + config.every_ms,
             logs=logs,
             loop_gaps=checker.read_gaps(paths, 0),
+            # The engine's round-trip deadline less a fifth (the server, the event loop).
+            keep_up_ms=int(round_trip_deadline_sec(config.lease_ms) * 800),
         )
     finally:
         if keep:
