@@ -324,8 +324,9 @@ ENGINE_MUTANTS: list[Mutant] = [
         "_scheduler.py",
         "        assert self._grace is not None\n        with anyio.CancelScope(shield=True):",
         "        assert self._grace is not None\n        with anyio.CancelScope(shield=False):",
-        "the stop runs shielded, so cancelling its caller's task still releases leases",
-        f"{ENGINE_FAULTS}::test_a_cancelled_stop_leaves_a_later_stop_and_the_block_able_to_finish",
+        "the stop runs shielded: an instance whose task is cancelled still resolves its "
+        "claims in flight and closes its connection",
+        f"{ENGINE_FAULTS}::test_a_scheduler_whose_task_is_cancelled_still_stops_and_closes_its_connection",
     ),
     _engine(
         "send-exception-group",

@@ -191,6 +191,35 @@ async def test_a_cancelled_stop_leaves_a_later_stop_and_the_block_able_to_finish
                 await scheduler.stop(grace_ms=0)
 
 
+async def test_a_scheduler_whose_task_is_cancelled_still_stops_and_closes_its_connection(
+    proxy: FaultProxy, prefix: str
+) -> None:
+    """Ctrl-C, or a task group around ``async with`` ending, cancels the scheduler's
+    task: leaving the block stops it all the same, and the connection it opened from a
+    URL is closed, not leaked (the stop runs shielded, so the cancellation does not
+    cut it short)."""
+    started = anyio.Event()
+    scheduler = Scheduler(RedisBackend(redis=proxy.url, prefix=prefix), stop_grace_ms=100)
+
+    @scheduler.job(OneShot.in_ms(100), name="long")
+    async def long() -> None:
+        started.set()
+        await anyio.sleep(30)
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as group:
+
+            async def host() -> None:
+                async with scheduler:
+                    await anyio.sleep_forever()
+
+            group.start_soon(host)
+            await started.wait()
+            assert proxy.connections_open >= 1
+            group.cancel_scope.cancel()
+    await wait_until(lambda: proxy.connections_open == 0, 2, "the connection closed")
+
+
 async def test_stop_called_from_a_handler_stops_the_scheduler_and_the_run_settles(
     server_url: str, prefix: str, direct: redis.Redis
 ) -> None:
