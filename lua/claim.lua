@@ -87,13 +87,12 @@ local function trim_old_state()
 end
 
 local function win(attempt, win_trigger, orphans)
-  if redis.call('HEXISTS', state_key, FENCE_FIELD) == 0 then
-    -- A new job, or a store that lost its data: fences start from the server's
-    -- clock in microseconds, so they keep growing across a wipe (no job wins
-    -- more than once a microsecond).
-    redis.call('HSET', state_key, FENCE_FIELD, int(now * 1000))
-  end
-  local fence = redis.call('HINCRBY', state_key, FENCE_FIELD, 1)
+  -- A job's fences follow the server's clock in microseconds (one more than the last
+  -- when it won within the same millisecond), so they keep growing where the counter
+  -- went back: a new job, a wiped store, a promoted replica that lacks the last wins.
+  local last = tonumber(redis.call('HGET', state_key, FENCE_FIELD)) or 0
+  local fence = math.max(last + 1, now * 1000)
+  redis.call('HSET', state_key, FENCE_FIELD, int(fence))
   local s = {
     status = 'running', attempt = attempt, token = token, until_ms = now + lease_ms,
     fence = fence, trigger = win_trigger, started_ms = now, runner = runner,

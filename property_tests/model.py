@@ -24,8 +24,9 @@ Rules (design section 3):
 - finish: only the current token of a running slot. ok settles ok; failed or
   cancelled with attempts left waits for a retry (cancelled: at once); without
   attempts left settles with the outcome.
-- Every win increments the job's fence; a new job's fence starts from the clock
-  in microseconds (so fences grow across a wiped store).
+- Every win raises the job's fence: to the clock in microseconds, or one more than
+  the last within the same millisecond (so fences grow across a wiped store and a
+  promoted replica that lacks the last wins).
 - A first claim of a slot also reports orphans: other unsettled slots whose
   lease expired or whose retry is due.
 - max_attempts comes with each claim and finish (a manual run is claimed with 1;
@@ -108,9 +109,8 @@ class JobModel:
     def _win(
         self, slot: str, slot_ms: int, attempt: int, token: str, trigger: str, now: int
     ) -> Reply:
-        if self.fence == 0:
-            self.fence = now * 1000  # a new job's fences start from the clock, in microseconds
-        self.fence += 1
+        # Fences follow the clock in microseconds, one up within a millisecond.
+        self.fence = max(self.fence + 1, now * 1000)
         self.runs[slot] = RunState(
             "running", attempt, token, now + self.lease_ms, self.fence, trigger, slot_ms
         )

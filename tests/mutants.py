@@ -224,9 +224,9 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "fence-seed",
         "claim.lua",
-        "redis.call('HSET', state_key, FENCE_FIELD, int(now * 1000))",
-        "redis.call('HSET', state_key, FENCE_FIELD, 0)",
-        "fences start from 0, not the server's clock: they go back after a wipe",
+        "local fence = math.max(last + 1, now * 1000)",
+        "local fence = last + 1",
+        "fences count wins, not the server's clock: they go back after a wipe or a failover",
         (MACHINE,),
     ),
     Mutant(
@@ -383,7 +383,12 @@ def run_mutant(mutant: Mutant) -> tuple[bool, str, float]:
         )
     seconds = time.monotonic() - start
     lines = done.stdout.splitlines()
-    failed = [line.split(" - ")[0] for line in lines if line.startswith(("FAILED", "ERROR"))]
+    # "FAILED tests/x.py::test - why" (not a captured log line "ERROR    anarchon:...").
+    failed = [
+        line.split(" - ")[0]
+        for line in lines
+        if line.startswith(("FAILED ", "ERROR ")) and "::" in line.split(" ")[1]
+    ]
     summary = lines[-1] if lines else done.stderr.strip()[-200:]
     # 1: tests failed; 2: xdist's -x interrupted the session after a failure.
     if done.returncode in (1, 2) and failed:

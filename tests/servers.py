@@ -222,7 +222,7 @@ def running_server(spec: ServerSpec) -> str:
 _pairs: dict[str, list[EmbeddedServer]] = {}
 
 # Replication as fast as loopback allows: no RDB file, no waiting for more replicas.
-_REPLICATION_ARGS = ("--repl-diskless-sync", "yes", "--repl-diskless-sync-delay", "0")
+REPLICATION_ARGS = ("--repl-diskless-sync", "yes", "--repl-diskless-sync-delay", "0")
 
 
 def running_pair(spec: ServerSpec) -> list[EmbeddedServer]:
@@ -234,7 +234,7 @@ def running_pair(spec: ServerSpec) -> list[EmbeddedServer]:
 
     if spec.id not in _pairs:
         assert spec.binary is not None
-        pair = [EmbeddedServer(spec.binary, _REPLICATION_ARGS).start() for _ in range(2)]
+        pair = [EmbeddedServer(spec.binary, REPLICATION_ARGS).start() for _ in range(2)]
         _pairs[spec.id] = pair
         with redis.Redis(port=pair[1].port, protocol=2) as replica:
             replica.execute_command("REPLICAOF", "127.0.0.1", pair[0].port)

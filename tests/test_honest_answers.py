@@ -14,9 +14,11 @@ import pytest
 import redis
 
 from anarchon import RedisBackend
+from anarchon._embedded import EmbeddedServer, free_port
 from anarchon._lease import JobKeys
 from anarchon._store import AttemptEnd, ClaimReply, ClaimRequest, FinishReply, Store
 from anarchon.clients import ServerReplyError
+from tests.servers import REPLICATION_ARGS, ServerSpec
 
 pytestmark = pytest.mark.anyio
 
@@ -131,6 +133,66 @@ async def test_fences_keep_growing_after_the_store_is_wiped(store: Store) -> Non
         await store.conn.execute(("DEL", keys.state, keys.active, keys.slots))
         await anyio.sleep(0.002)
     assert fences == sorted(set(fences)), fences
+
+
+async def test_fences_keep_growing_after_a_failover_that_lost_the_last_wins(
+    server: ServerSpec, prefix: str
+) -> None:
+    """Replication is asynchronous: a replica promoted after the primary acknowledged
+    wins it never replicated lacks them, fence counter included. The wins after the
+    failover must still get higher fences than the lost ones, or a downstream store
+    that trusts fences would take a lost run and a new one for the same writer."""
+    if server.binary is None:
+        pytest.skip(f"{server.id}: no binary to start a primary and a replica from")
+
+    def overlapping(slot_ms: int) -> ClaimRequest:
+        # Runs of the job that may overlap: every claim here wins its own slot.
+        return replace(claim_request(slot_ms, secrets.token_hex(8)), allow_overlap=True)
+
+    pair = [EmbeddedServer(server.binary, REPLICATION_ARGS).start() for _ in range(2)]
+    primary = redis.Redis(port=pair[0].port, protocol=2)
+    replica = redis.Redis(port=pair[1].port, protocol=2)
+    stores: list[Store] = []
+    try:
+        replica.execute_command("REPLICAOF", "127.0.0.1", pair[0].port)
+        # In sync first: a replica cut off during its first sync holds nothing at all.
+        deadline = time.monotonic() + 30
+        while replica.info("replication").get("master_link_status") != "up" or replica.info(
+            "replication"
+        ).get("master_sync_in_progress"):
+            assert time.monotonic() < deadline, "the replica did not sync within 30 s"
+            await anyio.sleep(0.01)
+
+        async def open_store(port: int) -> Store:
+            backend = RedisBackend(redis=f"redis://127.0.0.1:{port}", prefix=prefix)
+            opened = await backend.open(
+                {"runner": "r", "history_size": 100, "history_ttl_ms": None}
+            )
+            stores.append(opened)
+            return opened
+
+        on_primary = await open_store(pair[0].port)
+        first = await claim(on_primary, overlapping(a_slot() - 3000))
+        assert primary.execute_command("WAIT", 1, 10_000) == 1, "the replica did not sync"
+        # The replica is cut off (told to follow a port nobody listens on): what the
+        # primary acknowledges from now on is lost at the failover.
+        replica.execute_command("REPLICAOF", "127.0.0.1", free_port())
+        lost = [await claim(on_primary, overlapping(a_slot() - 2000 + i)) for i in range(3)]
+        replica.execute_command("REPLICAOF", "NO", "ONE")
+        on_replica = await open_store(pair[1].port)
+        await anyio.sleep(0.002)
+        after = await claim(on_replica, overlapping(a_slot() - 1000))
+        assert [r.kind for r in [first, *lost, after]] == ["won"] * 5
+        assert after.fence > max(r.fence for r in lost) > first.fence, (
+            first.fence, [r.fence for r in lost], after.fence,
+        )  # fmt: skip
+    finally:
+        for store in stores:
+            await store.conn.aclose()
+        primary.close()
+        replica.close()
+        for embedded in pair:
+            embedded.stop()
 
 
 async def test_a_probe_finds_its_own_live_win_and_changes_nothing_otherwise(
