@@ -19,8 +19,9 @@ the store's results (what the scripts recorded).
 * **Fences** grow across a wipe (every start after it has a higher fence than any
   before) and across a promotion from the promoted replica's counter on (every
   start after it has a higher fence than that counter). A fence handed out after
-  a promotion that is not above the fence of a lost win is a **reused** fence:
-  not an error of the checker's to hide, it is printed (``fences_reused``).
+  a promotion that is not above the fence of a lost win is a **reused** fence
+  (``fences_reused``), and unexplained: fences follow the server's clock, so a
+  win after the promotion is above every win before it, replicated or lost.
 """
 
 from __future__ import annotations
@@ -297,10 +298,10 @@ def check(
                     f"replica's fence counter was {kept}, and after it\n    {low.line}"
                 )
             if lost:
-                # The replica's counter was behind the primary's: the fences from it up
-                # to the last lost win's are handed out a second time.
+                # The replica's counter was behind the primary's: a counter alone would
+                # hand the fences from it up to the last lost win's out a second time.
                 top = max(lost, key=lambda s: s.fence)
-                report.fences_reused += [
+                reused = [
                     f"{job}: fence {s.fence} handed out again after the promotion (slot "
                     f"{s.slot}, {s.instance} a{s.attempt}); the primary had given up to "
                     f"{top.fence} before it died (slot {top.slot}, {top.instance} "
@@ -308,6 +309,8 @@ def check(
                     for s in sorted(after, key=lambda s: s.fence)
                     if s.fence <= top.fence
                 ]
+                report.fences_reused += reused
+                report.unexplained += [f"fence reused: {x}" for x in reused]
 
     # -- settling --------------------------------------------------------------------
     killed = {w.instance for w in windows if w.kind in ("sigkill", "forced")}

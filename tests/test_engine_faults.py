@@ -466,3 +466,35 @@ async def test_run_now_while_the_server_is_unreachable_raises_connection_failed_
         proxy.refuse(False)
     # A few tries with short pauses, each within the round-trip deadline (lease / 3).
     assert took < 5, took
+
+
+# ------------------------------------------------------------------ a slow link
+
+
+async def test_a_scheduler_behind_a_slow_link_keeps_running_after_a_round_trip_timed_out(
+    proxy: FaultProxy, prefix: str, direct: redis.Redis
+) -> None:
+    """A link whose round trip fits the deadline (a third of the lease), once slower
+    than that for a moment: a request that timed out costs its connection (redis-py's
+    asyncio client drops it), so a new connection must cost no round trip of its own
+    (no CLIENT SETINFO), or every request after it misses its deadline while the link
+    stays slow, and the scheduler runs nothing."""
+    ledger = Ledger(direct, prefix)
+    scheduler = Scheduler(
+        RedisBackend(redis=proxy.url, prefix=prefix), lease_ms=2000, heartbeat_ms=500
+    )
+
+    @scheduler.job(every_ms=1000, name="tick")
+    async def tick(run: Run) -> None:
+        await ledger.record(run)
+
+    async with scheduler:
+        proxy.delay(200)  # 400 ms a round trip, within the 667 ms deadline
+        await anyio.sleep(2)
+        proxy.delay(450)  # past the deadline: requests time out
+        await anyio.sleep(1.5)
+        proxy.delay(200)
+        back_ms = time.time() * 1000
+        await anyio.sleep(6)
+    ran = [slot for _, slot in ledger.counts() if slot > back_ms + 1000]
+    assert len(ran) >= 3, f"{len(ran)} slots ran in the 5 s after the link was back at 400 ms"

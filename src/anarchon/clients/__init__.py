@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 from collections.abc import Mapping
 from typing import Any
 
@@ -85,18 +86,32 @@ def validate_options(options: Mapping[str, Any]) -> None:
 # either way, so nothing above this module sees the difference.
 
 
+def _own_connection() -> dict[str, Any]:
+    """How anarchon's own redis-py connections are made: RESP2, and no CLIENT SETINFO
+    on connect. A request that misses its deadline costs its connection (redis-py's
+    asyncio client drops it), so a new one must cost no round trips of its own: on a
+    link whose round trip is over a third of the deadline, nothing would get through
+    again. redis-py 8.1 names the setting ``driver_info``, 5.0 to 8.0
+    ``lib_name``/``lib_version``."""
+    if importlib.util.find_spec("redis.driver_info") is not None:
+        return {"protocol": 2, "driver_info": None}
+    return {"protocol": 2, "lib_name": None, "lib_version": None}
+
+
 def _open_from_url(url: str) -> Connection:
     if running_under_asyncio():
         import redis.asyncio
 
         from .redis_py import RedisAsyncConnection
 
-        return RedisAsyncConnection(redis.asyncio.Redis.from_url(url, protocol=2), owned=True)
+        return RedisAsyncConnection(
+            redis.asyncio.Redis.from_url(url, **_own_connection()), owned=True
+        )
     import redis
 
     from .redis_py import RedisSyncConnection
 
-    return RedisSyncConnection(redis.Redis.from_url(url, protocol=2), owned=True)
+    return RedisSyncConnection(redis.Redis.from_url(url, **_own_connection()), owned=True)
 
 
 def _open_from_options(options: Mapping[str, Any]) -> Connection:
@@ -108,7 +123,7 @@ def _open_from_options(options: Mapping[str, Any]) -> Connection:
         "password": options.get("password"),
         "username": options.get("username"),
         "ssl": bool(options.get("tls", False)),
-        "protocol": 2,
+        **_own_connection(),
     }
     if kwargs["ssl"]:
         # CA bundle to verify the server with; client certificate and key for mutual TLS.
