@@ -6,8 +6,9 @@ agenda, the claimer, the runner, the lease keeper, settle), which the scripts ca
 see: a takeover that starves, a scheduler ended by a wrapped connection error, a
 ``stop()`` that hangs, a claim dropped after one error reply. Nothing is simulated:
 the schedulers run in an event loop of their own (a blocking portal, asyncio or trio)
-on the real clock, with leases of 900 ms and jobs firing every 250 ms to 6 s, and the
-rules act on them from the test's thread:
+on the real clock, with leases of 900 ms and jobs firing every 250 ms to 6 s (and one
+whose schedule raises after a few slots: that disables its job alone), and the rules
+act on them from the test's thread:
 
 - ``wait``: time passes;
 - ``fault_connection``: one instance's connection drops replies the server applied,
@@ -32,7 +33,8 @@ store cannot wipe it). After every step the machine checks, in words:
    was dead, stalled, stopping or cut off (or the server was down, slow or wiped)
    before the later one started; and the later attempt always has a higher attempt
    number and a higher fence (after a wipe, attempts count from 1 again, but the
-   fence still grows). No attempt number exceeds ``max_attempts``.
+   fence still grows). No attempt number exceeds ``max_attempts``. After a wipe,
+   every job's fences are above all it had before.
 2. Every slot due while the server and at least one instance were healthy (from
    a second before the slot until its lateness window closed) started, or the store
    records it skipped (overlap) or interrupted. Healthy means: no fault of the
@@ -72,7 +74,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import Future
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, ClassVar, Literal, NoReturn
 
@@ -155,6 +157,24 @@ CLIENT_KINDS = {
 }
 #: Jobs whose handlers end soon (run_now waits for the run).
 QUICK_JOBS = ("tick", "flaky")
+#: A job beside JOBS whose schedule breaks: it disables that job alone (its slots are
+#: not judged), and must end nothing else.
+BRITTLE = JobSpec("brittle", 2000, "quick")
+
+
+class BrittleSchedule:
+    """Every 2 s, until its fourth answer on an instance: then it raises."""
+
+    def __init__(self) -> None:
+        self.answers = 0
+
+    def next_after(self, moment: datetime, /) -> datetime:
+        self.answers += 1
+        if self.answers >= 4:
+            raise RuntimeError("the brittle schedule broke")
+        every_ms = BRITTLE.every_ms
+        after_ms = int(moment.timestamp() * 1000)
+        return datetime.fromtimestamp((after_ms // every_ms + 1) * every_ms / 1000, UTC)
 
 
 def fail(message: str) -> NoReturn:
@@ -406,6 +426,8 @@ class EngineMachine(RuleBasedStateMachine):
         self.windows: list[Window] = []
         self._watching = threading.Event()
         self.wipes: list[float] = []
+        #: When each wiped server was killed and when it was up again, empty.
+        self.wipe_spans: list[tuple[float, float]] = []
         #: Each job's state as it was just before each wipe.
         self.forgotten: dict[str, dict[str, str]] = {spec.name: {} for spec in JOBS}
         self.checked_until: dict[str, int] = {}
@@ -495,6 +517,11 @@ class EngineMachine(RuleBasedStateMachine):
                 max_attempts=MAX_ATTEMPTS,
                 max_late_ms=MAX_LATE_MS,
             )
+
+        scheduler.add_job(
+            make_handler(BRITTLE, self.ledger), BrittleSchedule(), name=BRITTLE.name,
+            max_late_ms=MAX_LATE_MS,
+        )  # fmt: skip
 
         async def host(task_status: TaskStatus[anyio.CancelScope]) -> None:
             with anyio.CancelScope() as scope:
@@ -741,6 +768,8 @@ class EngineMachine(RuleBasedStateMachine):
             time.sleep(down_ms / 1000)
             self.server.start(wipe=not persist)
             self.admin = self._admin()
+            if not persist:
+                self.wipe_spans.append((self.wipes[-1], wall_ms()))
 
     # ------------------------------------------------------------ invariants
 
@@ -801,6 +830,34 @@ class EngineMachine(RuleBasedStateMachine):
                     f"{later.job} slot {later.slot_id} started twice with no dead, stalled "
                     f"or cut-off runner in between: {earlier} then {later}"
                 )
+
+    @invariant()
+    def fences_grow_across_a_wipe(self) -> None:
+        """A store that lost its data still hands out fences above every fence it gave
+        before (a downstream store that trusts fences must not accept a stale writer):
+        each job's starts won after a wipe have higher fences than all before it."""
+        starts = self.ledger.snapshot()
+        for killed_ms, up_ms in self.wipe_spans:
+            for spec in JOBS:
+                before = [
+                    s.fence for s in starts if s.job == spec.name and s.started_ms < killed_ms
+                ]
+                # Won on the new server: started after it was up (a reply in flight when
+                # the old one died is delivered at once, or never; a starved loop acts
+                # on it late by as long as it stood still).
+                after = [
+                    s
+                    for s in starts
+                    if s.job == spec.name
+                    and s.started_ms > up_ms + 100 + self._starved_ms(killed_ms, s.started_ms)
+                ]
+                if before and after:
+                    lowest = min(after, key=lambda s: s.fence)
+                    check(
+                        lowest.fence > max(before),
+                        f"{spec.name}: after the store was wiped, {lowest} started with fence "
+                        f"{lowest.fence}, not above {max(before)}, the highest before the wipe",
+                    )
 
     def _check_self_fencing(self, earlier: Start, later: Start) -> None:
         """A later attempt starts only after the earlier one's lease expired on the
