@@ -11,10 +11,13 @@ mutant was killed (the survivors are printed first, one line each).
     python -m tests.mutants --list       # what each one removes, and its selection
     python -m tests.mutants --only NAME  # one mutant (repeat --only for more)
     python -m tests.mutants --engine     # the engine's mutants instead
+    python -m tests.mutants --machine    # each against the engine machine alone
 
 An engine mutant is applied to a copy of ``src/`` that the selection imports first
 (``PYTHONPATH``), with ``ANARCHON_LUA_DIR`` at the shipped ``lua/`` (the copy has no
 scripts beside it); its selection is the engine machine and its direct test.
+``--machine`` runs the listed mutants (Lua or engine) against the engine machine
+alone: whether the real engine in its state machine finds the defect by itself.
 
 Each mutant is (name, file, exact old text, new text): the old text must occur
 exactly once in the shipped file, so a mutant breaks loudly when the scripts
@@ -40,7 +43,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -329,6 +332,15 @@ ENGINE_MUTANTS: list[Mutant] = [
         f"{ENGINE_FAULTS}::test_a_scheduler_whose_task_is_cancelled_still_stops_and_closes_its_connection",
     ),
     _engine(
+        "schedule-raise-unhandled",
+        "_engine/agenda.py",
+        "            return job.clock.next_slot_ms(after_ms)\n        except Exception as exc:",
+        "            return job.clock.next_slot_ms(after_ms)\n"
+        "        except ArithmeticError as exc:",
+        "a schedule that raises disables its job alone",
+        f"{ENGINE_FAULTS}::test_a_schedule_that_raises_disables_its_job_alone",
+    ),
+    _engine(
         "send-exception-group",
         "clients/send.py",
         "                failures.append(exc)\n",
@@ -366,8 +378,11 @@ def selection_command(mutant: Mutant) -> list[str]:
     ]  # fmt: skip
 
 
-def run_mutant(mutant: Mutant) -> tuple[bool, str, float]:
-    """Run the mutant's selection; (killed, the failing test or the summary, seconds)."""
+def run_mutant(mutant: Mutant, machine_only: bool = False) -> tuple[bool, str, float]:
+    """Run the mutant's selection (or the engine machine alone); (killed, the failing
+    test or the summary, seconds)."""
+    if machine_only:
+        mutant = replace(mutant, tests=(ENGINE_MACHINE,))
     env = {k: v for k, v in os.environ.items() if k not in ("CI", "ANARCHON_FULL_MATRIX")}
     env["HYPOTHESIS_PROFILE"] = PROFILE
     start = time.monotonic()
@@ -410,6 +425,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--list", action="store_true", help="print the mutants and exit")
     parser.add_argument("--only", action="append", metavar="NAME", help="run only this mutant")
     parser.add_argument("--engine", action="store_true", help="the engine's mutants instead")
+    parser.add_argument("--machine", action="store_true", help="against the engine machine alone")
     args = parser.parse_args(argv)
     listed = ENGINE_MUTANTS if args.engine else MUTANTS
     names = [m.name for m in MUTANTS + ENGINE_MUTANTS]
@@ -431,7 +447,7 @@ def main(argv: list[str] | None = None) -> int:
         chosen = [m for m in listed if m.name in args.only]
     survivors = []
     for mutant in chosen:
-        killed, detail, seconds = run_mutant(mutant)
+        killed, detail, seconds = run_mutant(mutant, machine_only=args.machine)
         verdict = "killed" if killed else "SURVIVED"
         print(f"{mutant.name}: {verdict} in {seconds:.0f} s: {detail}", flush=True)
         if not killed:

@@ -11,6 +11,7 @@ import redis
 import redis.asyncio
 
 from anarchon import (
+    ConnectionFailedError,
     RedisBackend,
     Run,
     Scheduler,
@@ -19,6 +20,7 @@ from anarchon import (
     UnsupportedServerError,
     ValkeyBackend,
 )
+from tests.faults import read_only
 from tests.helpers import OneShot, PinnedConnection, wait_until
 from tests.servers import ServerSpec
 
@@ -39,6 +41,22 @@ async def test_a_newer_store_format_refuses_to_start_and_writes_nothing(
     assert info.value.code == "ANARCHON_STORE_FORMAT"
     assert sorted(direct.scan_iter(match=f"*{prefix}*")) == [f"{prefix}format"]
     assert direct.get(f"{prefix}format") == "99"
+
+
+async def test_starting_on_a_read_only_replica_says_so_not_that_the_prefix_is_taken(
+    server_url: str, prefix: str, direct: redis.Redis
+) -> None:
+    """A new store's format key cannot be written on a replica (or a server out of
+    memory): that is a server that cannot take writes now, not another program's
+    prefix, and the error says what it is."""
+    scheduler = Scheduler(RedisBackend(redis=server_url, prefix=prefix))
+    scheduler.add_job(lambda: None, "* * * * * *", name="job")
+    with read_only(direct), pytest.raises(ConnectionFailedError) as info:
+        async with scheduler:
+            pass
+    message = str(info.value)
+    assert "READONLY" in message and "primary" in message, message
+    assert "prefix" not in message, message
 
 
 async def test_the_store_format_is_written_when_absent(

@@ -24,6 +24,7 @@ from .clients import (
     ConnectionSpec,
     ServerReplyError,
     TransportError,
+    is_transient,
     open_connection,
 )
 from .clients import validate_options as validate_connection_options
@@ -409,6 +410,13 @@ async def _check_store_format(conn: Connection, prefix: str) -> None:
             await conn.execute(("SET", key, STORE_FORMAT, "NX"))
             stored = await conn.execute(("GET", key))
     except ServerReplyError as exc:
+        if is_transient(exc):
+            # A replica, a server out of memory or still loading: not the prefix's fault.
+            raise ConnectionFailedError(
+                f"the server cannot take the store format key {key!r} now: {exc}; connect "
+                "to the primary (a replica refuses writes), or wait until it has memory "
+                "and has loaded its data"
+            ) from exc
         raise StoreFormatError(
             f"cannot read the store format key {key!r}: {exc}; another program may use this "
             "prefix: choose another prefix"
