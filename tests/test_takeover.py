@@ -23,7 +23,10 @@ def start_worker(
     url: str, prefix: str, name: str, slot_ms: int, loop: str
 ) -> subprocess.Popen[str]:
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(ROOT), env.get("PYTHONPATH", "")])
+    # The caller's path first: a mutant's copy of src/ (python -m tests.mutants) must
+    # be the anarchon the workers run.
+    paths = [env.get("PYTHONPATH", ""), str(ROOT / "src"), str(ROOT)]
+    env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
     proc = subprocess.Popen(
         [sys.executable, "-m", "tests.worker", url, prefix, name, str(slot_ms),
          str(LEASE_MS), str(HEARTBEAT_MS), loop],
