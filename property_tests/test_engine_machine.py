@@ -15,7 +15,8 @@ act on them from the test's thread:
   refuses and resets connections, or cuts each connection after its next request;
 - ``stall``: one instance's traffic freezes both ways (its heartbeats stop, its
   handlers go on, as a ``SIGSTOP`` looks from outside), then flows again, late;
-- ``server_error``: the server itself answers OOM, READONLY or BUSY for a while;
+- ``server_error``: the server itself answers OOM, READONLY or BUSY for a while
+  (``server_error_past_a_slot``: until just past a slot of a job 1.5 s apart or more);
 - ``kill``: an instance's connection is cut and refused, then its task is cancelled:
   it releases nothing, so its leases expire as a dead process's would;
 - ``interrupt``: an instance's task is cancelled while its connection works: it
@@ -24,7 +25,8 @@ act on them from the test's thread:
 - ``restart``: a killed or stopped instance starts again, as a new runner;
 - ``run_now``: a manual run on one instance;
 - ``restart_server``: ``kill -9`` of the server and a start on the same port, from
-  its append-only file (fsynced on every write) or empty.
+  its append-only file (fsynced on every write) or empty (``restart_server_past_a_slot``:
+  down from before a slot of a job 1.5 s apart or more until just after it).
 
 Handlers write to a ledger in the test process, independent of the store (a wiped
 store cannot wipe it). After every step the machine checks, in words:
@@ -41,9 +43,10 @@ store cannot wipe it). After every step the machine checks, in words:
    machine's, and none of the load a shared 2-core machine puts on it either: the
    machine watches the schedulers' event loop (a 50 ms sleep that overshoots by
    100 ms) and the server (a PING on a connection of its own that takes 100 ms)
-   and counts such spans as faults. A slot whose first claim the server refused
-   (OOM, READONLY, BUSY) is judged all the same when the refusals ended within
-   300 ms of it: the engine's next try comes in time.
+   and counts such spans as faults. A slot of a job 1.5 s apart or more whose first
+   claims failed because the server refused them (OOM, READONLY, BUSY) or was down
+   is judged all the same when the server was back within 300 ms of the slot: the
+   engine's next try of a failed claim comes in time.
 3. Every run settles: no unsettled run stays in the active set without a live lease
    for longer than a lease plus one period of its job plus a claim cycle (for a job
    much slower than the lease, than a second: its backups ask when the lease runs
@@ -115,14 +118,17 @@ SETTLE_AFTER_FAULT_MS = 1000 * ROUND_TRIP_SEC + 700
 #: much, and the server as slow when a PING takes this long: a loaded machine, which
 #: delays every instance's round trips as a fault would.
 SLOW_MS = 100
-#: A slot whose first claim the server refused with an error reply (OOM, READONLY,
-#: BUSY) is still owed a run when the refusal ended this soon after the slot: the
-#: claim is sent again after 50 ms, 250 ms and 500 ms (+-20 %), so the try after the
-#: refusal comes well within ``MAX_LATE_MS``, and before the next slot for a job at
-#: least ``REFUSED_JOB_MIN_EVERY_MS`` apart (sooner, the engine rightly drops the old
-#: slot for the on-time one).
-REFUSED_HEALED_BY_MS = 300
-REFUSED_JOB_MIN_EVERY_MS = 1500
+#: A slot whose first claims failed because the server refused them with an error
+#: reply (OOM, READONLY, BUSY) or was down (killed, then started again) is still owed
+#: a run when the server was back this soon after the slot: the claim is sent again
+#: after 50 ms, 250 ms and 500 ms (+-20 %), so the try after the server is back comes
+#: well within ``MAX_LATE_MS``, and before the next slot for a job at least
+#: ``BACK_JOB_MIN_EVERY_MS`` apart (sooner, the engine rightly drops the old slot for
+#: the on-time one).
+SERVER_BACK_BY_MS = 300
+BACK_JOB_MIN_EVERY_MS = 1500
+#: The jobs that far apart, whose slot a fault may end just after.
+SPARSE_JOBS = ("hang", "long")
 NAMES = ("a", "b", "c")
 
 Behaviour = Literal["quick", "slow", "flaky", "long", "hang", "sync"]
@@ -243,6 +249,11 @@ class Ledger:
             return list(self.starts)
 
 
+def _next_slot_ms(job: str, after_ms: float) -> int:
+    every_ms = next(spec.every_ms for spec in JOBS if spec.name == job)
+    return (int(after_ms) // every_ms + 1) * every_ms
+
+
 def slot_index(spec: JobSpec, slot_ms: int) -> int:
     return slot_ms // spec.every_ms
 
@@ -313,8 +324,8 @@ class Window:
     #: For the load the machine observed: how long the loop stood still (or the PING
     #: took), without the settling time added to ``end_ms``.
     took_ms: float = 0.0
-    #: For the server's error replies (its connections kept working): when they
-    #: stopped, without the settling time.
+    #: For the server's error replies, or its restart: when it answered again,
+    #: without the settling time.
     healed_ms: float | None = None
 
     def overlaps(self, start_ms: float, end_ms: float) -> bool:
@@ -645,19 +656,23 @@ class EngineMachine(RuleBasedStateMachine):
             time.sleep(ms / 1000)
             instance.proxy.resume()
 
+    @rule(kind=st.sampled_from(["oom", "read_only", "busy"]), ms=st.integers(100, 1500))
+    def server_error(self, kind: str, ms: int) -> None:
+        """The server refuses writes (or, busy, everything) for ``ms``."""
+        self._refuse(kind, ms)
+
     @rule(
         kind=st.sampled_from(["oom", "read_only", "busy"]),
         ms=st.integers(100, 1500),
-        past_a_slot_of=st.sampled_from([None, "hang", "long"]),
+        job=st.sampled_from(SPARSE_JOBS),
     )
-    def server_error(self, kind: str, ms: int, past_a_slot_of: str | None) -> None:
-        """The server refuses for ``ms``, or on until just past the next slot of a job
-        after that (the slot's first claims are refused, and the next try must run it)."""
+    def server_error_past_a_slot(self, kind: str, ms: int, job: str) -> None:
+        """The server refuses until just past the next slot of ``job`` after ``ms``: the
+        slot's first claims are refused, and the engine's next try must run it."""
+        self._refuse(kind, int(_next_slot_ms(job, wall_ms() + ms) + 100 - wall_ms()))
+
+    def _refuse(self, kind: str, ms: int) -> None:
         event(f"server error: {kind}")
-        if past_a_slot_of is not None:
-            every_ms = next(spec.every_ms for spec in JOBS if spec.name == past_a_slot_of)
-            slot = (int(wall_ms() + ms) // every_ms + 1) * every_ms
-            ms = int(slot + REFUSED_HEALED_BY_MS / 3 - wall_ms())
         fault: AbstractContextManager[None]
         if kind == "oom":
             fault = oom(self.admin)
@@ -752,10 +767,21 @@ class EngineMachine(RuleBasedStateMachine):
 
     @rule(persist=st.booleans(), down_ms=st.integers(0, 1000))
     def restart_server(self, persist: bool, down_ms: int) -> None:
+        self._restart_server(persist, lambda: time.sleep(down_ms / 1000))
+
+    @rule(persist=st.booleans(), ms=st.integers(0, 1000), job=st.sampled_from(SPARSE_JOBS))
+    def restart_server_past_a_slot(self, persist: bool, ms: int, job: str) -> None:
+        """The server is down from about ``ms`` before the next slot of ``job`` (after
+        ``ms``) until just after it: the slot's first claims fail, and the engine's next
+        try, once the server is back, must run it."""
+        slot = _next_slot_ms(job, wall_ms() + ms)
+        self._restart_server(persist, lambda: time.sleep(max(0.0, (slot - wall_ms()) / 1000)))
+
+    def _restart_server(self, persist: bool, down: Callable[[], None]) -> None:
         # Slots whose windows close now are judged on the store before it may be wiped.
         self.check_misses()
         event(f"server restart {'from AOF' if persist else 'empty'}")
-        with self._impaired("server", "restart"):
+        with self._impaired("server", "restart") as window:
             if not persist:
                 # What the store said before it forgot, for the slots judged later.
                 for spec in JOBS:
@@ -765,8 +791,9 @@ class EngineMachine(RuleBasedStateMachine):
             self.server.kill()
             if not persist:
                 self.wipes.append(wall_ms())
-            time.sleep(down_ms / 1000)
+            down()
             self.server.start(wipe=not persist)
+            window.healed_ms = wall_ms()
             self.admin = self._admin()
             if not persist:
                 self.wipe_spans.append((self.wipes[-1], wall_ms()))
@@ -924,7 +951,7 @@ class EngineMachine(RuleBasedStateMachine):
             while slot <= horizon:
                 self.checked_until[spec.name] = slot
                 window = (slot - SETTLE_AFTER_FAULT_MS, slot + MAX_LATE_MS)
-                healthy = self._some_instance_healthy(*window) or self._refusal_healed_in_time(
+                healthy = self._some_instance_healthy(*window) or self._server_back_in_time(
                     spec, slot, window
                 )
                 self.judged[healthy] += 1
@@ -939,13 +966,11 @@ class EngineMachine(RuleBasedStateMachine):
                     self._judge_unstarted(spec, slot, state)
                 slot += spec.every_ms
 
-    def _refusal_healed_in_time(
-        self, spec: JobSpec, slot: int, window: tuple[float, float]
-    ) -> bool:
-        """Whether the only trouble of the server around ``slot`` was error replies
-        that ended soon enough for the engine's next try of a refused claim to run the
-        slot (and an instance was healthy throughout)."""
-        if spec.every_ms < REFUSED_JOB_MIN_EVERY_MS:
+    def _server_back_in_time(self, spec: JobSpec, slot: int, window: tuple[float, float]) -> bool:
+        """Whether the only trouble of the server around ``slot`` was error replies or
+        a restart that ended soon enough for the engine's next try of a failed claim to
+        run the slot (and an instance was healthy throughout)."""
+        if spec.every_ms < BACK_JOB_MIN_EVERY_MS:
             return False
         troubles = [w for w in self.windows if w.who == "server" and w.overlaps(*window)]
         refusals = [w for w in troubles if w.healed_ms is not None]
@@ -959,13 +984,13 @@ class EngineMachine(RuleBasedStateMachine):
             )
         ]
         if not troubles or not all(
-            w.healed_ms is not None and w.healed_ms <= slot + REFUSED_HEALED_BY_MS for w in troubles
+            w.healed_ms is not None and w.healed_ms <= slot + SERVER_BACK_BY_MS for w in troubles
         ):
             return False
         if not self._some_instance_healthy(*window, server=False):
             return False
         refused = any(w.start_ms <= slot < (w.healed_ms or 0) for w in troubles)
-        event(f"slot judged after refusals {'around' if refused else 'before'} it")
+        event(f"slot judged: the server was back {'just after' if refused else 'before'} it")
         return True
 
     def _judge_unstarted(self, spec: JobSpec, slot: int, state: str | None) -> None:
