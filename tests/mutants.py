@@ -407,7 +407,12 @@ def run_mutant(mutant: Mutant, machine_only: bool = False) -> tuple[bool, str, f
     summary = lines[-1] if lines else done.stderr.strip()[-200:]
     # 1: tests failed; 2: xdist's -x interrupted the session after a failure.
     if done.returncode in (1, 2) and failed:
-        errors = [line[1:].strip() for line in lines if line.startswith("E   ")]
+        # The engine machine prints the check that failed as it fails (a replay on the
+        # real clock may then fail differently, e.g. FlakyStrategyDefinition).
+        said = [line for line in lines if line.startswith("engine machine: ")]
+        errors = [line.removeprefix("engine machine: ") for line in said] or [
+            line[1:].strip() for line in lines if line.startswith("E   ")
+        ]
         why = f" ({errors[0][:160]})" if errors else ""
         return True, failed[0].removeprefix("FAILED ") + why, seconds
     if done.returncode == 0:

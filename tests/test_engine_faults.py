@@ -245,6 +245,33 @@ async def test_stop_called_from_a_handler_stops_the_scheduler_and_the_run_settle
 # -------------------------------------------------------- deadlines, not hopes
 
 
+async def test_stop_is_bounded_while_a_finished_run_waits_to_record_its_result(
+    proxy: FaultProxy, prefix: str
+) -> None:
+    """A run that ended while the server was unreachable tries again to record its
+    result, backing off (0.2, 0.5, 1, 2, 5 s). A stop meanwhile makes one last try and
+    returns: it does not sit out the backoff."""
+    ended = anyio.Event()
+    scheduler = Scheduler(
+        RedisBackend(redis=proxy.url, prefix=prefix), lease_ms=900, stop_grace_ms=0
+    )
+
+    @scheduler.job(OneShot.in_ms(100), name="quick")
+    async def quick() -> None:
+        proxy.refuse(True)  # its finish, and everything after it, is refused
+        ended.set()
+
+    with anyio.fail_after(20):
+        async with scheduler:
+            await ended.wait()
+            # 0.2 + 0.5 + 1 s of backoff after the first try: now in the 2 s wait.
+            await anyio.sleep(1.9)
+            started = time.monotonic()
+            await scheduler.stop()
+            took = time.monotonic() - started
+    assert took < 1.2, f"stop() took {took:.2f} s while a finish backed off"
+
+
 async def test_stop_is_bounded_while_the_server_is_frozen(proxy: FaultProxy, prefix: str) -> None:
     started = anyio.Event()
     scheduler = Scheduler(

@@ -491,7 +491,7 @@ class Scheduler(Generic[K]):
         assert self._grace is not None
         with anyio.CancelScope(shield=True):
             try:
-                context.state = "stopping"
+                context.begin_stopping()
                 self._agenda.wake()
                 await self._claimer.loop_done.wait()
                 await self._claimer.release_unanswered()

@@ -133,6 +133,9 @@ class EngineContext:
     #: The task group every task of the scheduler runs in (from start on).
     group: TaskGroup | None = None
     state: State = "new"
+    #: Set when the scheduler starts stopping: waits that a stop must not sit out
+    #: (a finish's backoff) end early.
+    stopping: anyio.Event = field(default_factory=anyio.Event)
     #: The attempts this instance runs, by (job, slot id); only the runner adds and
     #: removes them.
     attempts: dict[tuple[str, str], _Attempt] = field(default_factory=dict)
@@ -144,6 +147,10 @@ class EngineContext:
     @property
     def round_trip_sec(self) -> float:
         return round_trip_deadline_sec(self.lease_ms)
+
+    def begin_stopping(self) -> None:
+        self.state = "stopping"
+        self.stopping.set()
 
     def disable(self, job: str, reason: str) -> None:
         """Stop claiming slots of ``job``, loudly; the other jobs go on."""

@@ -79,7 +79,9 @@ class Settler:
         )
         context = self._context
         for wait_sec in (0.0, 0.2, 0.5, 1.0, 2.0, 5.0):
-            await anyio.sleep(wait_sec)
+            # A stop ends the backoff: one last try, then the lease expires for a backup.
+            with anyio.move_on_after(wait_sec):
+                await context.stopping.wait()
             failure: BaseException | str = "no reply in time"
             reply = None
             with anyio.move_on_after(context.round_trip_sec):
