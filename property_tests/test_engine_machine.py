@@ -446,6 +446,8 @@ class EngineMachine(RuleBasedStateMachine):
         self.wipes: list[float] = []
         #: When each wiped server was killed and when it was up again, empty.
         self.wipe_spans: list[tuple[float, float]] = []
+        #: How long the server took to start (answer PING) the last time.
+        self._start_took_ms = 200.0
         #: Each job's state as it was just before each wipe.
         self.forgotten: dict[str, dict[str, str]] = {spec.name: {} for spec in JOBS}
         self.checked_until: dict[str, int] = {}
@@ -790,7 +792,12 @@ class EngineMachine(RuleBasedStateMachine):
         ``ms``) until just after it: the slot's first claims fail, and the engine's next
         try, once the server is back, must run it."""
         slot = _next_slot_ms(job, wall_ms() + ms)
-        self._restart_server(persist, lambda: time.sleep(max(0.0, (slot - wall_ms()) / 1000)))
+        # Started again so that it answers about 100 ms after the slot: starting takes
+        # about as long as it took last time.
+        start_at_ms = slot + 100 - self._start_took_ms
+        self._restart_server(
+            persist, lambda: time.sleep(max(0.0, (start_at_ms - wall_ms()) / 1000))
+        )
 
     def _restart_server(self, persist: bool, down: Callable[[], None]) -> None:
         # Slots whose windows close now are judged on the store before it may be wiped.
@@ -807,8 +814,10 @@ class EngineMachine(RuleBasedStateMachine):
             if not persist:
                 self.wipes.append(wall_ms())
             down()
+            starting_ms = wall_ms()
             self.server.start(wipe=not persist)
             window.healed_ms = wall_ms()
+            self._start_took_ms = window.healed_ms - starting_ms
             self.admin = self._admin()
             if not persist:
                 self.wipe_spans.append((self.wipes[-1], wall_ms()))
