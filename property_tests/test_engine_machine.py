@@ -291,7 +291,9 @@ def make_handler(spec: JobSpec, ledger: Ledger) -> Callable[..., Any]:
             entry = ledger.started(run)
             outcome = "ok"
             try:
-                for _ in range(30):  # 0.3 s in steps, checking the lease
+                # 0.6 s in steps, checking the lease: longer than a stop's grace, so a
+                # stop meanwhile tells it its lease is gone.
+                for _ in range(60):
                     if run.lease_lost.is_set():
                         outcome = "lost"
                         return
