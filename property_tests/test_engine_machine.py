@@ -17,6 +17,8 @@ act on them from the test's thread:
   handlers go on, as a ``SIGSTOP`` looks from outside), then flows again, late;
 - ``server_error``: the server itself answers OOM, READONLY or BUSY for a while
   (``server_error_past_a_slot``: until just past a slot of a job 1.5 s apart or more);
+- ``freeze_server``: the server stands still (SIGSTOP), then goes on (SIGCONT), applying
+  what was sent meanwhile (``freeze_server_past_a_slot``: until 400 ms after a slot);
 - ``kill``: an instance's connection is cut and refused, then its task is cancelled:
   it releases nothing, so its leases expire as a dead process's would;
 - ``interrupt``: an instance's task is cancelled while its connection works: it
@@ -45,8 +47,10 @@ store cannot wipe it). After every step the machine checks, in words:
    100 ms) and the server (a PING on a connection of its own that takes 100 ms)
    and counts such spans as faults. A slot of a job 1.5 s apart or more whose first
    claims failed because the server refused them (OOM, READONLY, BUSY) or was down
-   is judged all the same when the server was back within 300 ms of the slot: the
-   engine's next try of a failed claim comes in time.
+   is judged all the same when the server was back within 300 ms of the slot (a
+   frozen one, 600 ms: the claim that missed its deadline is sent again at once): the
+   engine's next try of a failed claim comes in time, and must start the slot within
+   ``max_late_ms``.
 3. Every run settles: no unsettled run stays in the active set without a live lease
    for longer than a lease plus one period of its job plus a claim cycle (for a job
    much slower than the lease, than a second: its backups ask when the lease runs
@@ -69,6 +73,7 @@ from __future__ import annotations
 import itertools
 import logging
 import math
+import signal
 import sys
 import tempfile
 import threading
@@ -333,9 +338,11 @@ class Window:
     #: For the load the machine observed: how long the loop stood still (or the PING
     #: took), without the settling time added to ``end_ms``.
     took_ms: float = 0.0
-    #: For the server's error replies, or its restart: when it answered again,
-    #: without the settling time.
+    #: For the server's error replies, its restart or its freeze: when it answered
+    #: again, without the settling time; and how soon after a slot it must have
+    #: answered again for the slot to be owed a run all the same.
     healed_ms: float | None = None
+    back_by_ms: float = 0.0
 
     def overlaps(self, start_ms: float, end_ms: float) -> bool:
         return self.start_ms <= end_ms and start_ms <= self.end_ms
@@ -694,7 +701,7 @@ class EngineMachine(RuleBasedStateMachine):
         with self._impaired("server", kind) as window:
             with fault:
                 time.sleep(ms / 1000)
-            window.healed_ms = wall_ms()
+            window.healed_ms, window.back_by_ms = wall_ms(), SERVER_BACK_BY_MS
 
     @precondition(lambda self: bool(self._up()))
     @rule(data=st.data())
@@ -784,6 +791,35 @@ class EngineMachine(RuleBasedStateMachine):
             return  # the loop stood still, or the server was slow: every try missed
         check(outcome in ("ok", "failed", "refused: overlap"), f"run_now answered {outcome}")
 
+    @rule(ms=st.integers(100, 1500))
+    def freeze_server(self, ms: int) -> None:
+        """The server stands still (SIGSTOP) for ``ms``, then goes on (SIGCONT): every
+        round trip meanwhile misses its deadline, and the server applies the commands
+        queued meanwhile once it goes on (replies the clients gave up on)."""
+        self._freeze(ms)
+
+    @rule(ms=st.integers(100, 1500), job=st.sampled_from(SPARSE_JOBS))
+    def freeze_server_past_a_slot(self, ms: int, job: str) -> None:
+        """Frozen from before the next slot of ``job`` (after ``ms``) until 400 ms after
+        it: the slot's first claims miss their deadline (a third of the lease, 300 ms),
+        and their next try, sent again with the same tokens, must run the slot."""
+        slot = _next_slot_ms(job, wall_ms() + ms)
+        self._freeze(int(slot + 400 - wall_ms()))
+
+    def _freeze(self, ms: int) -> None:
+        process = self.server.process
+        assert process is not None
+        event("server frozen")
+        with self._impaired("server", "frozen") as window:
+            process.send_signal(signal.SIGSTOP)
+            try:
+                time.sleep(ms / 1000)
+            finally:
+                process.send_signal(signal.SIGCONT)
+            # The claim that missed its deadline is sent again after 50 ms (+-20 %) and
+            # waits for the server within its own deadline: 600 ms after the slot.
+            window.healed_ms, window.back_by_ms = wall_ms(), 2 * 1000 * ROUND_TRIP_SEC
+
     @rule(persist=st.booleans(), down_ms=st.integers(0, 1000))
     def restart_server(self, persist: bool, down_ms: int) -> None:
         self._restart_server(persist, lambda: time.sleep(down_ms / 1000))
@@ -818,7 +854,7 @@ class EngineMachine(RuleBasedStateMachine):
             down()
             starting_ms = wall_ms()
             self.server.start(wipe=not persist)
-            window.healed_ms = wall_ms()
+            window.healed_ms, window.back_by_ms = wall_ms(), SERVER_BACK_BY_MS
             self._start_took_ms = window.healed_ms - starting_ms
             self.admin = self._admin()
             if not persist:
@@ -970,19 +1006,33 @@ class EngineMachine(RuleBasedStateMachine):
             spec.name: self.admin.hgetall(JobKeys.for_job(self.prefix, spec.name).state)
             for spec in JOBS
         }
-        starts = {(s.job, s.slot_ms) for s in self.ledger.snapshot() if s.trigger != "manual"}
+        starts: dict[tuple[str, int], float] = {}
+        for s in self.ledger.snapshot():
+            if s.trigger != "manual":
+                key = (s.job, s.slot_ms)
+                starts[key] = min(starts.get(key, math.inf), s.started_ms)
         for spec in JOBS:
             first = self.checked_until[spec.name]
             slot = (first // spec.every_ms + 1) * spec.every_ms
             while slot <= horizon:
                 self.checked_until[spec.name] = slot
                 window = (slot - SETTLE_AFTER_FAULT_MS, slot + MAX_LATE_MS)
-                healthy = self._some_instance_healthy(*window) or self._server_back_in_time(
-                    spec, slot, window
-                )
+                back_in_time = False
+                healthy = self._some_instance_healthy(*window)
+                if not healthy:
+                    healthy = back_in_time = self._server_back_in_time(spec, slot, window)
                 self.judged[healthy] += 1
-                if (spec.name, slot) in starts:
-                    pass
+                started_ms = starts.get((spec.name, slot))
+                if started_ms is not None:
+                    if back_in_time:
+                        # The next try of the failed claim ran it, in time: not a backup's
+                        # takeover of a win nobody heard of, a lease later.
+                        late_ms = started_ms - slot
+                        check(
+                            late_ms <= MAX_LATE_MS + self._starved_ms(slot, started_ms),
+                            f"{spec.name} slot {slot} started {late_ms:.0f} ms late, though "
+                            "the server was back in time for the next try of its claims",
+                        )
                 elif not healthy:
                     event("slot not judged: no healthy instance or server")
                 else:
@@ -1010,7 +1060,7 @@ class EngineMachine(RuleBasedStateMachine):
             )
         ]
         if not troubles or not all(
-            w.healed_ms is not None and w.healed_ms <= slot + SERVER_BACK_BY_MS for w in troubles
+            w.healed_ms is not None and w.healed_ms <= slot + w.back_by_ms for w in troubles
         ):
             return False
         if not self._some_instance_healthy(*window, server=False):
