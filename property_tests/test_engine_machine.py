@@ -1050,13 +1050,15 @@ class EngineMachine(RuleBasedStateMachine):
             return False
         troubles = [w for w in self.windows if w.who == "server" and w.overlaps(*window)]
         refusals = [w for w in troubles if w.healed_ms is not None]
-        # A server busy with a script answers nothing for its first 100 ms (the PING
-        # watch sees it slow), then BUSY: that slowness is part of the refusal.
+        # A server busy with a script answers nothing for its first 100 ms, a frozen
+        # one nothing at all (the PING watch sees it slow, from a PING sent up to 50 ms
+        # before the fault began): that slowness is part of the fault.
         troubles = [
             w
             for w in troubles
             if not (
-                w.took_ms and any(r.start_ms <= w.start_ms <= (r.healed_ms or 0) for r in refusals)
+                w.took_ms
+                and any(r.start_ms - 100 <= w.start_ms <= (r.healed_ms or 0) for r in refusals)
             )
         ]
         if not troubles or not all(
