@@ -22,6 +22,7 @@ from chaos.checker import FOREVER, Life, Report, Result, Window
 from chaos.procs import Instance, valkey_server, wall_ms
 from chaos.worker import LONG_EVERY, job_name
 from tests.restartable_server import RestartableServer
+from tests.servers import wait_in_sync
 
 PREFIX = "chaos:"
 #: The field of a job's state hash that holds its fence counter (lua/lease_state.lua).
@@ -228,18 +229,7 @@ class Run:
         replica.start()
         command(self.server, "CONFIG", "SET", "repl-diskless-sync-delay", "0")
         command(replica, "REPLICAOF", "127.0.0.1", str(self.server.port))
-        target: int | None = None
-        deadline = time.monotonic() + 30
-        while True:
-            info = replication(replica)
-            if info.get("master_link_status") == "up":
-                if target is None:
-                    target = int(replication(self.server)["master_repl_offset"])
-                if int(info.get("slave_repl_offset", "-1")) >= target:
-                    break
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the replica on port {replica.port} did not sync: {info}")
-            time.sleep(0.05)
+        target = wait_in_sync(self.server.port, replica.port)
         self.note(f"replica on port {replica.port} in sync (offset {target})")
         return replica
 

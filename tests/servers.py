@@ -191,14 +191,14 @@ def running_cluster(spec: ServerSpec) -> list[int]:
         bounds = [(0, 5460), (5461, 10922), (10923, 16383)]
         for client, (low, high) in zip(clients, bounds, strict=True):
             if spec.version >= (7, 0):
-                client.execute_command("CLUSTER", "ADDSLOTSRANGE", low, high)
+                client.execute_command("CLUSTER", "ADDSLOTSRANGE", low, high)  # type: ignore[no-untyped-call]
             else:
-                client.execute_command("CLUSTER", "ADDSLOTS", *range(low, high + 1))
+                client.execute_command("CLUSTER", "ADDSLOTS", *range(low, high + 1))  # type: ignore[no-untyped-call]
         for node in nodes[1:]:
-            clients[0].execute_command("CLUSTER", "MEET", "127.0.0.1", node.port)
+            clients[0].execute_command("CLUSTER", "MEET", "127.0.0.1", node.port)  # type: ignore[no-untyped-call]
         deadline = time.monotonic() + 30
         while True:
-            infos = [str(c.execute_command("CLUSTER", "INFO")) for c in clients]
+            infos = [str(c.execute_command("CLUSTER", "INFO")) for c in clients]  # type: ignore[no-untyped-call]
             if all("cluster_state:ok" in i and "cluster_known_nodes:3" in i for i in infos):
                 break
             if time.monotonic() > deadline:
@@ -225,6 +225,31 @@ _pairs: dict[str, list[EmbeddedServer]] = {}
 REPLICATION_ARGS = ("--repl-diskless-sync", "yes", "--repl-diskless-sync-delay", "0")
 
 
+def wait_in_sync(primary_port: int, replica_port: int, timeout_sec: float = 30.0) -> int:
+    """Wait until the replica holds everything the primary had once its link was up:
+    the link up, no sync in progress, and its offset at the primary's (a replica cut
+    off during its first sync holds nothing at all, and Valkey's WAIT may count it
+    before). Returns that offset."""
+    import redis
+
+    deadline = time.monotonic() + timeout_sec
+    target: int | None = None
+    with (
+        redis.Redis(port=primary_port, protocol=2, decode_responses=True) as primary,
+        redis.Redis(port=replica_port, protocol=2, decode_responses=True) as replica,
+    ):
+        while True:
+            info = replica.info("replication")
+            if info.get("master_link_status") == "up" and not info.get("master_sync_in_progress"):
+                if target is None:
+                    target = int(primary.info("replication")["master_repl_offset"])
+                if int(info.get("slave_repl_offset", -1)) >= target:
+                    return target
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the replica on port {replica_port} did not sync: {info}")
+            time.sleep(0.02)
+
+
 def running_pair(spec: ServerSpec) -> list[EmbeddedServer]:
     """Two servers of ``spec``'s binary, the second a replica of the first, in sync.
 
@@ -240,8 +265,7 @@ def running_pair(spec: ServerSpec) -> list[EmbeddedServer]:
             replica.execute_command("REPLICAOF", "127.0.0.1", pair[0].port)
         with redis.Redis(port=pair[0].port, protocol=2) as primary:
             primary.set("anarchon-test:pair", 1)
-            if primary.execute_command("WAIT", 1, 30_000) < 1:
-                raise RuntimeError(f"the {spec.id} replica did not sync within 30 s")
+        wait_in_sync(pair[0].port, pair[1].port)
     return _pairs[spec.id]
 
 
