@@ -192,7 +192,7 @@ class BrittleSchedule:
             raise RuntimeError("the brittle schedule broke")
         every_ms = BRITTLE.every_ms
         after_ms = int(moment.timestamp() * 1000)
-        return datetime.fromtimestamp((after_ms // every_ms + 1) * every_ms / 1000, UTC)
+        return datetime.fromtimestamp(next_slot_ms(every_ms, after_ms) / 1000, UTC)
 
 
 def fail(message: str) -> NoReturn:
@@ -261,9 +261,13 @@ class Ledger:
             return list(self.starts)
 
 
-def _next_slot_ms(job: str, after_ms: float) -> int:
-    every_ms = next(spec.every_ms for spec in JOBS if spec.name == job)
+def next_slot_ms(every_ms: int, after_ms: float) -> int:
+    """The first slot of a job every ``every_ms`` after ``after_ms``."""
     return (int(after_ms) // every_ms + 1) * every_ms
+
+
+def every_ms_of(job: str) -> int:
+    return next(spec.every_ms for spec in JOBS if spec.name == job)
 
 
 def slot_index(spec: JobSpec, slot_ms: int) -> int:
@@ -687,7 +691,7 @@ class EngineMachine(RuleBasedStateMachine):
     def server_error_past_a_slot(self, kind: str, ms: int, job: str) -> None:
         """The server refuses until just past the next slot of ``job`` after ``ms``: the
         slot's first claims are refused, and the engine's next try must run it."""
-        self._refuse(kind, int(_next_slot_ms(job, wall_ms() + ms) + 100 - wall_ms()))
+        self._refuse(kind, int(next_slot_ms(every_ms_of(job), wall_ms() + ms) + 100 - wall_ms()))
 
     def _refuse(self, kind: str, ms: int) -> None:
         event(f"server error: {kind}")
@@ -803,7 +807,7 @@ class EngineMachine(RuleBasedStateMachine):
         """Frozen from before the next slot of ``job`` (after ``ms``) until 400 ms after
         it: the slot's first claims miss their deadline (a third of the lease, 300 ms),
         and their next try, sent again with the same tokens, must run the slot."""
-        slot = _next_slot_ms(job, wall_ms() + ms)
+        slot = next_slot_ms(every_ms_of(job), wall_ms() + ms)
         self._freeze(int(slot + 400 - wall_ms()))
 
     def _freeze(self, ms: int) -> None:
@@ -829,7 +833,7 @@ class EngineMachine(RuleBasedStateMachine):
         """The server is down from about ``ms`` before the next slot of ``job`` (after
         ``ms``) until just after it: the slot's first claims fail, and the engine's next
         try, once the server is back, must run it."""
-        slot = _next_slot_ms(job, wall_ms() + ms)
+        slot = next_slot_ms(every_ms_of(job), wall_ms() + ms)
         # Started again so that it answers about 100 ms after the slot: starting takes
         # about as long as it took last time.
         start_at_ms = slot + 100 - self._start_took_ms
@@ -1013,7 +1017,7 @@ class EngineMachine(RuleBasedStateMachine):
                 starts[key] = min(starts.get(key, math.inf), s.started_ms)
         for spec in JOBS:
             first = self.checked_until[spec.name]
-            slot = (first // spec.every_ms + 1) * spec.every_ms
+            slot = next_slot_ms(spec.every_ms, first)
             while slot <= horizon:
                 self.checked_until[spec.name] = slot
                 window = (slot - SETTLE_AFTER_FAULT_MS, slot + MAX_LATE_MS)
@@ -1049,7 +1053,7 @@ class EngineMachine(RuleBasedStateMachine):
         if spec.every_ms < BACK_JOB_MIN_EVERY_MS:
             return False
         troubles = [w for w in self.windows if w.who == "server" and w.overlaps(*window)]
-        refusals = [w for w in troubles if w.healed_ms is not None]
+        healed = [w for w in troubles if w.healed_ms is not None]
         # A server busy with a script answers nothing for its first 100 ms, a frozen
         # one nothing at all (the PING watch sees it slow, from a PING sent up to 50 ms
         # before the fault began): that slowness is part of the fault.
@@ -1058,7 +1062,7 @@ class EngineMachine(RuleBasedStateMachine):
             for w in troubles
             if not (
                 w.took_ms
-                and any(r.start_ms - 100 <= w.start_ms <= (r.healed_ms or 0) for r in refusals)
+                and any(r.start_ms - 100 <= w.start_ms <= (r.healed_ms or 0) for r in healed)
             )
         ]
         if not troubles or not all(
