@@ -13,6 +13,9 @@ act on them from the test's thread:
 - ``wait``: time passes;
 - ``fault_connection``: one instance's connection drops replies the server applied,
   refuses and resets connections, or cuts each connection after its next request;
+- ``lose_a_claim_reply_at_a_slot``: one instance's claims of a slot are applied and
+  their replies lost (the others' arrive later, so it won): its next try must hear
+  that and run the slot on time, not leave it to a backup a lease later;
 - ``stall``: one instance's traffic freezes both ways (its heartbeats stop, its
   handlers go on, as a ``SIGSTOP`` looks from outside), then flows again, late;
 - ``server_error``: the server itself answers OOM, READONLY or BUSY for a while
@@ -141,6 +144,15 @@ SERVER_BACK_BY_MS = 300
 BACK_JOB_MIN_EVERY_MS = 1500
 #: The jobs that far apart, whose slot a fault may end just after.
 SPARSE_JOBS = ("hang", "long")
+#: A lost claim reply at a slot (``lose_a_claim_reply_at_a_slot``): of jobs whose runs
+#: end before their next slot; from ``LOST_REPLY_LEAD_MS`` before the slot until 100 ms
+#: after, the instance's next two requests are applied and their replies lost. Its next
+#: try then hears it won, so the slot starts within ``LOST_REPLY_LATE_MS`` (a backup
+#: would start it a lease after the slot); it is judged that long after the slot.
+LOST_REPLY_JOBS = ("long", "sync")
+LOST_REPLY_LEAD_MS = 60
+LOST_REPLY_LATE_MS = 700
+LOST_REPLY_JUDGED_AFTER_MS = 1400
 NAMES = ("a", "b", "c")
 
 Behaviour = Literal["quick", "slow", "flaky", "long", "hang", "sync"]
@@ -668,6 +680,76 @@ class EngineMachine(RuleBasedStateMachine):
                 proxy.drop_after_request(data.draw(st.integers(1, 3), label="requests"))
                 time.sleep(ms / 1000)
                 proxy.drop_after_request(0)
+
+    @precondition(lambda self: bool(self._up()))
+    @rule(data=st.data(), job=st.sampled_from(LOST_REPLY_JOBS))
+    def lose_a_claim_reply_at_a_slot(self, data: st.DataObject, job: str) -> None:
+        """One instance's claims of the next slot of ``job`` reach the server, which
+        applies them, and their connection is cut before the reply: it won (the
+        others' claims arrive 80 ms later: their links are slowed meanwhile) but does
+        not know. Its next try, sent again with the same token, hears it won and runs
+        the slot on time; a claim dropped after a lost reply would leave the slot to a
+        backup, once the lease nobody runs has expired."""
+        instance = data.draw(st.sampled_from(self._up()))
+        others = [other for other in self._up() if other is not instance]
+        # At a slot after the faults still settling have settled (if that is soon), so
+        # that the slot can be judged.
+        live = {"server"} | {other.runner for other in self._up()}
+        settled_ms = max(
+            [w.end_ms for w in self.windows if w.who in live and w.end_ms < math.inf],
+            default=0.0,
+        )
+        calm_ms = min(settled_ms + SETTLE_AFTER_FAULT_MS, wall_ms() + 3000)
+        slot = next_slot_ms(every_ms_of(job), max(wall_ms() + 300, calm_ms))
+        time.sleep(max(0.0, (slot - LOST_REPLY_LEAD_MS - wall_ms()) / 1000))
+        event("fault: a claim reply lost at a slot")
+        with self._impaired(instance.runner, "claim reply lost") as window:
+            for other in others:
+                other.proxy.delay(80)
+            instance.proxy.drop_after_request(2)
+            time.sleep(max(0.0, (slot + 100 - wall_ms()) / 1000))
+            instance.proxy.drop_after_request(0)
+            for other in others:
+                other.proxy.delay(0)
+        time.sleep(max(0.0, (slot + LOST_REPLY_JUDGED_AFTER_MS - wall_ms()) / 1000))
+        span = (slot - SETTLE_AFTER_FAULT_MS, wall_ms())
+        # The server's troubles, and the instances': those up, and those gone just
+        # before the slot (a dead runner's lease of the previous slot may block it).
+        troubles = [
+            w
+            for w in self.windows
+            if w is not window
+            and w.who != "loop"
+            and w.overlaps(*span)
+            and (w.who in live or w.start_ms >= slot - LEASE_MS - 300)
+        ]
+        if troubles or not instance.up:
+            what = sorted(
+                {
+                    ("server " if w.who == "server" else "instance ") + w.what.split()[0]
+                    for w in troubles
+                }
+            )
+            event(f"a lost claim reply not judged: {', '.join(what) or 'its instance went'}")
+            return
+        starts = [
+            s.started_ms
+            for s in self.ledger.snapshot()
+            if s.job == job and s.slot_ms == slot and s.trigger != "manual"
+        ]
+        check(
+            bool(starts),
+            f"{job} slot {slot} did not start, though only {instance.runner}'s claim reply "
+            "was lost and its connection worked again at once",
+        )
+        late_ms = min(starts) - slot
+        check(
+            late_ms <= LOST_REPLY_LATE_MS + self._starved_ms(slot, min(starts)),
+            f"{job} slot {slot} started {late_ms:.0f} ms late, though only "
+            f"{instance.runner}'s claim reply was lost and its connection worked again "
+            "at once: its next try of the claim should have heard that it won",
+        )
+        event("a lost claim reply judged")
 
     @precondition(lambda self: bool(self._up()))
     @rule(data=st.data(), ms=st.integers(200, 2500))

@@ -16,7 +16,14 @@ import redis
 from anarchon import RedisBackend
 from anarchon._embedded import EmbeddedServer, free_port
 from anarchon._lease import JobKeys
-from anarchon._store import AttemptEnd, ClaimReply, ClaimRequest, FinishReply, Store
+from anarchon._store import (
+    AttemptEnd,
+    ClaimReply,
+    ClaimRequest,
+    FinishReply,
+    HeartbeatRequest,
+    Store,
+)
 from anarchon.clients import ServerReplyError
 from tests.servers import REPLICATION_ARGS, ServerSpec, wait_in_sync
 
@@ -209,3 +216,43 @@ async def test_a_probe_finds_its_own_live_win_and_changes_nothing_otherwise(
     assert after_expiry.kind == "done"
     assert direct.hgetall(keys.state) == before
     assert won.kind == "won"
+
+
+async def test_claims_that_disagree_on_overlap_keep_one_live_run_of_a_job_without_overlap(
+    store: Store,
+) -> None:
+    """A rolling deploy turns overlap off while an instance of the old version still
+    claims with overlap allowed, so a second run of the job holds a live lease. The
+    instances without overlap still see it: the first run's due retry waits behind it
+    (answered running), and the first run's expired lease is not revived by its
+    heartbeat (refused, overlapped), so they never add a second live run."""
+    first, second, third, fourth = (a_slot() + k * 1000 for k in range(4))
+    # One job: its first run failed, and its retry is due at once.
+    failed = await claim(store, claim_request(first, "t1"))
+    now_ms = int(time.time() * 1000)
+    await store.finish(
+        AttemptEnd(
+            "job", str(first), "t1", 1, "schedule", failed.fence, now_ms, now_ms, "failed",
+            "boom", 3, 0,
+        )
+    )  # fmt: skip
+    old_version = replace(claim_request(second, "t2"), allow_overlap=True)
+    assert (await claim(store, old_version)).kind == "won"
+
+    retry = await claim(store, claim_request(first, "t3"))
+
+    assert retry.kind == "running", f"the due retry was answered {retry}"
+
+    # Another job, whose only run's lease expires (its runner stood still).
+    short = replace(claim_request(third, "t4"), job="other", lease_ms=200)
+    expired = await claim(store, short)
+    await anyio.sleep(0.3)
+    old_version = replace(claim_request(fourth, "t5"), job="other", allow_overlap=True)
+    assert (await claim(store, old_version)).kind == "won"
+
+    (beat,) = await store.heartbeat_many(
+        [HeartbeatRequest("other", str(third), "t4", LEASE_MS, allow_overlap=False)]
+    )
+
+    assert expired.kind == "won"
+    assert beat is False, f"the expired lease's heartbeat was answered {beat}"
