@@ -452,6 +452,55 @@ async def test_after_a_lost_claim_reply_every_slot_runs_or_is_recorded_skipped(
     assert len(skipped) <= 4, f"{len(skipped)} slots skipped after one lost reply"
 
 
+async def test_a_claim_whose_reply_was_lost_is_given_back_on_stop_for_a_backup_at_once(
+    server_url: str, proxy: FaultProxy, prefix: str, direct: redis.Redis
+) -> None:
+    """The scheduler stops while the reply to a claim it won is lost. It asks once more
+    (a probe), hears that it holds the lease, and gives the slot back unstarted: the
+    attempt is recorded cancelled, and a backup's claim wins the slot at once instead
+    of a lease later."""
+    every_ms, lease_ms = 2000, 3000
+    ledger = Ledger(direct, prefix)
+    scheduler = Scheduler(RedisBackend(redis=proxy.url, prefix=prefix), lease_ms=lease_ms)
+
+    @scheduler.job(every_ms=every_ms, name="tick")
+    async def tick(run: Run) -> None:
+        await ledger.record(run)
+
+    async with scheduler:
+        await scheduler.run_now("tick")  # the server has the claim script from now on
+        slot = (int(time.time() * 1000) + 700) // every_ms * every_ms + every_ms
+        await anyio.sleep((slot - 150) / 1000 - time.time())
+        # The claim of the slot reaches the server 600 ms late, and its reply comes
+        # back after the claim's deadline (a third of the lease): the scheduler won
+        # but does not know.
+        proxy.delay(600)
+        await anyio.sleep((slot + 700) / 1000 - time.time())
+        proxy.delay(0)
+        await scheduler.stop()  # while the claim waits for its reply
+    async with Scheduler(RedisBackend(redis=server_url, prefix=prefix)) as reader:
+        history = await reader.history("tick", limit=100)
+
+    assert slot not in {s for _, s in ledger.counts()}, "the slot ran on a stopping scheduler"
+    ended = [r for r in history if r.slot_ms == slot]
+    assert len(ended) == 1, f"the slot's history: {ended} (the claim was not given back)"
+    given_back = ended[0]
+    assert (given_back.attempt, given_back.status) == (1, "cancelled"), given_back
+    assert given_back.error and "released unstarted" in given_back.error, given_back
+    backend = RedisBackend(redis=server_url, prefix=prefix)
+    backup = await backend.open({"runner": "backup", "history_size": 100, "history_ttl_ms": None})
+    request = ClaimRequest(
+        "tick", str(slot), slot, secrets.token_hex(8), "schedule", lease_ms, 3, False, 600_000
+    )
+    try:
+        (reply,) = await backup.claim_many([request])
+    finally:
+        await backup.conn.aclose()
+    assert not isinstance(reply, ServerReplyError), reply
+    assert (reply.kind, reply.attempt) == ("won", 2), reply
+    assert reply.fence > given_back.fence, (reply, given_back)
+
+
 # ------------------------------------------------------------------ run_now
 
 
