@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+import threading
 import time
 from collections.abc import Iterator
 from datetime import datetime, timedelta
@@ -450,6 +451,46 @@ async def test_after_a_lost_claim_reply_every_slot_runs_or_is_recorded_skipped(
     due = set(range(first, int(ended_ms) - 500, every_ms))
     assert due - ran - skipped == set(), "slots neither run nor recorded skipped"
     assert len(skipped) <= 4, f"{len(skipped)} slots skipped after one lost reply"
+
+
+@pytest.mark.parametrize("fault", ["refused", "reply lost"])
+async def test_a_finish_that_did_not_get_through_is_sent_again_and_records_the_run_once(
+    server_url: str, proxy: FaultProxy, prefix: str, direct: redis.Redis, fault: str
+) -> None:
+    """A run ends as its connection fails for a moment: the finish is refused (never
+    applied), or applied with its reply lost. It is sent again, so the run is recorded
+    once, as the handler ended; its lease does not expire unsettled for the next slots'
+    claims to take the slot over and run it a second time."""
+    ledger = Ledger(direct, prefix)
+    scheduler = Scheduler(
+        RedisBackend(redis=proxy.url, prefix=prefix), lease_ms=1500, heartbeat_ms=500
+    )
+    faulted: list[int] = []
+
+    @scheduler.job(every_ms=1000, name="tick")
+    async def tick(run: Run) -> None:
+        await ledger.record(run)
+        if faulted:
+            return
+        faulted.append(run.slot_ms)
+        if fault == "refused":
+            proxy.refuse(True)
+            await anyio.to_thread.run_sync(lambda: None)  # the reset reaches the client
+            threading.Timer(0.15, proxy.refuse, (False,)).start()
+        else:
+            proxy.drop_after_request(1)  # the next request is the finish
+
+    async with scheduler:
+        await wait_until(lambda: bool(faulted), 5, "a first run")
+        await anyio.sleep(1.5 + 2.0)  # the lease, and the next slots' claims
+    async with Scheduler(RedisBackend(redis=server_url, prefix=prefix)) as reader:
+        history = await reader.history("tick", limit=100)
+
+    slot = faulted[0]
+    runs = sum(n for (_, s), n in ledger.counts().items() if s == slot)
+    assert runs == 1, f"slot {slot} ran {runs} times: its finish was not sent again"
+    ended = [(r.attempt, r.status) for r in history if r.slot_ms == slot]
+    assert ended == [(1, "ok")], ended
 
 
 async def test_a_claim_whose_reply_was_lost_is_given_back_on_stop_for_a_backup_at_once(
