@@ -2,8 +2,8 @@
 
 The finish round trip is retried a few times if the connection drops; if it never gets
 through, the lease expires and a backup takes over (so a dead run still settles). A
-finish without the attempt's token in the state (its lease was lost) changes nothing,
-and the attempt is marked lost.
+finish without the attempt's token in the state (its lease was lost) changes nothing
+and says so in a warning.
 """
 
 from __future__ import annotations
@@ -98,7 +98,6 @@ class Settler:
                 continue
             context.health.answered()
             if not reply.held:
-                attempt.lost = True
                 log.warning(
                     "%s slot %s attempt %d ended after losing its lease; its result "
                     "(%s) was not recorded",
