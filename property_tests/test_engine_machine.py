@@ -707,10 +707,12 @@ class EngineMachine(RuleBasedStateMachine):
             for other in others:
                 other.proxy.delay(80)
             instance.proxy.drop_after_request(2)
-            time.sleep(max(0.0, (slot + 100 - wall_ms()) / 1000))
-            instance.proxy.drop_after_request(0)
-            for other in others:
-                other.proxy.delay(0)
+            try:
+                time.sleep(max(0.0, (slot + 100 - wall_ms()) / 1000))
+            finally:
+                instance.proxy.drop_after_request(0)
+                for other in others:
+                    other.proxy.delay(0)
         time.sleep(max(0.0, (slot + LOST_REPLY_JUDGED_AFTER_MS - wall_ms()) / 1000))
         span = (slot - SETTLE_AFTER_FAULT_MS, wall_ms())
         # The server's troubles, and the instances': those up, and those gone just
@@ -726,7 +728,7 @@ class EngineMachine(RuleBasedStateMachine):
         if troubles or not instance.up:
             what = sorted(
                 {
-                    ("server " if w.who == "server" else "instance ") + w.what.split()[0]
+                    ("server " if w.who == "server" else "instance ") + (w.what or "?").split()[0]
                     for w in troubles
                 }
             )
