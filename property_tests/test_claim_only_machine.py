@@ -155,8 +155,20 @@ for _spec in matrix():
         globals()[f"TestClaimOnlyMachine_{_name}"] = _case
         del _case
 
-if not any(has_idmp(_spec) for _spec in matrix()):
-    # Reported as SKIPPED with its reason, rather than a machine never generated.
-    @pytest.mark.skip(reason="idmp needs Redis 8.6+: python -m tests.build_servers redis-8.6")
-    class TestClaimOnlyMachine_idmp(ClaimOnlyMachine.TestCase):
-        """The idmp machine, where no server of the matrix can run it."""
+IDMP_SERVERS = [_spec for _spec in matrix() if has_idmp(_spec)]
+
+
+# Reported as SKIPPED with its reason where no server of the matrix can run idmp,
+# rather than an idmp machine silently never generated.
+@pytest.mark.skipif(
+    not IDMP_SERVERS, reason="idmp needs Redis 8.6+: python -m tests.build_servers redis-8.6"
+)
+def test_the_idmp_machine_runs_on_every_server_with_idempotent_xadd() -> None:
+    generated = {
+        name for name in globals() if name.startswith("TestClaimOnlyMachine_") and "idmp" in name
+    }
+    expected = {
+        f"TestClaimOnlyMachine_{spec.id}_idmp".replace("-", "_").replace(".", "_")
+        for spec in IDMP_SERVERS
+    }
+    assert generated == expected
