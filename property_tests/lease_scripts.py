@@ -1,4 +1,4 @@
-"""The shipped lease scripts with the server's clock swapped for an argument.
+"""The shipped lease and timer scripts with the server's clock swapped for an argument.
 
 The server's TIME cannot be set, so the state machine loads the scripts with
 the one clock read replaced: ``server_now_ms()`` returns the last argument
@@ -7,7 +7,7 @@ instead of reading TIME. Everything else is byte-identical (a test checks it).
 
 from __future__ import annotations
 
-from anarchon._scripts import lease_script
+from anarchon._scripts import Script, lease_script, timer_script
 
 CLOCK_READ = """local function server_now_ms()
   local time = redis.call('TIME')
@@ -19,8 +19,16 @@ CLOCK_ARGUMENT = """local function server_now_ms()
 end"""
 
 
+def _timed(script: Script) -> str:
+    assert script.body.count(CLOCK_READ) == 1, "the clock read moved: update property_tests"
+    return script.body.replace(CLOCK_READ, CLOCK_ARGUMENT)
+
+
 def timed_script(name: str) -> str:
-    """The shipped script ``name`` whose clock is its last argument."""
-    body = lease_script(name).body
-    assert body.count(CLOCK_READ) == 1, "the clock read moved: update property_tests"
-    return body.replace(CLOCK_READ, CLOCK_ARGUMENT)
+    """The shipped lease script ``name`` whose clock is its last argument."""
+    return _timed(lease_script(name))
+
+
+def timed_timer_script(name: str) -> str:
+    """The shipped timer script ``name`` whose clock is its last argument."""
+    return _timed(timer_script(name))

@@ -76,6 +76,7 @@ LEASES = "tests/test_leases.py"
 TAKEOVER = "tests/test_takeover.py"
 ENGINE_MACHINE = "property_tests/test_engine_machine.py"
 ENGINE_FAULTS = "tests/test_engine_faults.py"
+TIMER_MACHINE = "property_tests/test_timer_machine.py"
 SRC = ROOT / "src"
 #: Kills the two blocking checks that matter only when instances claim with different
 #: overlap flags (a rolling deploy); the lease machine draws one flag per job.
@@ -260,6 +261,88 @@ MUTANTS: list[Mutant] = [
         "return tonumber(time[1])",
         "the server clock in seconds, not milliseconds (a lease of 1 s lasts 1000 s)",
         (HONEST, DEAD),
+    ),
+    # The timer scripts, against the timer machine (lua/timer_*.lua).
+    Mutant(
+        "timer-finish-token",
+        "timer_finish.lua",
+        "if t.token ~= token then return {'lost', t.status} end",
+        "",
+        "a timer's finish settles the firing whoever's token it carries",
+        (TIMER_MACHINE,),
+    ),
+    Mutant(
+        "timer-heartbeat-token",
+        "timer_heartbeat.lua",
+        "if t.status ~= 'f' or t.token ~= token then",
+        "if t.status ~= 'f' then",
+        "a timer's heartbeat extends the firing's lease whoever's token it carries",
+        (TIMER_MACHINE,),
+    ),
+    Mutant(
+        "timer-old-generation-clobbers",
+        "timer_finish.lua",
+        "local current = t.gen == t.fire_gen",
+        "local current = true",
+        "the finish of a generation replaced while it fired writes its retry, rearm or end "
+        "over the newest set",
+        (TIMER_MACHINE,),
+    ),
+    Mutant(
+        "timer-set-ends-firing",
+        "timer_set.lua",
+        "if t and t.status == 'f' then",
+        "if false then",
+        "a set while the key fires drops the firing in flight (its lease, its token)",
+        (TIMER_MACHINE,),
+    ),
+    Mutant(
+        "timer-cancel-ends-firing",
+        "timer_cancel.lua",
+        "if t.status == 'f' then",
+        "if false then",
+        "a cancel while the key fires forgets the firing in flight",
+        (TIMER_MACHINE,),
+    ),
+    Mutant(
+        "timer-takeover-attempt-bound",
+        "timer_claim.lua",
+        "elseif t.attempt < max_attempts then",
+        "elseif true then",
+        "a dead runner's firing is taken over past max_attempts",
+        (TIMER_MACHINE,),
+    ),
+    Mutant(
+        "timer-retry-attempt-bound",
+        "timer_finish.lua",
+        "    and t.attempt < max_attempts then",
+        "    then",
+        "a failed firing is retried past max_attempts",
+        (TIMER_MACHINE,),
+    ),
+    Mutant(
+        "timer-lost-claim-reply",
+        "timer_claim.lua",
+        "for _, key in ipairs(redis.call('SMEMBERS', claimed_key)) do",
+        "for _, key in ipairs({}) do",
+        "a claim sent again after a lost reply does not hear of its wins (they wait a lease)",
+        (TIMER_MACHINE,),
+    ),
+    Mutant(
+        "timer-fence-seed",
+        "timer_claim.lua",
+        "local fence = math.max(last + 1, now * 1000)",
+        "local fence = last + 1",
+        "timer fences count wins, not the server's clock: they go back after a wipe",
+        (TIMER_MACHINE,),
+    ),
+    Mutant(
+        "timer-rearm-same-generation",
+        "timer_finish.lua",
+        "t = pending_timer(redis.call('HINCRBY', meta_key, 'gen', 1), due_ms,",
+        "t = pending_timer(t.gen, due_ms,",
+        "a rearm or recurrence keeps the generation that fired",
+        (TIMER_MACHINE,),
     ),
 ]
 

@@ -14,7 +14,7 @@ from typing import Any
 from ._coalesce import pipeline
 from .clients import Arg, Command, Connection, ServerReplyError
 
-__all__ = ["Script", "ScriptCall", "lease_script", "lua_source", "run_scripts"]
+__all__ = ["Script", "ScriptCall", "lease_script", "lua_source", "run_scripts", "timer_script"]
 
 
 def _lua_dir() -> Path:
@@ -58,6 +58,14 @@ class Script:
 def lease_script(name: str) -> Script:
     """A lease script (claim, heartbeat, finish) with the shared definitions prepended."""
     return Script.from_body(name, lua_source("lease_state") + "\n" + lua_source(name))
+
+
+@cache
+def timer_script(name: str) -> Script:
+    """A timer script (timer_set, timer_claim, ...) with the shared definitions prepended:
+    the lease scripts' (the server clock) and the timers' own (their state)."""
+    body = "\n".join((lua_source("lease_state"), lua_source("timer_state"), lua_source(name)))
+    return Script.from_body(name, body)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,20 @@
+-- timer_cancel: cancel a key's timer.
+-- KEYS[1] timers (hash)   KEYS[2] due (sorted set)   KEYS[3] meta (hash)
+-- ARGV: key
+-- Replies {1} when a timer was cancelled, {0} when the key had none.
+-- A firing in flight goes on (it cannot be called back), but nothing follows it: no
+-- retry, rearm or recurrence; the key is forgotten once it settles.
+local timers_key, due_key, meta_key = KEYS[1], KEYS[2], KEYS[3]
+local key = ARGV[1]
+
+local t = decode_timer(redis.call('HGET', timers_key, key))
+if not t or (t.status == 'f' and not t.due_ms) then return {0} end
+if t.status == 'f' then
+  -- A new generation with nothing due: the firing's finish sees it was replaced.
+  t.gen = redis.call('HINCRBY', meta_key, 'gen', 1)
+  t.due_ms, t.schedule, t.payload = nil, '', ''
+  store_timer(timers_key, due_key, key, t)
+else
+  store_timer(timers_key, due_key, key, nil)
+end
+return {1}

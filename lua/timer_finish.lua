@@ -1,0 +1,50 @@
+-- timer_finish: end the caller's firing, and write what follows it.
+-- KEYS[1] timers (hash)   KEYS[2] due (sorted set)   KEYS[3] meta (hash)
+-- ARGV: key, token, outcome (ok | failed | cancelled | interrupted: a lapsed recurrence),
+--       max_attempts, retry_delay_ms,
+--       next_at_ms, next_delay_ms: the next generation (a rearm, or a recurring timer's
+--       next due time), at an instant or after a delay on the server's clock; both ''
+--       for none
+-- Replies {'settled', status, ms}: status r (a retry may start in ms), p (the key's
+-- next generation is pending, due in ms), or done (nothing is left of the timer);
+-- {'lost', status} when the caller's token no longer holds the firing: nothing changes.
+local timers_key, due_key, meta_key = KEYS[1], KEYS[2], KEYS[3]
+local key = ARGV[1]
+local token = ARGV[2]
+local outcome = ARGV[3]
+local max_attempts = tonumber(ARGV[4])
+local retry_delay_ms = tonumber(ARGV[5])
+local next_at_ms = ARGV[6]
+local next_delay_ms = ARGV[7]
+
+local now = server_now_ms()
+local t = decode_timer(redis.call('HGET', timers_key, key))
+if not t then return {'lost', 'gone'} end
+if t.token ~= token then return {'lost', t.status} end
+-- The caller finished this attempt already (a finish sent again after a lost reply).
+if t.status ~= 'f' then return {'settled', t.status, math.max(t.until_ms - now, 0)} end
+
+local current = t.gen == t.fire_gen
+if current and (outcome == 'failed' or outcome == 'cancelled')
+    and t.attempt < max_attempts then
+  -- Attempts are left: the lease is released; the next attempt starts after the retry
+  -- delay (at once after a cancel), on whichever instance claims first.
+  if outcome == 'cancelled' then retry_delay_ms = 0 end
+  t.status, t.until_ms = 'r', now + retry_delay_ms
+  store_timer(timers_key, due_key, key, t)
+  return {'settled', 'r', retry_delay_ms}
+end
+
+-- This firing is over.
+if not current then
+  t = after_firing(t)                -- set again, or cancelled, while it fired
+elseif next_at_ms ~= '' or next_delay_ms ~= '' then
+  local due_ms
+  if next_at_ms ~= '' then due_ms = tonumber(next_at_ms) else due_ms = now + tonumber(next_delay_ms) end
+  t = pending_timer(redis.call('HINCRBY', meta_key, 'gen', 1), due_ms, t.schedule, t.payload)
+else
+  t = nil                            -- a one-shot timer that fired: spent
+end
+store_timer(timers_key, due_key, key, t)
+if not t then return {'settled', 'done', 0} end
+return {'settled', 'p', math.max(t.due_ms - now, 0)}

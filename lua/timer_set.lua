@@ -1,0 +1,29 @@
+-- timer_set: set a key's timer, replacing what was set before (the newest set wins).
+-- KEYS[1] timers (hash)   KEYS[2] due (sorted set)   KEYS[3] meta (hash)
+-- ARGV: key, at_ms (epoch ms, or '' to count delay_ms from the server's clock),
+--       delay_ms, schedule ('' for a one-shot timer), payload
+-- Replies {gen, due_ms}: the new generation and when it is due.
+-- A firing of the key in flight goes on (it cannot be called back); the new
+-- generation is due once it settles, and no retry, rearm or recurrence of the old
+-- generation follows. An old generation waiting for its retry is dropped.
+local timers_key, due_key, meta_key = KEYS[1], KEYS[2], KEYS[3]
+local key = ARGV[1]
+local at_ms = ARGV[2]
+local delay_ms = ARGV[3]
+local schedule = ARGV[4]
+local payload = ARGV[5]
+
+local now = server_now_ms()
+local due_ms
+if at_ms ~= '' then due_ms = tonumber(at_ms) else due_ms = now + tonumber(delay_ms) end
+-- Generations grow per kind (and bucket), across a cancel and a new set of a key.
+local gen = redis.call('HINCRBY', meta_key, 'gen', 1)
+
+local t = decode_timer(redis.call('HGET', timers_key, key))
+if t and t.status == 'f' then
+  t.gen, t.due_ms, t.schedule, t.payload = gen, due_ms, schedule, payload
+else
+  t = pending_timer(gen, due_ms, schedule, payload)
+end
+store_timer(timers_key, due_key, key, t)
+return {gen, int(due_ms)}

@@ -1,0 +1,78 @@
+-- Shared definitions of the timer scripts. anarchon prepends lease_state.lua (the
+-- server clock, int) and this file to timer_set.lua, timer_cancel.lua,
+-- timer_claim.lua, timer_heartbeat.lua and timer_finish.lua when it loads them.
+--
+-- A kind of timer (or one bucket of it) has three keys under one hash tag:
+--   timers (hash)       key -> the timer's state (below)
+--   due (sorted set)    key -> when the key needs attention next: its due time while it
+--                       is pending, its lease's expiry while it fires, its retry time
+--                       while it waits for a retry. A claim takes what is due by now.
+--   meta (hash)         gen: the kind's generation counter; fence: its fencing counter
+--
+-- A timer's state is one field of the timers hash, named for its key:
+--   gen|due_ms|status|attempt|token|until_ms|fence|fire_gen|fire_due_ms|trigger|runner|schedule|payload
+-- gen, due_ms, schedule, payload: the newest set (due_ms empty: cancelled while firing);
+-- status p (pending: nothing in flight), f (firing: the attempt holding token holds a
+-- lease until until_ms), r (retry: its next attempt may start at until_ms);
+-- attempt, token, fence, fire_gen, fire_due_ms, trigger, runner: the firing in flight (or the
+-- one waiting for its retry). A firing of an older generation than gen (the key was set
+-- again, or cancelled, while it fired) goes on, but nothing follows it: no retry, no
+-- rearm, no recurrence; the newest generation is pending once it settles.
+-- The payload comes last: it may hold any bytes, '|' included.
+
+local function decode_timer(raw)
+  if not raw then return nil end
+  local gen, due, status, attempt, token, until_ms, fence, fire_gen, fire_due, trigger,
+        runner, schedule, payload = string.match(raw,
+    '^([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|(.*)$')
+  return {
+    gen = tonumber(gen), due_ms = tonumber(due), status = status,
+    attempt = tonumber(attempt), token = token, until_ms = tonumber(until_ms),
+    fence = tonumber(fence), fire_gen = tonumber(fire_gen), fire_due_ms = tonumber(fire_due),
+    trigger = trigger, runner = runner, schedule = schedule, payload = payload,
+  }
+end
+
+local function encode_timer(t)
+  return table.concat({
+    int(t.gen), t.due_ms and int(t.due_ms) or '', t.status, int(t.attempt), t.token,
+    int(t.until_ms), int(t.fence), int(t.fire_gen), int(t.fire_due_ms), t.trigger, t.runner,
+    t.schedule, t.payload,
+  }, '|')
+end
+
+-- A pending timer: nothing in flight.
+local function pending_timer(gen, due_ms, schedule, payload)
+  return {
+    gen = gen, due_ms = due_ms, status = 'p', attempt = 0, token = '', until_ms = 0,
+    fence = 0, fire_gen = 0, fire_due_ms = 0, trigger = '', runner = '', schedule = schedule,
+    payload = payload,
+  }
+end
+
+-- When the key needs attention next (its score in the due set).
+local function next_attention_ms(t)
+  if t.status == 'p' then return t.due_ms end
+  return t.until_ms
+end
+
+-- Store the timer, or forget it when nothing is left of it (a settled firing of a
+-- timer that was cancelled, spent, or not set again).
+local function store_timer(timers_key, due_key, key, t)
+  if t == nil then
+    redis.call('HDEL', timers_key, key)
+    redis.call('ZREM', due_key, key)
+    return
+  end
+  redis.call('HSET', timers_key, key, encode_timer(t))
+  redis.call('ZADD', due_key, int(next_attention_ms(t)), key)
+end
+
+-- The firing in flight is over: what is left is the newest generation, if it is not
+-- the one that fired (set again while it fired), or nothing (cancelled, or spent).
+local function after_firing(t)
+  if t.gen ~= t.fire_gen and t.due_ms then
+    return pending_timer(t.gen, t.due_ms, t.schedule, t.payload)
+  end
+  return nil
+end

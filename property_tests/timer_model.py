@@ -1,0 +1,218 @@
+"""A reference model of the durable timers' rules, in plain Python.
+
+Written from the design's timers section (and docs/timers.md), not from the scripts:
+it imports nothing from anarchon. The timer machine compares every reply of the real
+scripts with this model's. Rules, per kind of timer:
+
+- set(key, at or delay, schedule, payload): the newest set wins. It takes the kind's
+  next generation (generations grow across a cancel and a new set of the key) and is
+  due at ``at`` or ``now + delay``. A firing of the key in flight goes on (nothing can
+  call it back) and the new generation waits until it settles; an old generation
+  waiting for its retry is dropped.
+- cancel(key): a pending timer (or one waiting for its retry) is forgotten. One whose
+  firing is in flight keeps firing, but nothing follows it; cancelling it again, or a
+  key with no timer, answers "nothing to cancel".
+- claim(limit): takes the keys that need attention by now, earliest first (ties by
+  key), at most ``limit`` of them. A key needs attention at its due time while it is
+  pending, at its lease's expiry while it fires, at its retry time while it waits for a
+  retry. For each taken key:
+  - pending and due: the claimer wins attempt 1 (trigger ``due``);
+  - firing with an expired lease: that attempt is over (its token holds nothing any
+    more). If the key was set again or cancelled meanwhile, what is left is the new
+    generation (pending, and won at once if it is due already) or nothing. Otherwise,
+    with attempts left, the claimer wins the next attempt (``takeover``); out of
+    attempts, a recurring timer is won as ``lapsed`` (same attempt: the claimer runs
+    nothing and writes the next due time) and a one-shot timer is spent;
+  - waiting for a retry that is due: the claimer wins the next attempt (``retry``).
+  Every win holds a lease for ``lease_ms`` and raises the kind's fence (to the clock in
+  microseconds, or one more than the last). The reply also says when the earliest key
+  needs attention next, and whether the limit was reached.
+  The same claim sent again (after a lost reply) also hears of the firings it won and
+  still holds (with the time left on their leases).
+- heartbeat(key, token): only the token of the firing in flight, expired or not (until
+  someone took over), extends the lease to ``now + lease_ms``.
+- finish(key, token, outcome, next): only the token of the firing in flight (a finish
+  sent again after the firing moved on to a retry hears "settled" again). A failed or
+  cancelled attempt of the newest generation with attempts left waits for a retry
+  (cancelled: at once). Otherwise the firing is over: if the key was set again or
+  cancelled meanwhile, the new generation is pending (or nothing is left); else a rearm
+  or a recurrence (``next``) makes the next generation, due then, with the same
+  schedule and payload; else the timer is spent and forgotten.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+
+@dataclass
+class Timer:
+    gen: int
+    due_ms: int | None
+    status: str  # pending, firing, retry
+    schedule: str
+    payload: str
+    attempt: int = 0
+    token: str = ""
+    until_ms: int = 0
+    fence: int = 0
+    fire_gen: int = 0
+    fire_due_ms: int = 0
+    trigger: str = ""
+    runner: str = ""
+
+    def attention_ms(self) -> int:
+        if self.status == "pending":
+            assert self.due_ms is not None
+            return self.due_ms
+        return self.until_ms
+
+
+@dataclass(frozen=True)
+class Win:
+    key: str
+    gen: int
+    due_ms: int
+    attempt: int
+    fence: int
+    token: str
+    trigger: str
+    schedule: str
+    payload: str
+    lease_left_ms: int
+
+
+@dataclass
+class KindModel:
+    timers: dict[str, Timer] = field(default_factory=dict)
+    gen: int = 0
+    fence: int = 0
+    #: The keys each claim (by its token base) won.
+    claimed: dict[str, set[str]] = field(default_factory=dict)
+
+    def _next_gen(self) -> int:
+        self.gen += 1
+        return self.gen
+
+    def set(self, key: str, now: int, at_ms: int | None, delay_ms: int | None,
+            schedule: str, payload: str) -> tuple[int, int]:  # fmt: skip
+        due_ms = at_ms if at_ms is not None else now + (delay_ms or 0)
+        gen = self._next_gen()
+        old = self.timers.get(key)
+        if old is not None and old.status == "firing":
+            old.gen, old.due_ms, old.schedule, old.payload = gen, due_ms, schedule, payload
+        else:
+            self.timers[key] = Timer(gen, due_ms, "pending", schedule, payload)
+        return gen, due_ms
+
+    def cancel(self, key: str) -> bool:
+        timer = self.timers.get(key)
+        if timer is None or (timer.status == "firing" and timer.due_ms is None):
+            return False
+        if timer.status == "firing":
+            timer.gen = self._next_gen()
+            timer.due_ms, timer.schedule, timer.payload = None, "", ""
+        else:
+            del self.timers[key]
+        return True
+
+    @staticmethod
+    def _what_is_left(timer: Timer) -> Timer | None:
+        if timer.gen != timer.fire_gen and timer.due_ms is not None:
+            return Timer(timer.gen, timer.due_ms, "pending", timer.schedule, timer.payload)
+        return None
+
+    def _win(self, key: str, timer: Timer, now: int, attempt: int, trigger: str,
+             lease_ms: int, runner: str, token_base: str) -> Win:  # fmt: skip
+        self.fence = max(self.fence + 1, now * 1000)
+        timer.status, timer.attempt, timer.fence = "firing", attempt, self.fence
+        timer.trigger, timer.runner = trigger, runner
+        timer.token, timer.until_ms = f"{token_base}:{self.fence}", now + lease_ms
+        self.claimed.setdefault(token_base, set()).add(key)
+        return Win(key, timer.fire_gen, timer.fire_due_ms, attempt, self.fence, timer.token,
+                   trigger, timer.schedule, timer.payload, lease_ms)  # fmt: skip
+
+    def claim(self, now: int, limit: int, lease_ms: int, runner: str, token_base: str,
+              max_attempts: int) -> tuple[list[Win], int | None, bool]:  # fmt: skip
+        wins: list[Win] = []
+        prefix = token_base + ":"
+        for key in sorted(self.claimed.get(token_base, ())):
+            t = self.timers.get(key)
+            if t and t.status == "firing" and t.until_ms > now and t.token.startswith(prefix):
+                wins.append(Win(key, t.fire_gen, t.fire_due_ms, t.attempt, t.fence, t.token,
+                                t.trigger, t.schedule, t.payload, t.until_ms - now))  # fmt: skip
+        taken = sorted(
+            (t.attention_ms(), key) for key, t in self.timers.items() if t.attention_ms() <= now
+        )[:limit]
+        won = dict(lease_ms=lease_ms, runner=runner, token_base=token_base)
+        for _, key in taken:
+            timer: Timer | None = self.timers[key]
+            assert timer is not None
+            if timer.status == "firing":
+                if timer.gen != timer.fire_gen:
+                    timer = self._what_is_left(timer)
+                elif timer.attempt < max_attempts:
+                    wins.append(self._win(key, timer, now, timer.attempt + 1, "takeover", **won))
+                    continue
+                elif timer.schedule:
+                    wins.append(self._win(key, timer, now, timer.attempt, "lapsed", **won))
+                    continue
+                else:
+                    timer = None
+                if timer is None:
+                    del self.timers[key]
+                    continue
+                self.timers[key] = timer
+            if timer.status == "retry":
+                if timer.gen == timer.fire_gen:
+                    wins.append(self._win(key, timer, now, timer.attempt + 1, "retry", **won))
+                else:
+                    left = self._what_is_left(timer)
+                    if left is None:
+                        del self.timers[key]
+                    else:
+                        self.timers[key] = left
+            elif timer.status == "pending" and timer.attention_ms() <= now:
+                timer.fire_gen, timer.fire_due_ms = timer.gen, timer.attention_ms()
+                wins.append(self._win(key, timer, now, 1, "due", **won))
+        next_ms = min((t.attention_ms() for t in self.timers.values()), default=None)
+        return wins, next_ms, len(taken) == limit
+
+    def heartbeat(self, key: str, token: str, now: int, lease_ms: int) -> bool:
+        timer = self.timers.get(key)
+        if timer is None or timer.status != "firing" or timer.token != token:
+            return False
+        timer.until_ms = now + lease_ms
+        return True
+
+    def finish(self, key: str, token: str, outcome: str, now: int, max_attempts: int,
+               retry_delay_ms: int, next_at_ms: int | None,
+               next_delay_ms: int | None) -> tuple[bool, str, int]:  # fmt: skip
+        """``(held, status after, ms)``: status retry, pending or done."""
+        timer = self.timers.get(key)
+        if timer is None or timer.token != token:
+            return False, "", 0
+        if timer.status != "firing":
+            return True, timer.status, max(timer.until_ms - now, 0)
+        current = timer.gen == timer.fire_gen
+        if current and outcome in ("failed", "cancelled") and timer.attempt < max_attempts:
+            delay = 0 if outcome == "cancelled" else retry_delay_ms
+            timer.status, timer.until_ms = "retry", now + delay
+            return True, "retry", delay
+        left: Timer | None
+        if not current:
+            left = self._what_is_left(timer)
+        elif next_at_ms is not None or next_delay_ms is not None:
+            due = next_at_ms if next_at_ms is not None else now + (next_delay_ms or 0)
+            left = Timer(self._next_gen(), due, "pending", timer.schedule, timer.payload)
+        else:
+            left = None
+        if left is None:
+            del self.timers[key]
+            return True, "done", 0
+        self.timers[key] = left
+        assert left.due_ms is not None
+        return True, "pending", max(left.due_ms - now, 0)
+
+    def snapshot(self) -> dict[str, Timer]:
+        return {key: replace(timer) for key, timer in self.timers.items()}

@@ -1,0 +1,309 @@
+"""The timers' store: one script per operation (set, cancel, claim, heartbeat, finish),
+each one round trip, on the keys of one kind (or one bucket of it). See lua/timer_state.lua
+for the state a key holds and lua/timer_*.lua for each decision."""
+
+from __future__ import annotations
+
+import base64
+import json
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, cast
+
+from ._scripts import ScriptCall, run_scripts, timer_script
+from .clients import Connection, ServerReplyError
+
+__all__ = [
+    "TimerClaim",
+    "TimerEnd",
+    "TimerFinishReply",
+    "TimerKeys",
+    "TimerState",
+    "TimerStore",
+    "TimerWin",
+    "bucket_of",
+    "decode_payload",
+    "encode_payload",
+]
+
+TimerStatus = Literal["pending", "firing", "retry"]
+TimerTrigger = Literal["due", "retry", "takeover", "lapsed"]
+TimerOutcome = Literal["ok", "failed", "cancelled", "interrupted"]
+
+_STATUS: dict[str, TimerStatus] = {"p": "pending", "f": "firing", "r": "retry"}
+
+
+def bucket_of(key: str, buckets: int) -> int:
+    """The bucket a key's timer lives in: the same in every process (CRC-32 of the key)."""
+    return zlib.crc32(key.encode("utf-8")) % buckets if buckets > 1 else 0
+
+
+@dataclass(frozen=True, slots=True)
+class TimerKeys:
+    """The keys of one kind of timer (or one bucket of it), under one hash tag. The tag is
+    a job's (``{<prefix><kind>}``, with ``#<bucket>`` when the kind is split): a job and a
+    timer kind of the same name share a cluster node, never a key."""
+
+    tag: str
+    timers: str
+    due: str
+    meta: str
+
+    @classmethod
+    def for_kind(cls, prefix: str, kind: str, bucket: int = 0, buckets: int = 1) -> TimerKeys:
+        tag = "{" + prefix + kind + (f"#{bucket}" if buckets > 1 else "") + "}"
+        return cls(tag, f"{tag}:timers", f"{tag}:timer-due", f"{tag}:timer-meta")
+
+    def claimed(self, token_base: str) -> str:
+        """The set of keys a claim won, kept for a claim sent again after a lost reply."""
+        return f"{self.tag}:timer-claimed:{token_base}"
+
+
+# ------------------------------------------------------------------ payloads
+
+
+def encode_payload(payload: object) -> str:
+    """A payload as the store keeps it (replies are read as UTF-8 text):
+
+    - ``None``: empty;
+    - ``bytes``: ``u`` and the bytes, when they are UTF-8 text; ``x`` and their base64
+      otherwise;
+    - anything else: ``j`` and its JSON (``json.dumps``; it must be JSON-able).
+    """
+    if payload is None:
+        return ""
+    if isinstance(payload, bytes | bytearray | memoryview):
+        raw = bytes(payload)
+        try:
+            return "u" + raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return "x" + base64.b64encode(raw).decode("ascii")
+    try:
+        return "j" + json.dumps(payload, separators=(",", ":"), ensure_ascii=False)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(
+            f"a timer's payload must be bytes or a JSON-able value (dict, list, str, int, "
+            f"float, bool, None), not {type(payload).__name__}: {exc}"
+        ) from None
+
+
+def decode_payload(stored: str) -> Any:
+    """The payload ``encode_payload`` stored: bytes for bytes, the JSON value otherwise."""
+    if not stored:
+        return None
+    tag, data = stored[0], stored[1:]
+    if tag == "u":
+        return data.encode("utf-8")
+    if tag == "x":
+        return base64.b64decode(data)
+    return json.loads(data)
+
+
+# ------------------------------------------------------------------ state and replies
+
+
+def _int_or_none(text: str) -> int | None:
+    return int(text) if text else None
+
+
+@dataclass(frozen=True, slots=True)
+class TimerState:
+    """A key's timer as stored (lua/timer_state.lua)."""
+
+    key: str
+    gen: int
+    #: When the newest generation is due (None: cancelled while a firing was in flight).
+    due_ms: int | None
+    status: TimerStatus
+    attempt: int
+    token: str
+    until_ms: int
+    fence: int
+    fire_gen: int
+    fire_due_ms: int
+    trigger: str
+    runner: str
+    schedule: str
+    payload: str
+
+    @classmethod
+    def decode(cls, key: str, raw: str) -> TimerState:
+        (gen, due, status, attempt, token, until_ms, fence, fire_gen, fire_due, trigger,
+         runner, schedule, payload) = raw.split("|", 12)  # fmt: skip
+        return cls(
+            key, int(gen), _int_or_none(due), _STATUS[status], int(attempt), token,
+            int(until_ms), int(fence), int(fire_gen), int(fire_due), trigger, runner,
+            schedule, payload,
+        )  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class TimerWin:
+    """A firing the claimer won: run it (or, ``lapsed``, finish it at once)."""
+
+    key: str
+    gen: int
+    due_ms: int
+    attempt: int
+    fence: int
+    token: str
+    trigger: TimerTrigger
+    schedule: str
+    payload: str
+    lease_left_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class TimerClaim:
+    wins: tuple[TimerWin, ...]
+    #: When the earliest key of the kind (bucket) needs attention next; None if none.
+    next_ms: int | None
+    #: The claim took as many keys as it could: more may be due now.
+    more: bool
+
+
+@dataclass(frozen=True, slots=True)
+class TimerEnd:
+    """How a firing ended, and the key's next generation (a rearm or a recurrence)."""
+
+    kind: str
+    key: str
+    token: str
+    outcome: TimerOutcome
+    max_attempts: int
+    retry_delay_ms: int
+    next_at_ms: int | None = None
+    next_delay_ms: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TimerFinishReply:
+    """``held`` is False when the firing had lost its lease (nothing was written).
+    ``status``: retry, pending (the next generation) or done; ``in_ms``: when the retry
+    may start, or when the next generation is due."""
+
+    held: bool
+    status: str
+    in_ms: int = 0
+
+
+def _win(raw: list[Any]) -> TimerWin:
+    key, gen, due_ms, attempt, fence, token, trigger, schedule, payload, left_ms = raw
+    return TimerWin(
+        str(key), int(gen), int(due_ms), int(attempt), int(fence), str(token),
+        cast(TimerTrigger, str(trigger)), str(schedule), str(payload), int(left_ms),
+    )  # fmt: skip
+
+
+def _opt(value: int | None) -> str | int:
+    return "" if value is None else value
+
+
+class TimerStore:
+    """Runs the timer scripts on one connection."""
+
+    def __init__(self, conn: Connection, *, prefix: str, runner: str = "") -> None:
+        self.conn = conn
+        self.prefix = prefix
+        self.runner = runner
+
+    def keys(self, kind: str, key: str, buckets: int = 1) -> TimerKeys:
+        return TimerKeys.for_kind(self.prefix, kind, bucket_of(key, buckets), buckets)
+
+    def _set_call(
+        self, kind: str, key: str, at_ms: int | None, delay_ms: int | None, schedule: str,
+        payload: str, buckets: int,
+    ) -> ScriptCall:  # fmt: skip
+        keys = self.keys(kind, key, buckets)
+        return ScriptCall(
+            timer_script("timer_set"),
+            (keys.timers, keys.due, keys.meta),
+            (key, _opt(at_ms), _opt(delay_ms), schedule, payload),
+        )
+
+    async def set_many(
+        self,
+        kind: str,
+        timers: Sequence[tuple[str, int | None, int | None, str, str]],
+        buckets: int = 1,
+    ) -> list[tuple[int, int] | ServerReplyError]:
+        """Set timers in one round trip: each ``(key, at_ms, delay_ms, schedule,
+        payload)``; replies ``(generation, due_ms)`` or the error reply."""
+        calls = [self._set_call(kind, *timer, buckets) for timer in timers]
+        replies = await run_scripts(self.conn, calls)
+        return [
+            reply if isinstance(reply, ServerReplyError) else (int(reply[0]), int(reply[1]))
+            for reply in replies
+        ]
+
+    async def cancel(self, kind: str, key: str, buckets: int = 1) -> bool:
+        keys = self.keys(kind, key, buckets)
+        call = ScriptCall(timer_script("timer_cancel"), (keys.timers, keys.due, keys.meta), (key,))
+        (reply,) = await run_scripts(self.conn, [call])
+        if isinstance(reply, ServerReplyError):
+            raise reply
+        return int(reply[0]) == 1
+
+    async def get(self, kind: str, key: str, buckets: int = 1) -> TimerState | None:
+        raw = await self.conn.execute(("HGET", self.keys(kind, key, buckets).timers, key))
+        return None if raw is None else TimerState.decode(key, str(raw))
+
+    async def claim(
+        self,
+        keys: TimerKeys,
+        *,
+        limit: int,
+        lease_ms: int,
+        token_base: str,
+        max_attempts: int,
+    ) -> TimerClaim:
+        """Take up to ``limit`` due firings of one kind (bucket); sent again with the same
+        ``token_base`` after a lost reply, it hears of the firings it won then."""
+        call = ScriptCall(
+            timer_script("timer_claim"),
+            (keys.timers, keys.due, keys.meta, keys.claimed(token_base)),
+            (limit, lease_ms, self.runner, token_base, max_attempts),
+        )
+        (reply,) = await run_scripts(self.conn, [call])
+        if isinstance(reply, ServerReplyError):
+            raise reply
+        wins, next_ms, more = reply
+        return TimerClaim(
+            tuple(_win(win) for win in wins or []),
+            int(float(next_ms)) if next_ms not in (None, "") else None,
+            int(more) == 1,
+        )
+
+    async def heartbeat_many(
+        self, beats: Sequence[tuple[TimerKeys, str, str]], lease_ms: int
+    ) -> list[bool | ServerReplyError]:
+        """Extend the leases of firings (``(keys, key, token)``) in one round trip; False
+        means that lease is lost."""
+        heartbeat = timer_script("timer_heartbeat")
+        calls = [
+            ScriptCall(heartbeat, (keys.timers, keys.due), (key, token, lease_ms))
+            for keys, key, token in beats
+        ]
+        replies = await run_scripts(self.conn, calls)
+        return [
+            reply if isinstance(reply, ServerReplyError) else int(reply[0]) == 1
+            for reply in replies
+        ]
+
+    async def finish(self, end: TimerEnd, keys: TimerKeys) -> TimerFinishReply:
+        call = ScriptCall(
+            timer_script("timer_finish"),
+            (keys.timers, keys.due, keys.meta),
+            (
+                end.key, end.token, end.outcome, end.max_attempts, end.retry_delay_ms,
+                _opt(end.next_at_ms), _opt(end.next_delay_ms),
+            ),
+        )  # fmt: skip
+        (reply,) = await run_scripts(self.conn, [call])
+        if isinstance(reply, ServerReplyError):
+            raise reply
+        if reply[0] == "lost":
+            return TimerFinishReply(held=False, status=str(reply[1]))
+        status = {"r": "retry", "p": "pending"}.get(str(reply[1]), str(reply[1]))
+        return TimerFinishReply(held=True, status=status, in_ms=int(reply[2]))
