@@ -352,6 +352,10 @@ async def test_a_sync_handler_that_returns_on_lease_lost_is_recorded_cancelled(
         )
     )
     assert state.split("|")[:2] == ["retry", "1"], state
+    # Released as cancelled (not failed): the retry may start at once, not after a delay.
+    results = direct.zrange(JobKeys.for_job(prefix, "careful").results, 0, -1)
+    assert [str(m).split("|")[2] for m in results] == ["cancelled"]
+    assert int(state.split("|")[3]) <= int(str(results[0]).split("|")[4])
 
 
 async def test_raise_if_lost_ends_a_sync_handler_as_cancelled(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from contextlib import AsyncExitStack
+from datetime import timedelta
 
 import anyio
 import pytest
@@ -208,3 +209,24 @@ async def test_a_plain_function_runs_in_a_worker_thread_with_its_run(
         await wait_until(lambda: bool(seen), 5, "the plain function to run")
 
     assert seen == [("plain", 1, False)]
+
+
+async def test_a_handler_gets_its_slot_as_an_aware_utc_datetime_and_its_runner_id(
+    server_url: str, prefix: str
+) -> None:
+    """``Run.slot`` is the slot's instant (aware, UTC, equal to ``slot_ms``) and
+    ``Run.runner`` the instance that runs it: what a handler logs and writes."""
+    schedule = OneShot.in_ms(100)
+    seen: list[Run] = []
+    scheduler = Scheduler(RedisBackend(redis=server_url, prefix=prefix), instance_id="here-1")
+
+    @scheduler.job(schedule, name="who")
+    async def who(run: Run) -> None:
+        seen.append(run)
+
+    async with scheduler:
+        await wait_until(lambda: bool(seen), 10, "the run")
+    (run,) = seen
+    assert run.slot == schedule.at and run.slot.utcoffset() == timedelta(0)
+    assert run.slot_ms == int(schedule.at.timestamp() * 1000)
+    assert (run.runner, run.job, run.attempt, run.trigger) == ("here-1", "who", 1, "schedule")
