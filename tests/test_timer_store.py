@@ -94,7 +94,7 @@ async def test_a_timer_set_claimed_and_rearmed_keeps_its_payload_and_grows_its_g
     assert await timers.cancel("remind", "user:42") is True
     assert await timers.get("remind", "user:42") is None
     assert await timers.cancel("remind", "user:42") is False
-    direct = redis.Redis.from_url(server_url, decode_responses=True)
+    direct = redis.Redis.from_url(server_url, decode_responses=True, protocol=2)
     try:
         assert direct.exists(keys.timers, keys.due) == 0  # nothing lingers
     finally:
