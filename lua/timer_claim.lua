@@ -4,14 +4,15 @@
 --         sent again after a lost reply (the same token_base) hears of its wins
 -- ARGV: limit, lease_ms, runner, token_base (fresh per claim, the same when sent again),
 --       max_attempts
--- Replies {wins, next_ms, more}:
+-- Replies {wins, next_ms, more, now_ms}:
 --   wins: one {key, gen, due_ms, attempt, fence, token, trigger, schedule, payload,
 --         lease_ms} per firing the caller runs now. trigger: due (attempt 1), retry (an
 --         attempt that failed), takeover (the runner's lease expired), or lapsed (a
 --         recurring timer out of attempts: the caller runs nothing and finishes it as
 --         interrupted, with its next due time);
 --   next_ms: when the earliest key needs attention next ('' if none);
---   more: 1 when the limit was reached (more may be due now).
+--   more: 1 when the limit was reached (more may be due now);
+--   now_ms: the server's clock, which next_ms is on (the caller's clock may differ).
 local timers_key, due_key, meta_key, claimed_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local limit = tonumber(ARGV[1])
 local lease_ms = tonumber(ARGV[2])
@@ -87,4 +88,4 @@ if #wins > 0 then redis.call('PEXPIRE', claimed_key, lease_ms) end
 local first = redis.call('ZRANGE', due_key, 0, 0, 'WITHSCORES')
 local next_ms = ''
 if first[2] then next_ms = first[2] end
-return {wins, next_ms, #due == limit and 1 or 0}
+return {wins, next_ms, #due == limit and 1 or 0, int(now)}

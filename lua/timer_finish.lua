@@ -1,6 +1,7 @@
 -- timer_finish: end the caller's firing, and write what follows it.
 -- KEYS[1] timers (hash)   KEYS[2] due (sorted set)   KEYS[3] meta (hash)
--- ARGV: key, token, outcome (ok | failed | cancelled | interrupted: a lapsed recurrence),
+-- ARGV: key, token, outcome (ok | failed | cancelled: given back, not counted as an
+--       attempt | interrupted: a lapsed recurrence),
 --       max_attempts, retry_delay_ms,
 --       next_at_ms, next_delay_ms: the next generation (a rearm, or a recurring timer's
 --       next due time), at an instant or after a delay on the server's clock; both ''
@@ -25,11 +26,17 @@ if t.token ~= token then return {'lost', t.status} end
 if t.status ~= 'f' then return {'settled', t.status, math.max(t.until_ms - now, 0)} end
 
 local current = t.gen == t.fire_gen
-if current and (outcome == 'failed' or outcome == 'cancelled')
-    and t.attempt < max_attempts then
+if current and outcome == 'cancelled' then
+  -- Given back (its instance stopped, or lost touch with the server): it did not fail,
+  -- so it is not counted. Whichever instance claims first fires it again, at once, as
+  -- the same attempt.
+  t.status, t.until_ms, t.attempt = 'r', now, t.attempt - 1
+  store_timer(timers_key, due_key, key, t)
+  return {'settled', 'r', 0}
+end
+if current and outcome == 'failed' and t.attempt < max_attempts then
   -- Attempts are left: the lease is released; the next attempt starts after the retry
-  -- delay (at once after a cancel), on whichever instance claims first.
-  if outcome == 'cancelled' then retry_delay_ms = 0 end
+  -- delay, on whichever instance claims first.
   t.status, t.until_ms = 'r', now + retry_delay_ms
   store_timer(timers_key, due_key, key, t)
   return {'settled', 'r', retry_delay_ms}

@@ -32,9 +32,10 @@ scripts with this model's. Rules, per kind of timer:
 - heartbeat(key, token): only the token of the firing in flight, expired or not (until
   someone took over), extends the lease to ``now + lease_ms``.
 - finish(key, token, outcome, next): only the token of the firing in flight (a finish
-  sent again after the firing moved on to a retry hears "settled" again). A failed or
-  cancelled attempt of the newest generation with attempts left waits for a retry
-  (cancelled: at once). Otherwise the firing is over: if the key was set again or
+  sent again after the firing moved on to a retry hears "settled" again). A cancelled
+  attempt of the newest generation (given back: its instance stopped) is not counted:
+  the same attempt may fire again at once. A failed one with attempts left waits for
+  its retry delay. Otherwise the firing is over: if the key was set again or
   cancelled meanwhile, the new generation is pending (or nothing is left); else a rearm
   or a recurrence (``next``) makes the next generation, due then, with the same
   schedule and payload; else the timer is spent and forgotten.
@@ -195,10 +196,13 @@ class KindModel:
         if timer.status != "firing":
             return True, timer.status, max(timer.until_ms - now, 0)
         current = timer.gen == timer.fire_gen
-        if current and outcome in ("failed", "cancelled") and timer.attempt < max_attempts:
-            delay = 0 if outcome == "cancelled" else retry_delay_ms
-            timer.status, timer.until_ms = "retry", now + delay
-            return True, "retry", delay
+        if current and outcome == "cancelled":
+            # Given back: not counted; the same attempt fires again, at once.
+            timer.status, timer.until_ms, timer.attempt = "retry", now, timer.attempt - 1
+            return True, "retry", 0
+        if current and outcome == "failed" and timer.attempt < max_attempts:
+            timer.status, timer.until_ms = "retry", now + retry_delay_ms
+            return True, "retry", retry_delay_ms
         left: Timer | None
         if not current:
             left = self._what_is_left(timer)

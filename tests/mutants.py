@@ -315,9 +315,17 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "timer-retry-attempt-bound",
         "timer_finish.lua",
-        "    and t.attempt < max_attempts then",
-        "    then",
+        "if current and outcome == 'failed' and t.attempt < max_attempts then",
+        "if current and outcome == 'failed' then",
         "a failed firing is retried past max_attempts",
+        (TIMER_MACHINE,),
+    ),
+    Mutant(
+        "timer-give-back-counted",
+        "timer_finish.lua",
+        "t.status, t.until_ms, t.attempt = 'r', now, t.attempt - 1",
+        "t.status, t.until_ms = 'r', now",
+        "a firing given back by a stopping instance counts as an attempt",
         (TIMER_MACHINE,),
     ),
     Mutant(
@@ -364,8 +372,10 @@ ENGINE_MUTANTS: list[Mutant] = [
     _engine(
         "no-claim-deadline",
         "_engine/claimer.py",
-        "            scope.deadline = anyio.current_time() + context.round_trip_sec\n",
-        "",
+        "            scope.deadline = anyio.current_time() + context.round_trip_sec\n"
+        "            try:\n"
+        "                replies = await store.claim_many(requests)\n",
+        "            try:\n                replies = await store.claim_many(requests)\n",
         "a claim batch's round trip has a deadline",
         f"{ENGINE_FAULTS}::test_stop_is_bounded_while_the_server_is_frozen",
     ),
@@ -397,15 +407,15 @@ ENGINE_MUTANTS: list[Mutant] = [
     _engine(
         "no-self-fencing",
         "_engine/lease_keeper.py",
-        "    def _give_up(attempt: _Attempt) -> None:\n        attempt.lost = True\n",
-        "    def _give_up(attempt: _Attempt) -> None:\n        return\n",
+        "    def _give_up(attempt: _Leased) -> None:\n        attempt.lost = True\n",
+        "    def _give_up(attempt: _Leased) -> None:\n        return\n",
         "a runner cancels its handler when its lease would expire unconfirmed",
         f"{ENGINE_FAULTS}::test_a_runner_that_cannot_reach_the_server_gives_up_its_lease_by_its_expiry",
     ),
     _engine(
         "sync-lost-recorded-ok",
         "_engine/runner.py",
-        'outcome = "cancelled" if attempt.run.lease_lost.is_set() else "ok"',
+        'outcome = "cancelled" if leased.lease_lost.is_set() else "ok"',
         'outcome = "ok"',
         "a sync handler that returns after lease_lost is recorded cancelled",
         f"{ENGINE_FAULTS}::test_a_sync_handler_that_returns_on_lease_lost_is_recorded_cancelled",

@@ -51,7 +51,7 @@ async def kept(server_url: str, prefix: str) -> AsyncIterator[Kept]:
         assert not isinstance(won, Exception) and won.kind == "won"
         run = Run(job.name, datetime.fromtimestamp(slot_ms / 1000, UTC), slot_ms, 1,
                   "schedule", "i", won.fence)  # fmt: skip
-        attempt = _Attempt(job, run, str(slot_ms), token)
+        attempt = _Attempt(job=job, run=run, slot_id=str(slot_ms), token=token)
         context = EngineContext(
             jobs={job.name: job}, instance_id="i", lease_ms=LEASE_MS, heartbeat_ms=HEARTBEAT_MS,
             retry_delay_ms=1_000, store=store,

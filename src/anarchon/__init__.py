@@ -1,7 +1,9 @@
-"""anarchon: distributed cron on Redis and Valkey.
+"""anarchon: distributed cron and durable timers on Redis and Valkey.
 
 Many copies of an application run the same jobs; for every scheduled fire
-time exactly one copy runs the job. This module is the whole public API.
+time exactly one copy runs the job. Business code sets per-key timers that
+fire once across the fleet and survive restarts. This module is the whole
+public API.
 """
 
 from ._backend import (
@@ -29,7 +31,17 @@ from ._errors import (
 )
 from ._schedule import CronSchedule, IntervalSchedule, Schedule
 from ._scheduler import Scheduler
-from ._structures import OverlapPolicy, Run, RunResult, RunStatus, Trigger
+from ._structures import (
+    OverlapPolicy,
+    Run,
+    RunResult,
+    RunStatus,
+    TimerInfo,
+    TimerRun,
+    TimerStatus,
+    TimerTrigger,
+    Trigger,
+)
 
 __all__ = [
     "AnarchonError",
@@ -56,6 +68,10 @@ __all__ = [
     "SchedulerStateError",
     "StoreFormatError",
     "StreamIdStrategy",
+    "TimerInfo",
+    "TimerRun",
+    "TimerStatus",
+    "TimerTrigger",
     "Trigger",
     "UnsupportedClientError",
     "UnsupportedServerError",

@@ -250,9 +250,8 @@ class RedisBackend(Generic[K]):
     def __repr__(self) -> str:
         return f"{type(self).__name__}(strategy={self.strategy!r}, prefix={self.prefix!r})"
 
-    async def open(self, options: StoreOptions) -> Store:
-        """Connect, and check the server and the store format. Scripts are sent by SHA and
-        loaded on the first NOSCRIPT, on whichever node (or restarted server) lacks them."""
+    async def _connect(self) -> tuple[Connection, ServerInfo]:
+        """Connect, and check the server and the store format."""
         conn = open_connection(self._connection_spec)
         try:
             server = await _check_server(conn)
@@ -264,14 +263,25 @@ class RedisBackend(Generic[K]):
                     "'script' or 'stream-id'"
                 )
             await _check_store_format(conn, self.prefix)
-            store = self._store(conn, server, options)
         except BaseException:
             if conn.owned:
                 # Closing what was opened, even when cancelled; never for long.
                 with anyio.move_on_after(5, shield=True):
                     await conn.aclose()
             raise
-        return store
+        return conn, server
+
+    async def open_connection(self) -> Connection:
+        """A checked connection and nothing more (what setting a timer from a process
+        that runs no scheduler needs)."""
+        conn, _ = await self._connect()
+        return conn
+
+    async def open(self, options: StoreOptions) -> Store:
+        """Connect, and check the server and the store format. Scripts are sent by SHA and
+        loaded on the first NOSCRIPT, on whichever node (or restarted server) lacks them."""
+        conn, server = await self._connect()
+        return self._store(conn, server, options)
 
     def _store(self, conn: Connection, server: ServerInfo, options: StoreOptions) -> Store:
         if self.strategy == "lease":

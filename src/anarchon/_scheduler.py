@@ -12,7 +12,9 @@ import os
 import secrets
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from datetime import datetime
 from types import TracebackType
 from typing import Any, Generic, TypeVar, overload
 
@@ -39,7 +41,10 @@ from ._job import (
 )
 from ._schedule import Schedule, SlotClock, from_epoch_ms
 from ._store import ClaimReply, Store, manual_slot_id
-from ._structures import OverlapPolicy, RunResult
+from ._structures import OverlapPolicy, RunResult, TimerInfo
+from ._timer import Recurrence, TimerKind, due_from, validate_kind, validate_timer_key
+from ._timer_store import TimerKeys, TimerStore, decode_payload, encode_payload
+from .clients import Connection
 
 __all__ = ["Scheduler"]
 
@@ -56,6 +61,12 @@ def _refuse_lease_options(strategy: str, **options: object) -> None:
             "(it holds no leases: no backups, retries, overlap protection or catch-up); drop "
             "them, or use the 'lease' strategy"
         )
+
+
+def _check_buckets(buckets: object) -> int:
+    if isinstance(buckets, bool) or not isinstance(buckets, int) or not 1 <= buckets <= 1024:
+        raise InvalidOptionError(f"buckets must be a whole number from 1 to 1024, got {buckets!r}")
+    return buckets
 
 
 def _default_instance_id() -> str:
@@ -82,6 +93,9 @@ class Scheduler(Generic[K]):
     ``stop_grace_ms`` is how long ``stop()`` lets running handlers finish before
     cancelling them and releasing their leases. ``retry_delay_ms`` is the delay
     before the second attempt of a failed run, doubling for each later one.
+    ``timer_poll_ms`` (1 s) is how long an instance waits at most between two claims
+    of a timer kind's due timers: a timer set elsewhere to fire sooner than anything
+    the instance knew of is seen by then (one set through this scheduler at once).
     The lease options (``lease_ms``, ``heartbeat_ms``, ``retry_delay_ms``; on jobs
     ``overlap``, ``max_attempts``, ``catch_up_ms``) exist only with the lease
     strategy: with a claim-only backend they are a type error, and an error if
@@ -100,6 +114,7 @@ class Scheduler(Generic[K]):
         instance_id: str | None = None,
         stop_grace_ms: int = 30_000,
         retry_delay_ms: int = 1_000,
+        timer_poll_ms: int = 1_000,
     ) -> None: ...
 
     @overload
@@ -124,6 +139,7 @@ class Scheduler(Generic[K]):
         instance_id: str | None = None,
         stop_grace_ms: int = 30_000,
         retry_delay_ms: int | None = None,
+        timer_poll_ms: int | None = None,
     ) -> None:
         if backend is None:
             backend = RedisBackend()
@@ -138,6 +154,7 @@ class Scheduler(Generic[K]):
                 lease_ms=lease_ms,
                 heartbeat_ms=heartbeat_ms,
                 retry_delay_ms=retry_delay_ms,
+                timer_poll_ms=timer_poll_ms,
             )
         self.lease_ms = check_duration_ms("lease_ms", 30_000 if lease_ms is None else lease_ms)
         # By default a third of the lease (10 s for the default 30 s lease).
@@ -180,6 +197,9 @@ class Scheduler(Generic[K]):
             lease_ms=self.lease_ms,
             heartbeat_ms=self.heartbeat_ms,
             retry_delay_ms=self.retry_delay_ms,
+            timer_poll_ms=check_duration_ms(
+                "timer_poll_ms", 1_000 if timer_poll_ms is None else timer_poll_ms
+            ),
         )
         self._agenda = Agenda(self._context)
         self._lease_keeper = LeaseKeeper(self._context)
@@ -407,6 +427,212 @@ class Scheduler(Generic[K]):
         """The names of the registered jobs."""
         return list(self._context.jobs)
 
+    # ---------------------------------------------------------------- timers
+
+    def timer(
+        self: Scheduler[Leases],
+        kind: str,
+        *,
+        max_attempts: int = 3,
+        retry_delay_ms: int | None = None,
+        buckets: int = 1,
+    ) -> Callable[[F], F]:
+        """Register the decorated function as the handler of a kind of timer; see
+        ``add_timer`` for the options::
+
+            @scheduler.timer("remind")
+            async def remind(fire: TimerRun) -> None:
+                await send_reminder(fire.key, fire.payload)
+        """
+
+        def register(handler: F) -> F:
+            self.add_timer(
+                handler, kind, max_attempts=max_attempts, retry_delay_ms=retry_delay_ms,
+                buckets=buckets,
+            )  # fmt: skip
+            return handler
+
+        return register
+
+    def add_timer(
+        self: Scheduler[Leases],
+        handler: Callable[..., Any],
+        kind: str,
+        *,
+        max_attempts: int = 3,
+        retry_delay_ms: int | None = None,
+        buckets: int = 1,
+    ) -> None:
+        """Register the handler of a kind of timer. Every key's timer of that kind set
+        with ``set_timer`` (by any process) fires through it, on one instance of the
+        fleet, with the jobs' lease rules (takeover of a dead runner, heartbeats,
+        fences). ``max_attempts`` (3) counts failed and crashed attempts (a firing given
+        back by a stopping instance is not counted); ``retry_delay_ms`` (the scheduler's
+        by default) doubles per attempt; ``buckets`` (1) spreads the kind over that many
+        hash tags, so that a Redis Cluster spreads it over its nodes: every process that
+        sets timers of the kind must use the same number.
+        """
+        if not callable(handler):
+            raise InvalidJobError(f"a timer's handler must be callable, got {handler!r}")
+        if not self.backend.leases:
+            raise InvalidOptionError(
+                f"timers fire with the lease strategy's rules; this scheduler's backend uses "
+                f"{self.backend.strategy!r}: use a backend with the 'lease' strategy (the "
+                "default) for the scheduler that fires timers"
+            )
+        name = validate_kind(kind)
+        if name in self._context.timer_kinds:
+            raise InvalidJobError(f"a timer kind named {name!r} already has a handler here")
+        if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
+            raise InvalidOptionError(
+                f"max_attempts must be a whole number, 1 or more, got {max_attempts!r}"
+            )
+        timer_kind = TimerKind(
+            name=name,
+            handler=handler,
+            max_attempts=max_attempts,
+            retry_delay_ms=None
+            if retry_delay_ms is None
+            else check_duration_ms("retry_delay_ms", retry_delay_ms, allow_zero=True),
+            buckets=_check_buckets(buckets),
+            takes_run=takes_run_argument(handler, name),
+            is_async=is_async_callable(handler),
+        )
+        self._context.timer_kinds[name] = timer_kind
+        if self._context.state == "running":
+            self._claim_timers_now(timer_kind)
+
+    @property
+    def timer_kinds(self) -> list[str]:
+        """The kinds of timer this scheduler fires."""
+        return list(self._context.timer_kinds)
+
+    def _claim_timers_now(self, kind: TimerKind) -> None:
+        now = _now_ms()
+        for bucket in range(kind.buckets):
+            keys = TimerKeys.for_kind(self.backend.prefix, kind.name, bucket, kind.buckets)
+            self._agenda.timer_due(kind.name, keys, now)
+
+    def _buckets_of(self, kind: str, buckets: int | None) -> int:
+        registered = self._context.timer_kinds.get(kind)
+        if buckets is None:
+            return registered.buckets if registered is not None else 1
+        buckets = _check_buckets(buckets)
+        if registered is not None and registered.buckets != buckets:
+            raise InvalidOptionError(
+                f"timer kind {kind!r} has {registered.buckets} bucket(s) here, not {buckets}: "
+                "every process must use the same number"
+            )
+        return buckets
+
+    @asynccontextmanager
+    async def _timers(self) -> AsyncIterator[TimerStore]:
+        """The timers' store: on the scheduler's connection while it runs, else on a
+        connection opened for the call (a process that only sets timers)."""
+        if self._context.state == "running" and self._store is not None:
+            yield TimerStore(self._store.conn, prefix=self.backend.prefix)
+            return
+        conn: Connection = await self.backend.open_connection()
+        try:
+            yield TimerStore(conn, prefix=self.backend.prefix)
+        finally:
+            if conn.owned:
+                with anyio.move_on_after(5, shield=True):
+                    await conn.aclose()
+
+    async def set_timer(
+        self,
+        kind: str,
+        key: str,
+        *,
+        at: datetime | None = None,
+        delay_ms: int | None = None,
+        cron: str | None = None,
+        every_ms: int | None = None,
+        timezone: str = "UTC",
+        payload: object = None,
+        buckets: int | None = None,
+    ) -> int:
+        """Set ``key``'s timer of ``kind``, replacing what was set before (the newest set
+        wins), and return its generation (every set is a higher one).
+
+        It is due ``at`` (an aware datetime) or ``delay_ms`` from now on the server's
+        clock; ``cron=`` (with ``timezone=``) or ``every_ms=`` make it recur (first due
+        at its first fire time, or at ``at``/``delay_ms`` if given). ``payload`` is
+        bytes or a JSON-able value; the handler gets it back as it was. A firing of the
+        key in flight goes on; the new setting is due once it ends. Works whether this
+        scheduler runs or not (a process that only sets timers opens a connection for
+        the call)::
+
+            await scheduler.set_timer("remind", "user:42", delay_ms=30 * 60_000,
+                                      payload={"text": "your cart"})
+        """
+        name = validate_kind(kind)
+        timer_key = validate_timer_key(key)
+        at_ms, delay = due_from(at, delay_ms)
+        recurrence = Recurrence.make(cron, every_ms, timezone)
+        if at_ms is None and delay is None:
+            if recurrence is None:
+                raise InvalidOptionError(
+                    "a timer needs a due time: at= (an aware datetime), delay_ms=, cron= or "
+                    "every_ms="
+                )
+            at_ms = recurrence.first_ms(int(_now_ms()))
+        stored = encode_payload(payload)
+        bucket_count = self._buckets_of(name, buckets)
+        async with self._timers() as timers:
+            with anyio.fail_after(self._context.round_trip_sec * 3):
+                (reply,) = await timers.set_many(
+                    name,
+                    [(timer_key, at_ms, delay, recurrence.encode() if recurrence else "", stored)],
+                    bucket_count,
+                )
+        if isinstance(reply, BaseException):
+            raise reply
+        generation, due_ms = reply
+        registered = self._context.timer_kinds.get(name)
+        if registered is not None and self._context.state == "running":
+            # Due sooner than this instance would look: it looks then.
+            wake_ms = _now_ms() + delay if delay is not None else float(due_ms)
+            self._agenda.timer_due(name, timers.keys(name, timer_key, bucket_count), wake_ms)
+        return generation
+
+    async def cancel_timer(self, kind: str, key: str, *, buckets: int | None = None) -> bool:
+        """Cancel ``key``'s timer of ``kind``; False if it had none. A firing in flight
+        goes on (nothing can call it back), but nothing follows it: no retry, rearm or
+        recurrence."""
+        name = validate_kind(kind)
+        timer_key = validate_timer_key(key)
+        bucket_count = self._buckets_of(name, buckets)
+        async with self._timers() as timers:
+            with anyio.fail_after(self._context.round_trip_sec * 3):
+                return await timers.cancel(name, timer_key, bucket_count)
+
+    async def get_timer(
+        self, kind: str, key: str, *, buckets: int | None = None
+    ) -> TimerInfo | None:
+        """``key``'s timer of ``kind`` as the store holds it, or None."""
+        name = validate_kind(kind)
+        timer_key = validate_timer_key(key)
+        bucket_count = self._buckets_of(name, buckets)
+        async with self._timers() as timers:
+            with anyio.fail_after(self._context.round_trip_sec * 3):
+                state = await timers.get(name, timer_key, bucket_count)
+        if state is None:
+            return None
+        recurrence = Recurrence.decode(state.schedule)
+        return TimerInfo(
+            kind=name,
+            key=timer_key,
+            generation=state.gen,
+            due=None if state.due_ms is None else from_epoch_ms(state.due_ms),
+            due_ms=state.due_ms,
+            payload=decode_payload(state.payload),
+            status=state.status,
+            attempt=state.attempt,
+            recurs=None if recurrence is None else recurrence.describe(),
+        )
+
     # ------------------------------------------------------------- lifecycle
 
     async def __aenter__(self) -> Scheduler[K]:
@@ -436,10 +662,35 @@ class Scheduler(Generic[K]):
         now = _now_ms()
         for job in self._context.jobs.values():
             self._agenda.schedule_first_slots(job, now)
+        if self._context.timer_kinds:
+            self._context.timer_store = TimerStore(
+                store.conn, prefix=self.backend.prefix, runner=self.instance_id
+            )
+            await self._warn_if_timers_may_be_evicted(store.conn)
+            for kind in self._context.timer_kinds.values():
+                self._claim_timers_now(kind)
         group.start_soon(self._claimer.claim_loop)
         if store.leases:
             group.start_soon(self._lease_keeper.keep_leases)
         return self
+
+    async def _warn_if_timers_may_be_evicted(self, conn: Connection) -> None:
+        """Timers live as long as the server keeps their keys: a policy that evicts keys
+        under memory pressure may drop them."""
+        try:
+            with anyio.fail_after(self._context.round_trip_sec):
+                reply = await conn.execute(("CONFIG", "GET", "maxmemory-policy"))
+        except Exception:
+            return  # CONFIG refused (a managed server): nothing to tell
+        values = list(reply.values()) if isinstance(reply, dict) else list(reply or [])
+        policy = str(values[-1]) if values else ""
+        if policy and policy != "noeviction" and not policy.startswith("volatile"):
+            log.warning(
+                "the server's maxmemory-policy is %r: under memory pressure it may evict "
+                "timers (they are keys without an expiry); use noeviction (or a volatile-* "
+                "policy) for a server that holds timers",
+                policy,
+            )
 
     async def __aexit__(
         self,

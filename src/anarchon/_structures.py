@@ -3,13 +3,24 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Generator
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
 
-from ._errors import LeaseLostError
+from ._errors import InvalidOptionError, LeaseLostError
 
-__all__ = ["OverlapPolicy", "Run", "RunResult", "RunStatus", "Trigger"]
+__all__ = [
+    "OverlapPolicy",
+    "Run",
+    "RunResult",
+    "RunStatus",
+    "TimerInfo",
+    "TimerRun",
+    "TimerStatus",
+    "TimerTrigger",
+    "Trigger",
+]
 
 Trigger = Literal["schedule", "catch-up", "retry", "manual"]
 #: How an attempt ended; ``skipped``: the slot did not run at all (``attempt`` 0,
@@ -84,3 +95,108 @@ class RunResult:
     finished_at: datetime
     error: str | None
     fence: int
+
+
+#: Why a timer fires: it is ``due`` (attempt 1), a failed attempt's ``retry``, or a
+#: ``takeover`` of a firing whose runner vanished (its lease expired).
+TimerTrigger = Literal["due", "retry", "takeover"]
+#: A key's timer: ``pending`` (waiting for its due time), ``firing`` (an attempt holds
+#: its lease), ``retry`` (a failed attempt's retry is waiting for its delay).
+TimerStatus = Literal["pending", "firing", "retry"]
+
+
+class _Done:
+    """What ``TimerRun.rearm`` returns: awaiting it is optional (it did its work)."""
+
+    __slots__ = ()
+
+    def __await__(self) -> Generator[Any, None, None]:
+        return
+        yield  # pragma: no cover - makes this a generator
+
+
+@dataclass(frozen=True, slots=True)
+class TimerRun:
+    """One attempt at firing one generation of a key's timer, as the handler sees it::
+
+        @scheduler.timer("remind")
+        async def remind(fire: TimerRun) -> None:
+            await send(fire.key, fire.payload, fence=fire.fence)
+            fire.rearm(delay_ms=3_600_000)   # again in an hour (await it or not)
+
+    ``payload`` is what ``set_timer`` was given: bytes, or the JSON-able value
+    (decoded). ``generation`` identifies this set of the key (every set, rearm and
+    recurrence makes a higher one); ``fence`` grows with every firing of the kind, for
+    stores that reject stale writers. ``lease_lost`` is set when this attempt no longer
+    holds its lease (async handlers are cancelled instead), as for jobs' ``Run``.
+    """
+
+    kind: str
+    key: str
+    payload: Any
+    due: datetime
+    due_ms: int
+    generation: int
+    attempt: int
+    trigger: TimerTrigger
+    runner: str
+    fence: int
+    lease_lost: threading.Event = field(default_factory=threading.Event, compare=False)
+    #: The rearm asked for (at most one: the last call wins): (at_ms, delay_ms).
+    _rearm: list[tuple[int | None, int | None]] = field(
+        default_factory=list, compare=False, repr=False
+    )
+
+    def rearm(self, *, at: datetime | None = None, delay_ms: int | None = None) -> _Done:
+        """Set the key's timer again, due ``at`` (an aware datetime) or ``delay_ms`` after
+        this firing ends (on the server's clock), with the same payload: written in the
+        same script as this firing's finish, when the handler returns. It is dropped if
+        the handler raises (a retry may rearm again), and if the key was set again or
+        cancelled while this firing ran (the newest set wins). Awaiting the result is
+        optional; the last call wins."""
+        if (at is None) == (delay_ms is None):
+            raise InvalidOptionError("rearm() takes at= (an aware datetime) or delay_ms=, one")
+        if at is not None:
+            if not isinstance(at, datetime) or at.tzinfo is None:
+                raise InvalidOptionError(f"rearm(at=...) needs an aware datetime, got {at!r}")
+            self._rearm[:] = [(round(at.timestamp() * 1000), None)]
+        else:
+            if isinstance(delay_ms, bool) or not isinstance(delay_ms, int) or delay_ms < 0:
+                raise InvalidOptionError(
+                    f"rearm(delay_ms=...) must be a whole number of milliseconds, 0 or more, "
+                    f"got {delay_ms!r}"
+                )
+            self._rearm[:] = [(None, delay_ms)]
+        return _Done()
+
+    @property
+    def rearmed(self) -> tuple[int | None, int | None] | None:
+        """The rearm the handler asked for: ``(at_ms, delay_ms)``, or None."""
+        return self._rearm[-1] if self._rearm else None
+
+    def raise_if_lost(self) -> None:
+        """Raise ``LeaseLostError`` if this attempt no longer holds its lease."""
+        if self.lease_lost.is_set():
+            raise LeaseLostError(
+                f"timer {self.kind} {self.key!r} attempt {self.attempt} no longer holds its "
+                "lease (another attempt may fire it, or the scheduler is stopping): stop here"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class TimerInfo:
+    """A key's timer as the store holds it (``get_timer``)."""
+
+    kind: str
+    key: str
+    generation: int
+    #: When the newest generation is due; None once it was cancelled while a firing
+    #: of an older one is still in flight.
+    due: datetime | None
+    due_ms: int | None
+    payload: Any
+    status: TimerStatus
+    #: The attempt in flight or waiting for its retry (0 while pending).
+    attempt: int
+    #: How it recurs: ``"every_ms=..."``, ``"cron=... timezone=..."``, or None.
+    recurs: str | None

@@ -161,6 +161,8 @@ class TimerClaim:
     next_ms: int | None
     #: The claim took as many keys as it could: more may be due now.
     more: bool
+    #: The server's clock when it claimed (``next_ms`` is on it, not on the caller's).
+    server_now_ms: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -268,11 +270,12 @@ class TimerStore:
         (reply,) = await run_scripts(self.conn, [call])
         if isinstance(reply, ServerReplyError):
             raise reply
-        wins, next_ms, more = reply
+        wins, next_ms, more, server_now_ms = reply
         return TimerClaim(
             tuple(_win(win) for win in wins or []),
             int(float(next_ms)) if next_ms not in (None, "") else None,
             int(more) == 1,
+            int(server_now_ms),
         )
 
     async def heartbeat_many(

@@ -1,11 +1,13 @@
-"""What every part of the engine shares: the settings, the job table, the store, the task
-group and the scheduler's state (``EngineContext``); the attempts running here
-(``_Attempt``, read by the runner, the lease keeper, settle and the claimer); the clock."""
+"""What every part of the engine shares: the settings, the job and timer tables, the stores,
+the task group and the scheduler's state (``EngineContext``); the work running here under
+a lease (``_Leased``: a job's ``_Attempt`` or a timer's ``_Firing``, read by the runner,
+the lease keeper, settle and the claimer); the clock."""
 
 from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -16,16 +18,21 @@ from anyio.abc import TaskGroup
 
 from .._job import Job
 from .._store import Store, is_manual
-from .._structures import Run
+from .._structures import Run, TimerRun
+from .._timer import Recurrence, TimerKind
+from .._timer_store import TimerKeys, TimerStore
 
 __all__ = [
     "EngineContext",
     "ServerHealth",
     "State",
     "_Attempt",
+    "_Firing",
+    "_Leased",
     "_attempts_for",
     "_now_ms",
     "current_attempt",
+    "firing_key",
     "round_trip_deadline_sec",
 ]
 
@@ -75,13 +82,12 @@ def _attempts_for(job: Job, slot_id: str) -> int:
     return 1 if is_manual(slot_id) else job.max_attempts
 
 
-@dataclass(slots=True)
-class _Attempt:
-    """An attempt this instance won and is running."""
+@dataclass(slots=True, kw_only=True)
+class _Leased:
+    """Work this instance won and runs under a lease: a job's attempt (``_Attempt``) or
+    a timer's firing (``_Firing``). The runner, the lease keeper and settle keep its
+    lease the same way, whichever it is."""
 
-    job: Job
-    run: Run
-    slot_id: str
     token: str
     started_ms: int = field(default_factory=lambda: int(_now_ms()))
     scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
@@ -97,25 +103,101 @@ class _Attempt:
     next_beat: float = math.inf
 
     @property
-    def max_attempts(self) -> int:
-        return _attempts_for(self.job, self.slot_id)
+    def registry_key(self) -> tuple[str, str]:
+        """Its key in ``EngineContext.attempts``."""
+        raise NotImplementedError
+
+    @property
+    def name(self) -> str:
+        """The job's or the timer kind's name."""
+        raise NotImplementedError
+
+    @property
+    def lease_lost(self) -> threading.Event:
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        raise NotImplementedError
+
+    async def invoke(self) -> None:
+        raise NotImplementedError
 
     def cancel(self, reason: str) -> None:
         """Tell the handler its lease is gone (threads) and cancel it (async)."""
-        log.info(
-            "cancelling %s slot %s attempt %d: %s",
-            self.job.name,
-            self.slot_id,
-            self.run.attempt,
-            reason,
-        )
-        self.run.lease_lost.set()
+        log.info("cancelling %s: %s", self.describe(), reason)
+        self.lease_lost.set()
         self.scope.cancel()
+
+
+@dataclass(slots=True, kw_only=True)
+class _Attempt(_Leased):
+    """An attempt at a job's slot this instance won and is running."""
+
+    job: Job
+    run: Run
+    slot_id: str
+
+    @property
+    def registry_key(self) -> tuple[str, str]:
+        return (self.job.name, self.slot_id)
+
+    @property
+    def name(self) -> str:
+        return self.job.name
+
+    @property
+    def lease_lost(self) -> threading.Event:
+        return self.run.lease_lost
+
+    @property
+    def max_attempts(self) -> int:
+        return _attempts_for(self.job, self.slot_id)
+
+    def describe(self) -> str:
+        return f"{self.job.name} slot {self.slot_id} attempt {self.run.attempt}"
+
+    async def invoke(self) -> None:
+        await self.job.invoke(self.run)
+
+
+@dataclass(slots=True, kw_only=True)
+class _Firing(_Leased):
+    """A firing of a key's timer this instance won and is running."""
+
+    kind: TimerKind
+    run: TimerRun
+    keys: TimerKeys
+    #: How the timer recurs (None: a one-shot timer).
+    recurrence: Recurrence | None
+
+    @property
+    def registry_key(self) -> tuple[str, str]:
+        return firing_key(self.kind.name, self.run.key)
+
+    @property
+    def name(self) -> str:
+        return self.kind.name
+
+    @property
+    def lease_lost(self) -> threading.Event:
+        return self.run.lease_lost
+
+    def describe(self) -> str:
+        return f"timer {self.kind.name} {self.run.key!r} attempt {self.run.attempt}"
+
+    async def invoke(self) -> None:
+        await self.kind.invoke(self.run)
+
+
+def firing_key(kind: str, key: str) -> tuple[str, str]:
+    """A firing's key in ``EngineContext.attempts``: a job's slot ids are digits or start
+    with ``m``, so ``t:`` never meets one, whatever the names."""
+    return (kind, "t:" + key)
 
 
 #: The attempt whose handler runs in this task (None outside handlers): a stop()
 #: called from a handler must not wait for that handler.
-current_attempt: ContextVar[_Attempt | None] = ContextVar("anarchon_attempt", default=None)
+current_attempt: ContextVar[_Leased | None] = ContextVar("anarchon_attempt", default=None)
 
 
 @dataclass(eq=False, slots=True)
@@ -136,13 +218,20 @@ class EngineContext:
     #: Set when the scheduler starts stopping: waits that a stop must not sit out
     #: (a finish's backoff) end early.
     stopping: anyio.Event = field(default_factory=anyio.Event)
-    #: The attempts this instance runs, by (job, slot id); only the runner adds and
-    #: removes them.
-    attempts: dict[tuple[str, str], _Attempt] = field(default_factory=dict)
+    #: The attempts and firings this instance runs, by their ``registry_key``; only the
+    #: runner adds and removes them.
+    attempts: dict[tuple[str, str], _Leased] = field(default_factory=dict)
     health: ServerHealth = field(default_factory=ServerHealth)
     #: Jobs that no longer claim slots, with the reason (their schedule raised, or the
     #: server answered their claims with a permanent error).
     disabled: dict[str, str] = field(default_factory=dict)
+    #: The kinds of timer this instance fires, by name.
+    timer_kinds: dict[str, TimerKind] = field(default_factory=dict)
+    #: The timers' store (on the store's connection), from start on.
+    timer_store: TimerStore | None = None
+    #: How long an instance waits at most between two claims of a kind's due timers
+    #: (a timer set elsewhere to fire sooner than it knew of is seen by then).
+    timer_poll_ms: int = 1000
 
     @property
     def round_trip_sec(self) -> float:

@@ -5,9 +5,8 @@ claim loop until the earliest is due (``next_batch``). Two kinds go in: each job
 slot (``schedule_first_slots``; a slot's successor is scheduled when it comes due), and
 follow-ups of a slot this instance already asked about (a backup's, a retry's, a
 take-over's, a claim waiting behind an overlapping run), which the claimer and settle
-push. The agenda pops ``_Due`` items without caring where they came from: a job's
-schedule is one source of due work, and another source (durable timers) only has to
-push its own.
+push. Timers are the other source of due work: one claim per kind (and bucket) of the
+timers due by then, at the earliest due time the last claim reported (``timer_due``).
 """
 
 from __future__ import annotations
@@ -27,6 +26,7 @@ from .._job import Job
 from .._schedule import from_epoch_ms
 from .._store import slot_ms_of
 from .._structures import Trigger
+from .._timer_store import TimerKeys
 from ._context import EngineContext, _now_ms
 
 __all__ = ["Agenda", "_Due"]
@@ -61,6 +61,9 @@ class _Due:
     #: overlapping run after its first claim found the slot not started. A backup's
     #: or a retry's claim of a slot whose state was forgotten must not start it again.
     may_start: bool = field(compare=False, default=False)
+    #: Set for a claim of a timer kind's (bucket's) due timers (``job`` is the kind):
+    #: not a job's slot.
+    timer_keys: TimerKeys | None = field(compare=False, default=None)
 
 
 class Agenda:
@@ -77,6 +80,8 @@ class Agenda:
         self._overlap_waiters: dict[str, list[_Due]] = {}
         #: The next scheduled slot of each job this instance will claim.
         self.next_slot_ms: dict[str, int] = {}
+        #: The claim of each timer kind's (bucket's) due timers on the agenda, by tag.
+        self._timer_claims: dict[str, _Due] = {}
 
     def wake(self) -> None:
         """Wake the claim loop now (to see an earlier claim, or that the scheduler stops)."""
@@ -87,10 +92,27 @@ class Agenda:
     def push(self, due: _Due) -> None:
         first_before = self._due[0].at_ms if self._due else math.inf
         heapq.heappush(self._due, due)
-        if not due.first:
+        if due.timer_keys is not None:
+            self._timer_claims[due.timer_keys.tag] = due
+        elif not due.first:
             self.pending.add((due.job, due.slot_id))
         if due.at_ms < first_before:
             self._wake.set()
+
+    def timer_due(self, kind: str, keys: TimerKeys, at_ms: float) -> None:
+        """Claim the due timers of a kind (bucket) at ``at_ms``: the claim of them on the
+        agenda comes forward to then, if it is later (one per kind and bucket)."""
+        due = self._timer_claims.get(keys.tag)
+        if due is None:
+            due = _Due(
+                at_ms, next(self._seq), kind, keys.tag, 0, "schedule", False, timer_keys=keys
+            )
+            self.push(due)
+        elif at_ms < due.at_ms:
+            due.at_ms = at_ms
+            heapq.heapify(self._due)
+            if self._due[0] is due:
+                self._wake.set()
 
     def push_follow_up(
         self, job: Job, slot_id: str, trigger: Trigger, at_ms: float, may_start: bool = False
@@ -116,8 +138,16 @@ class Agenda:
         self._due = [due for due in self._due if due.failures == 0]
         heapq.heapify(self._due)
         for due in unanswered:
-            self.pending.discard((due.job, due.slot_id))
+            self._forget(due)
         return unanswered
+
+    def _forget(self, due: _Due) -> None:
+        """``due`` left the heap."""
+        if due.timer_keys is not None:
+            if self._timer_claims.get(due.timer_keys.tag) is due:
+                del self._timer_claims[due.timer_keys.tag]
+        else:
+            self.pending.discard((due.job, due.slot_id))
 
     def wake_when_run_ends(self, job: Job, due: _Due) -> None:
         """Bring ``due`` forward as soon as a run of the job on this instance ends."""
@@ -217,7 +247,11 @@ class Agenda:
         batch: list[_Due] = []
         while self._due and self._due[0].at_ms <= now_ms:
             due = heapq.heappop(self._due)
-            self.pending.discard((due.job, due.slot_id))
+            self._forget(due)
+            if due.timer_keys is not None:
+                if due.job in self._context.timer_kinds:
+                    batch.append(due)
+                continue
             waiters = self._overlap_waiters.get(due.job)
             if waiters and due in waiters:
                 waiters.remove(due)  # claimed now: nothing left to wake
@@ -245,6 +279,8 @@ class Agenda:
         older ones are skipped (catch-up slots keep their turn, oldest first)."""
         newest: dict[str, _Due] = {}
         for due in batch:
+            if due.timer_keys is not None:
+                continue
             job = self._context.jobs[due.job]
             backlog = due.first and due.trigger == "schedule" and not job.overlap
             if backlog and (due.job not in newest or newest[due.job].slot_ms < due.slot_ms):

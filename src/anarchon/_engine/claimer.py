@@ -21,8 +21,9 @@ from .._errors import AnarchonError, ConnectionFailedError, RunOverlapError
 from .._job import Job
 from .._schedule import from_epoch_ms
 from .._store import ClaimReply, ClaimRequest, Store
+from .._timer_store import TimerClaim
 from ..clients import ServerReplyError, is_transient
-from ._context import EngineContext, _attempts_for, _now_ms
+from ._context import EngineContext, _attempts_for, _now_ms, firing_key
 from .agenda import Agenda, _Due
 from .runner import Runner
 from .settle import Settler
@@ -36,6 +37,8 @@ _CLAIM_BATCH_MAX = 200
 #: Delays before a failed claim is sent again: the first soon (a lost reply is learned
 #: while the slot is young), then backing off; each with a random part of +-20 %.
 _CLAIM_RETRY_MS = (50, 250, 500, 1000, 2000, 5000)
+#: The most due timers of one kind (bucket) one claim takes.
+_TIMER_CLAIM_MAX = 200
 #: run_now's manual claim pauses as a failed claim does, for its first three tries only:
 #: the caller waits for an answer.
 _MANUAL_RETRY_MS = _CLAIM_RETRY_MS[:3]
@@ -58,14 +61,78 @@ class Claimer:
         try:
             while self._context.state == "running":
                 batch = await self._agenda.next_batch()
+                slots = [due for due in batch if due.timer_keys is None]
+                timers = [due for due in batch if due.timer_keys is not None]
                 # A large instant goes in parts: the first runs start while the rest
                 # are claimed, and no round trip outgrows a client's request timeout.
-                for start in range(0, len(batch), _CLAIM_BATCH_MAX):
+                for start in range(0, len(slots), _CLAIM_BATCH_MAX):
                     if self._context.state != "running":
                         break  # stopping: the parts not sent were never claimed
-                    await self._claim(batch[start : start + _CLAIM_BATCH_MAX])
+                    await self._claim(slots[start : start + _CLAIM_BATCH_MAX])
+                if timers and self._context.state == "running":
+                    # Each kind (bucket) is a claim of its own; sent together, they share
+                    # a round trip.
+                    async with anyio.create_task_group() as group:
+                        for due in timers:
+                            group.start_soon(self._claim_timers, due)
         finally:
             self.loop_done.set()
+
+    async def _claim_timers(self, due: _Due) -> None:
+        """Claim a kind's (bucket's) due timers, up to a batch; run what was won, and put
+        the next claim on the agenda: at once if the batch was full, else when the
+        earliest timer needs attention, but no later than the poll interval (a timer
+        set elsewhere to fire sooner is seen by then). A claim whose round trip failed
+        is sent again with its token base: its reply hears of the firings it won."""
+        context = self._context
+        kind = context.timer_kinds.get(due.job)
+        keys = due.timer_keys
+        timer_store = context.timer_store
+        if kind is None or keys is None or timer_store is None:
+            return
+        sent = time.monotonic()
+        claim: TimerClaim | None = None
+        failure: BaseException | str = "no reply in time"
+        with anyio.CancelScope(shield=True) as scope:
+            scope.deadline = anyio.current_time() + context.round_trip_sec
+            try:
+                claim = await timer_store.claim(
+                    keys,
+                    limit=_TIMER_CLAIM_MAX,
+                    lease_ms=context.lease_ms,
+                    token_base=due.token,
+                    max_attempts=kind.max_attempts,
+                )
+            except Exception as exc:
+                failure = exc
+        if claim is None:
+            context.health.failed(f"claiming timers of {kind.name}", failure)
+            self._retry_claims([due])
+            return
+        context.health.answered()
+        received_ms = _now_ms()
+        for win in claim.wins:
+            if firing_key(kind.name, win.key) in context.attempts:
+                continue  # a claim sent again: this firing runs here already
+            if time.monotonic() >= sent + win.lease_left_ms / 1000:
+                log.warning(
+                    "timer %s %r attempt %d: won, but the reply came after its lease ran "
+                    "out; not started (a backup takes it over)",
+                    kind.name, win.key, win.attempt,
+                )  # fmt: skip
+                continue
+            if win.trigger == "lapsed":
+                assert context.group is not None
+                context.group.start_soon(self._settler.settle_lapsed, kind, keys, win)
+            else:
+                self._runner.start_firing(kind, keys, win, sent)
+        at_ms = received_ms + context.timer_poll_ms
+        if claim.more:
+            at_ms = received_ms
+        elif claim.next_ms is not None:
+            # next_ms is on the server's clock: so many ms from now on this one.
+            at_ms = min(at_ms, received_ms + max(claim.next_ms - claim.server_now_ms, 0))
+        self._agenda.timer_due(kind.name, keys, at_ms)
 
     async def _claim(self, batch: list[_Due]) -> None:
         """Claim every slot of the batch in one round trip and act on the answers.
@@ -121,10 +188,16 @@ class Claimer:
         lease nobody runs that would block the job's next slots on every instance until
         it expired. Ask once more (a probe: it changes nothing) and release what is
         held."""
-        unanswered = self._agenda.take_unanswered()
+        taken = self._agenda.take_unanswered()
         store = self._context.store
         if store is None:
             return
+        unanswered = [due for due in taken if due.timer_keys is None]
+        timer_claims = [due for due in taken if due.timer_keys is not None]
+        if timer_claims:
+            async with anyio.create_task_group() as group:
+                for due in timer_claims:
+                    group.start_soon(self._release_unanswered_timers, due)
         for start in range(0, len(unanswered), _CLAIM_BATCH_MAX):
             part = unanswered[start : start + _CLAIM_BATCH_MAX]
             requests = [replace(self._claim_request(due), probe=True) for due in part]
@@ -140,6 +213,32 @@ class Claimer:
                     job = self._context.jobs.get(due.job)
                     if isinstance(reply, ClaimReply) and reply.kind == "won" and job is not None:
                         group.start_soon(self._settler.release, job, due.slot_id, due.token, reply)
+
+    async def _release_unanswered_timers(self, due: _Due) -> None:
+        """On stop: a claim of due timers whose reply was lost may have won firings that
+        nobody runs. Sent again with no room for more (limit 0), it hears of them; each
+        is given back (not counted as an attempt), so another instance fires it at once
+        instead of a lease later."""
+        context = self._context
+        kind = context.timer_kinds.get(due.job)
+        timer_store = context.timer_store
+        if kind is None or due.timer_keys is None or timer_store is None:
+            return
+        claim: TimerClaim | None = None
+        with anyio.move_on_after(context.round_trip_sec):
+            try:
+                claim = await timer_store.claim(
+                    due.timer_keys,
+                    limit=0,
+                    lease_ms=context.lease_ms,
+                    token_base=due.token,
+                    max_attempts=kind.max_attempts,
+                )
+            except Exception as exc:
+                context.health.failed(f"resolving timer claims of {kind.name} on stop", exc)
+        for win in claim.wins if claim is not None else ():
+            if win.trigger != "lapsed":  # a lapsed recurrence is lapsed again, a lease later
+                await self._settler.release_firing(kind, due.timer_keys, win)
 
     def _claim_request(self, due: _Due) -> ClaimRequest:
         job = self._context.jobs[due.job]

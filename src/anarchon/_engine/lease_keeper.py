@@ -16,7 +16,7 @@ import anyio
 
 from .._store import HeartbeatRequest
 from ..clients import ServerReplyError
-from ._context import EngineContext, _Attempt
+from ._context import EngineContext, _Attempt, _Firing, _Leased
 
 __all__ = ["LeaseKeeper"]
 
@@ -32,7 +32,7 @@ class LeaseKeeper:
         self._wake = anyio.Event()
         self._next_beat_at = math.inf
 
-    def watch(self, attempt: _Attempt, lease_left_ms: int, since: float) -> None:
+    def watch(self, attempt: _Leased, lease_left_ms: int, since: float) -> None:
         """Keep the lease of an attempt just won: held for ``lease_left_ms`` from
         ``since`` (when the winning claim was sent, monotonic), first extended a
         heartbeat after that."""
@@ -78,22 +78,52 @@ class LeaseKeeper:
                 self._wake = anyio.Event()
 
     @staticmethod
-    def _give_up(attempt: _Attempt) -> None:
+    def _give_up(attempt: _Leased) -> None:
         attempt.lost = True
         attempt.cancel(
             "no heartbeat got through before the lease would expire (the server does not "
             "answer in time); a backup may take over"
         )
 
-    async def _heartbeat(self, attempts: list[_Attempt], first_expiry: float) -> None:
+    async def _beat(self, attempts: list[_Leased]) -> list[bool | ServerReplyError]:
+        """One heartbeat per attempt (jobs') and firing (timers'), in one round trip;
+        replies in the order of ``attempts``."""
         context = self._context
-        store = context.store
-        assert store is not None
         lease_ms = context.lease_ms
-        beats = [
-            HeartbeatRequest(a.job.name, a.slot_id, a.token, lease_ms, a.job.overlap)
-            for a in attempts
-        ]
+        jobs = [a for a in attempts if isinstance(a, _Attempt)]
+        firings = [a for a in attempts if isinstance(a, _Firing)]
+        job_replies: list[bool | ServerReplyError] = []
+        firing_replies: list[bool | ServerReplyError] = []
+
+        async def beat_jobs() -> None:
+            assert context.store is not None
+            beats = [
+                HeartbeatRequest(a.job.name, a.slot_id, a.token, lease_ms, a.job.overlap)
+                for a in jobs
+            ]
+            job_replies.extend(await context.store.heartbeat_many(beats))
+
+        async def beat_firings() -> None:
+            assert context.timer_store is not None
+            beats = [(a.keys, a.run.key, a.token) for a in firings]
+            firing_replies.extend(await context.timer_store.heartbeat_many(beats, lease_ms))
+
+        if jobs and firings:
+            # Together: calls made at the same moment share the round trip.
+            async with anyio.create_task_group() as group:
+                group.start_soon(beat_jobs)
+                group.start_soon(beat_firings)
+        elif jobs:
+            await beat_jobs()
+        else:
+            await beat_firings()
+        by_attempt = dict(zip(map(id, jobs), job_replies, strict=True))
+        by_attempt.update(zip(map(id, firings), firing_replies, strict=True))
+        return [by_attempt[id(a)] for a in attempts]
+
+    async def _heartbeat(self, attempts: list[_Leased], first_expiry: float) -> None:
+        context = self._context
+        lease_ms = context.lease_ms
         sent = time.monotonic()
         # No longer than a round trip's deadline, and never past a lease's local expiry.
         deadline = min(context.round_trip_sec, first_expiry - sent)
@@ -101,7 +131,7 @@ class LeaseKeeper:
         failure: BaseException | str = "no reply in time"
         with anyio.move_on_after(max(deadline, 0.001)):
             try:
-                replies = await store.heartbeat_many(beats)
+                replies = await self._beat(attempts)
             except Exception as exc:
                 failure = exc
         if replies is None:
@@ -110,7 +140,7 @@ class LeaseKeeper:
             context.health.answered()
         now = time.monotonic()
         for index, attempt in enumerate(attempts):
-            if context.attempts.get((attempt.job.name, attempt.slot_id)) is not attempt:
+            if context.attempts.get(attempt.registry_key) is not attempt:
                 continue  # ended meanwhile
             if attempt.ended or attempt.lost:
                 continue  # its finish is on the way (a refusal may just have crossed it)
@@ -134,5 +164,5 @@ class LeaseKeeper:
                 attempt.next_beat = min(attempt.next_beat, retry_at)
                 if reply is not None:
                     log.warning(
-                        "%s: heartbeat refused for now, will retry: %s", attempt.job.name, reply
+                        "%s: heartbeat refused for now, will retry: %s", attempt.name, reply
                     )

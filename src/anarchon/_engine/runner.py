@@ -1,10 +1,11 @@
-"""The runner: starts the attempts this instance won and runs their handlers.
+"""The runner: starts the attempts (of jobs) and firings (of timers) this instance won and
+runs their handlers.
 
-Each attempt is a task of the scheduler's task group, with a cancel scope of its own
-(a lost lease or a stop cancels that handler alone), registered in
-``context.attempts`` while it runs. However the handler ends, the attempt is settled
-under a shield, leaves the registry, and claims waiting behind it come due. The runner
-knows when none is left (idle), and cancels them all when the scheduler stops.
+Each is a task of the scheduler's task group, with a cancel scope of its own (a lost
+lease or a stop cancels that handler alone), registered in ``context.attempts`` while it
+runs. However the handler ends, it is settled under a shield and leaves the registry,
+and a job's claims waiting behind it come due. The runner knows when none is left
+(idle), and cancels them all when the scheduler stops.
 """
 
 from __future__ import annotations
@@ -18,8 +19,10 @@ from .._errors import LeaseLostError
 from .._job import Job
 from .._schedule import from_epoch_ms
 from .._store import ClaimReply, Outcome, slot_ms_of
-from .._structures import Run
-from ._context import EngineContext, _Attempt, current_attempt
+from .._structures import Run, TimerRun
+from .._timer import Recurrence, TimerKind
+from .._timer_store import TimerKeys, TimerWin, decode_payload
+from ._context import EngineContext, _Attempt, _Firing, _Leased, current_attempt
 from .agenda import Agenda
 from .lease_keeper import LeaseKeeper
 from .settle import Settler
@@ -51,8 +54,6 @@ class Runner:
     ) -> _Attempt:
         """Run an attempt this instance won. ``claim_sent`` is when the winning claim
         was sent (monotonic): the lease is counted from then, not from the reply."""
-        group = self._context.group
-        assert group is not None
         slot_ms = slot_ms_of(slot_id)
         run = Run(
             job=job.name,
@@ -63,50 +64,72 @@ class Runner:
             runner=self._context.instance_id,
             fence=reply.fence,
         )
-        attempt = _Attempt(job, run, slot_id, token)
-        self._lease_keeper.watch(attempt, reply.wait_ms, claim_sent)
-        self._context.attempts[(job.name, slot_id)] = attempt
-        if self._idle.is_set():
-            self._idle = anyio.Event()
-        group.start_soon(self._run_attempt, attempt, name=f"anarchon {job.name} {slot_id}")
+        attempt = _Attempt(job=job, run=run, slot_id=slot_id, token=token)
+        self._start(attempt, reply.wait_ms, claim_sent, f"anarchon {job.name} {slot_id}")
         return attempt
 
-    async def _run_attempt(self, attempt: _Attempt) -> None:
+    def start_firing(
+        self, kind: TimerKind, keys: TimerKeys, win: TimerWin, claim_sent: float
+    ) -> _Firing:
+        """Run a firing of a key's timer this instance won (counted from ``claim_sent``)."""
+        fire = TimerRun(
+            kind=kind.name,
+            key=win.key,
+            payload=decode_payload(win.payload),
+            due=from_epoch_ms(win.due_ms),
+            due_ms=win.due_ms,
+            generation=win.gen,
+            attempt=win.attempt,
+            trigger="due" if win.trigger == "lapsed" else win.trigger,
+            runner=self._context.instance_id,
+            fence=win.fence,
+        )
+        firing = _Firing(
+            kind=kind, run=fire, keys=keys, token=win.token,
+            recurrence=Recurrence.decode(win.schedule),
+        )  # fmt: skip
+        self._start(firing, win.lease_left_ms, claim_sent, f"anarchon timer {kind.name}")
+        return firing
+
+    def _start(self, leased: _Leased, lease_left_ms: int, since: float, name: str) -> None:
+        group = self._context.group
+        assert group is not None
+        self._lease_keeper.watch(leased, lease_left_ms, since)
+        self._context.attempts[leased.registry_key] = leased
+        if self._idle.is_set():
+            self._idle = anyio.Event()
+        group.start_soon(self._run, leased, name=name)
+
+    async def _run(self, leased: _Leased) -> None:
         outcome: Outcome = "cancelled"
         error: str | None = None
-        current_attempt.set(attempt)
+        current_attempt.set(leased)
         try:
-            with attempt.scope:
+            with leased.scope:
                 try:
-                    await attempt.job.invoke(attempt.run)
+                    await leased.invoke()
                     # A handler that returns once its lease is gone (a plain function
                     # checking run.lease_lost, e.g. on stop) stopped early: its run is
                     # released for a retry, not recorded as done.
-                    outcome = "cancelled" if attempt.run.lease_lost.is_set() else "ok"
+                    outcome = "cancelled" if leased.lease_lost.is_set() else "ok"
                 except LeaseLostError:
                     outcome = "cancelled"
                 except Exception as exc:
                     outcome = "failed"
                     error = "".join(traceback.format_exception_only(exc)).strip()
-                    log.warning(
-                        "%s slot %s attempt %d failed: %s",
-                        attempt.job.name,
-                        attempt.slot_id,
-                        attempt.run.attempt,
-                        error,
-                        exc_info=exc,
-                    )
-            if attempt.scope.cancelled_caught:
+                    log.warning("%s failed: %s", leased.describe(), error, exc_info=exc)
+            if leased.scope.cancelled_caught:
                 outcome = "cancelled"
         finally:
-            attempt.ended = True
+            leased.ended = True
             with anyio.CancelScope(shield=True):
                 try:
-                    await self._settler.settle(attempt, outcome, error)
+                    await self._settler.settle(leased, outcome, error)
                 finally:
-                    del self._context.attempts[(attempt.job.name, attempt.slot_id)]
-                    attempt.settled.set()
-                    self._agenda.run_ended(attempt.job)
+                    del self._context.attempts[leased.registry_key]
+                    leased.settled.set()
+                    if isinstance(leased, _Attempt):
+                        self._agenda.run_ended(leased.job)
                     if not self._context.attempts:
                         self._idle.set()
 

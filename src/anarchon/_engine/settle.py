@@ -1,26 +1,34 @@
-"""Settle: record how an attempt ended (its finish), and queue the retry the store asks for.
+"""Settle: record how an attempt or a firing ended (its finish), and queue the retry the
+store asks for.
 
 The finish round trip is retried a few times if the connection drops; if it never gets
 through, the lease expires and a backup takes over (so a dead run still settles). A
 finish without the attempt's token in the state (its lease was lost) changes nothing
-and says so in a warning.
+and says so in a warning. A timer's finish also writes what follows the firing: the
+rearm its handler asked for, or a recurring timer's next due time.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 import anyio
 
 from .._job import Job
 from .._store import AttemptEnd, ClaimReply, Outcome
+from .._timer import Recurrence, TimerKind
+from .._timer_store import TimerEnd, TimerFinishReply, TimerKeys, TimerOutcome, TimerWin
 from ..clients import is_transient
-from ._context import EngineContext, _Attempt, _attempts_for, _now_ms
+from ._context import EngineContext, _Attempt, _attempts_for, _Firing, _Leased, _now_ms
 from .agenda import Agenda
 
 __all__ = ["Settler"]
 
 log = logging.getLogger("anarchon")
+
+R = TypeVar("R")
 
 
 class Settler:
@@ -56,11 +64,28 @@ class Settler:
             except Exception as exc:
                 self._context.health.failed(f"releasing a claim of {job.name}", exc)
 
-    async def settle(self, attempt: _Attempt, outcome: Outcome, error: str | None) -> None:
-        """Record how the attempt ended; retried a few times if the connection drops.
-        Without its token in the state (lease lost) the store changes nothing."""
+    async def release_firing(self, kind: TimerKind, keys: TimerKeys, win: TimerWin) -> None:
+        """Give back a firing won but never started (the scheduler is stopping): finished
+        as cancelled, it is not counted as an attempt, and a backup fires it at once."""
+        timer_store = self._context.timer_store
+        assert timer_store is not None
+        end = TimerEnd(kind.name, win.key, win.token, "cancelled", kind.max_attempts, 0)
+        with anyio.move_on_after(self._context.round_trip_sec):
+            try:
+                await timer_store.finish(end, keys)
+            except Exception as exc:
+                self._context.health.failed(f"releasing a firing of {kind.name}", exc)
+
+    async def settle(self, leased: _Leased, outcome: Outcome, error: str | None) -> None:
+        """Record how the attempt (or firing) ended; retried a few times if the connection
+        drops. Without its token in the state (lease lost) the store changes nothing."""
+        if isinstance(leased, _Firing):
+            await self._settle_firing(leased, outcome)
+            return
+        assert isinstance(leased, _Attempt)
         store = self._context.store
         assert store is not None
+        attempt = leased
         job = attempt.job
         run = attempt.run
         end = AttemptEnd(
@@ -77,44 +102,105 @@ class Settler:
             max_attempts=attempt.max_attempts,
             retry_delay_ms=self._context.retry_delay_ms * 2 ** (run.attempt - 1),
         )
+        reply = await self._send(job.name, lambda: store.finish(end))
+        if reply is None:
+            self._could_not_record(attempt)
+        elif not reply.held:
+            self._lost(attempt, outcome)
+        elif reply.status == "retry" and self._context.state == "running":
+            self._agenda.push_follow_up(
+                job, attempt.slot_id, "retry", _now_ms() + reply.retry_in_ms
+            )
+
+    async def _settle_firing(self, firing: _Firing, outcome: Outcome) -> None:
+        fire = firing.run
+        next_at_ms: int | None = None
+        next_delay_ms: int | None = None
+        rearmed = fire.rearmed
+        if outcome == "ok" and rearmed is not None:
+            next_at_ms, next_delay_ms = rearmed
+        elif firing.recurrence is not None:
+            # Sent whatever the outcome: the store ignores it when the firing is retried.
+            next_at_ms = firing.recurrence.next_ms(fire.due_ms, int(_now_ms()))
+        reply = await self._finish_firing(
+            firing.kind, firing.keys, fire.key, firing.token, outcome, fire.attempt,
+            next_at_ms, next_delay_ms,
+        )  # fmt: skip
+        if reply is None:
+            self._could_not_record(firing)
+        elif not reply.held:
+            self._lost(firing, outcome)
+        elif reply.status in ("retry", "pending") and self._context.state == "running":
+            self._agenda.timer_due(firing.kind.name, firing.keys, _now_ms() + reply.in_ms)
+
+    async def settle_lapsed(self, kind: TimerKind, keys: TimerKeys, win: TimerWin) -> None:
+        """A recurring timer out of attempts (its runners died): nothing runs; it is
+        finished as interrupted with its next due time, so it goes on recurring."""
+        recurrence = Recurrence.decode(win.schedule)
+        assert recurrence is not None
+        log.warning(
+            "timer %s %r: its firing of %s was interrupted %d time(s), as many as "
+            "max_attempts; it recurs at its next due time",
+            kind.name, win.key, win.due_ms, win.attempt,
+        )  # fmt: skip
+        next_ms = recurrence.next_ms(win.due_ms, int(_now_ms()))
+        reply = await self._finish_firing(
+            kind, keys, win.key, win.token, "interrupted", win.attempt, next_ms, None
+        )
+        if reply is not None and reply.held and self._context.state == "running":
+            self._agenda.timer_due(kind.name, keys, _now_ms() + reply.in_ms)
+
+    async def _finish_firing(
+        self, kind: TimerKind, keys: TimerKeys, key: str, token: str,
+        outcome: TimerOutcome, attempt: int, next_at_ms: int | None, next_delay_ms: int | None,
+    ) -> TimerFinishReply | None:  # fmt: skip
+        timer_store = self._context.timer_store
+        assert timer_store is not None
+        retry_delay_ms = (
+            self._context.retry_delay_ms if kind.retry_delay_ms is None else kind.retry_delay_ms
+        )
+        end = TimerEnd(
+            kind.name, key, token, outcome, kind.max_attempts,
+            retry_delay_ms * 2 ** (attempt - 1), next_at_ms, next_delay_ms,
+        )  # fmt: skip
+        return await self._send(kind.name, lambda: timer_store.finish(end, keys))
+
+    async def _send(self, name: str, finish: Callable[[], Awaitable[R]]) -> R | None:
+        """A finish's round trip, sent again after a failure with a growing pause (which
+        a stop ends: one last try, then the lease expires for a backup)."""
         context = self._context
         for wait_sec in (0.0, 0.2, 0.5, 1.0, 2.0, 5.0):
-            # A stop ends the backoff: one last try, then the lease expires for a backup.
             with anyio.move_on_after(wait_sec):
                 await context.stopping.wait()
             failure: BaseException | str = "no reply in time"
-            reply = None
+            reply: R | None = None
             with anyio.move_on_after(context.round_trip_sec):
                 try:
-                    reply = await store.finish(end)
+                    reply = await finish()
                 except Exception as exc:
                     failure = exc
             if reply is None:
-                context.health.failed(f"recording a result of {job.name}", failure)
+                context.health.failed(f"recording a result of {name}", failure)
                 if context.state != "running" or (
                     isinstance(failure, BaseException) and not is_transient(failure)
                 ):
                     break  # stopping: one try, then the lease expires for a backup
                 continue
             context.health.answered()
-            if not reply.held:
-                log.warning(
-                    "%s slot %s attempt %d ended after losing its lease; its result "
-                    "(%s) was not recorded",
-                    job.name,
-                    attempt.slot_id,
-                    attempt.run.attempt,
-                    outcome,
-                )
-            elif reply.status == "retry" and context.state == "running":
-                self._agenda.push_follow_up(
-                    job, attempt.slot_id, "retry", _now_ms() + reply.retry_in_ms
-                )
-            return
+            return reply
+        return None
+
+    @staticmethod
+    def _lost(leased: _Leased, outcome: str) -> None:
+        log.warning(
+            "%s ended after losing its lease; its result (%s) was not recorded",
+            leased.describe(),
+            outcome,
+        )
+
+    @staticmethod
+    def _could_not_record(leased: _Leased) -> None:
         log.error(
-            "%s slot %s attempt %d: could not record the result; the lease will expire "
-            "and a backup will take over",
-            job.name,
-            attempt.slot_id,
-            attempt.run.attempt,
+            "%s: could not record the result; the lease will expire and a backup will take over",
+            leased.describe(),
         )
