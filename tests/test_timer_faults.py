@@ -1,0 +1,110 @@
+"""Timers under faults, on real servers and real processes: a runner SIGKILLed mid-fire
+is taken over; a ``kill -9`` of Redis with its append-only file loses no timer."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import anyio
+import pytest
+import redis
+
+from anarchon import RedisBackend, Scheduler, TimerRun
+from tests.restartable_server import RestartableServer
+from tests.servers import ServerSpec
+from tests.test_takeover import wait_for
+
+ROOT = Path(__file__).resolve().parents[1]
+LEASE_MS = 2000
+HEARTBEAT_MS = 500
+
+
+def start_worker(url: str, prefix: str, name: str, loop: str) -> subprocess.Popen[str]:
+    env = dict(os.environ)
+    paths = [env.get("PYTHONPATH", ""), str(ROOT / "src"), str(ROOT)]
+    env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.timer_worker", url, prefix, name, str(LEASE_MS),
+         str(HEARTBEAT_MS), loop],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "ready"
+    return proc
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("event_loop", ["asyncio", "trio"])
+def test_a_runner_sigkilled_mid_fire_is_taken_over_with_a_higher_fence(
+    server_url: str, prefix: str, direct: redis.Redis, event_loop: str
+) -> None:
+    first = start_worker(server_url, prefix, "a", event_loop)
+    procs = [first]
+    try:
+
+        async def set_it() -> None:
+            producer = Scheduler(RedisBackend(redis=server_url, prefix=prefix))
+            await producer.set_timer("remind", "long:1", delay_ms=0)
+
+        anyio.run(set_it)
+        log = f"{prefix}log"
+        wait_for(lambda: direct.llen(log) >= 1, 10, "the first firing")
+        first.send_signal(signal.SIGKILL)
+        first.wait(10)
+        seconds, micros = direct.time()
+        killed_ms = seconds * 1000 + micros // 1000
+        procs.append(start_worker(server_url, prefix, "b", event_loop))
+        wait_for(lambda: direct.llen(log) >= 2, 10, "the takeover")
+        starts = [line.split("|") for line in direct.lrange(log, 0, -1)]
+        assert [(s[1], s[2], s[3], s[5]) for s in starts] == [
+            ("a", "long:1", "1", "due"), ("b", "long:1", "2", "takeover"),
+        ]  # fmt: skip
+        assert int(starts[1][4]) > int(starts[0][4])  # a higher fence
+        # Within the lease from the last heartbeat (at most one heartbeat before the kill),
+        # plus the next claim (at most timer_poll_ms after b was ready): a bound for
+        # the order of things, not a benchmark.
+        assert int(starts[1][6]) - killed_ms <= LEASE_MS + 1000 + 2000
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+@pytest.mark.slow
+@pytest.mark.anyio
+async def test_a_kill_9_of_redis_with_its_append_only_file_loses_no_timer(
+    server: ServerSpec, prefix: str
+) -> None:
+    if server.binary is None:
+        pytest.skip(f"{server.id} is a server this run did not start: it cannot kill it")
+    with tempfile.TemporaryDirectory() as directory:
+        redis_server = RestartableServer(server.binary, Path(directory), appendonly=True)
+        redis_server.start()
+        try:
+            producer = Scheduler(RedisBackend(redis=redis_server.url, prefix=prefix))
+            keys = [f"user:{n}" for n in range(100)]
+            for key in keys:
+                await producer.set_timer("remind", key, delay_ms=500, payload=key)
+            redis_server.kill()
+            redis_server.start()  # from its append-only file, on the same port
+            fired: list[tuple[str, object]] = []
+
+            async def remind(fire: TimerRun) -> None:
+                fired.append((fire.key, fire.payload))
+
+            worker = Scheduler(RedisBackend(redis=redis_server.url, prefix=prefix))
+            worker.add_timer(remind, "remind")
+            async with worker:
+                with anyio.fail_after(10):
+                    while len(fired) < len(keys):  # noqa: ASYNC110 - polls a list
+                        await anyio.sleep(0.05)
+                await anyio.sleep(0.3)  # and nothing twice
+            assert sorted(fired) == sorted((key, key) for key in keys)
+        finally:
+            redis_server.kill()

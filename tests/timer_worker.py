@@ -1,0 +1,58 @@
+"""A scheduler instance firing timers in a process of its own, for tests that kill one.
+
+    python -m tests.timer_worker URL PREFIX INSTANCE LEASE_MS HEARTBEAT_MS EVENT_LOOP
+
+Fires the kind ``remind``. Its handler appends
+``start|instance|key|attempt|fence|trigger|server_ms`` to the list ``<PREFIX>log``; a
+key starting with ``long`` then works for 30 s. SIGTERM stops the instance gracefully.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+
+import anyio
+import redis
+
+from anarchon import RedisBackend, Scheduler, TimerRun
+
+
+def main() -> None:
+    url, prefix, instance, lease_ms, heartbeat_ms, event_loop = sys.argv[1:7]
+    log_key = f"{prefix}log"
+    direct = redis.Redis.from_url(url, decode_responses=True, protocol=2)
+    scheduler = Scheduler(
+        RedisBackend(redis=url, prefix=prefix),
+        instance_id=instance,
+        lease_ms=int(lease_ms),
+        heartbeat_ms=int(heartbeat_ms),
+        stop_grace_ms=200,
+    )
+
+    def note(fire: TimerRun) -> None:
+        seconds, micros = direct.time()
+        server_ms = seconds * 1000 + micros // 1000
+        direct.rpush(
+            log_key,
+            f"start|{instance}|{fire.key}|{fire.attempt}|{fire.fence}|{fire.trigger}|{server_ms}",
+        )
+
+    @scheduler.timer("remind")
+    async def remind(fire: TimerRun) -> None:
+        await anyio.to_thread.run_sync(note, fire)
+        if fire.key.startswith("long"):
+            await anyio.sleep(30)
+
+    async def run_until_terminated() -> None:
+        async with scheduler:
+            with anyio.open_signal_receiver(signal.SIGTERM) as signals:
+                print("ready", flush=True)
+                async for _ in signals:
+                    return
+
+    anyio.run(run_until_terminated, backend=event_loop)
+
+
+if __name__ == "__main__":
+    main()
