@@ -4,6 +4,7 @@ replaced, cancelled, recurring, given back on stop, never lost while nobody runs
 
 from __future__ import annotations
 
+import collections
 import itertools
 import time
 from collections.abc import Callable
@@ -22,6 +23,7 @@ from anarchon import (
     Scheduler,
     TimerRun,
 )
+from anarchon._timer import Recurrence
 
 pytestmark = pytest.mark.anyio
 
@@ -242,3 +244,51 @@ async def test_bad_timer_input_is_refused_with_what_to_do(server_url: str, prefi
     with pytest.raises(InvalidOptionError, match="lease"):
         claim_only.add_timer(recorder([]), "remind")  # type: ignore[misc]
     assert await scheduler.get_timer("remind", "k") is None  # nothing was stored
+
+
+@pytest.mark.slow
+async def test_ten_thousand_timers_due_within_seconds_fire_exactly_once_across_five_instances(
+    server_url: str, prefix: str
+) -> None:
+    producer = Scheduler(RedisBackend(redis=server_url, prefix=prefix))
+    keys = [f"user:{n}" for n in range(10_000)]
+    async with producer:
+
+        async def set_some(part: list[str]) -> None:
+            for key in part:
+                await producer.set_timer("remind", key, delay_ms=2_000 + hash(key) % 2_000)
+
+        # Sets made together share round trips (pipelined).
+        async with anyio.create_task_group() as group:
+            for start in range(0, len(keys), 200):
+                group.start_soon(set_some, keys[start : start + 200])
+    fired: list[Fired] = []
+    await run_for(fleet(server_url, prefix, 5, recorder(fired)), 8.0)
+    counts = collections.Counter(f.key for f in fired)
+    assert sorted(counts) == sorted(keys)
+    assert [key for key, n in counts.items() if n > 1] == []
+    assert len({f.runner for f in fired}) == 5  # the fleet shared the work
+
+
+def ms(moment: datetime) -> int:
+    return int(moment.timestamp() * 1000)
+
+
+def test_a_daily_timer_in_a_zone_keeps_its_local_time_across_a_dst_change() -> None:
+    """09:00 in Athens is 07:00 UTC in winter and 06:00 UTC in summer: across the
+    spring change the next firing comes 23 hours later, and 25 hours in autumn."""
+    daily = Recurrence.make("0 9 * * *", None, "Europe/Athens")
+    assert daily is not None and daily.encode() == "cron;Europe/Athens;0 9 * * *"
+    decoded = Recurrence.decode(daily.encode())
+    assert decoded is not None and decoded.describe() == daily.describe()
+    before_spring = ms(datetime(2026, 3, 28, 7, tzinfo=UTC))
+    assert daily.next_ms(before_spring, before_spring) == ms(datetime(2026, 3, 29, 6, tzinfo=UTC))
+    before_autumn = ms(datetime(2026, 10, 24, 6, tzinfo=UTC))
+    assert daily.next_ms(before_autumn, before_autumn) == ms(datetime(2026, 10, 25, 7, tzinfo=UTC))
+
+
+def test_a_recurring_timer_that_fired_late_goes_on_from_now_not_once_per_missed_time() -> None:
+    every = Recurrence.make(None, 1_000, "UTC")
+    assert every is not None and every.encode() == "every;1000"
+    assert every.next_ms(5_000, 5_000) == 6_000  # on time: the next interval
+    assert every.next_ms(5_000, 15_500) == 16_000  # after an outage: the next one to come
