@@ -17,6 +17,10 @@ two minutes):
 - ``memory``: server memory per job after many runs, at history_size 1000 and 100.
 - ``scaling``: throughput and p99 against jobs, instances, event loop and client,
   and strategy.
+- ``timers``: durable timers: fire lateness at 1,000 (and 10,000) timers/s due with 1
+  and 4 instances, next to the timer floor; ``set_timer`` throughput against the raw
+  client's EVALSHA; server memory per pending timer and the idle cost beside them;
+  takeover of a killed firing.
 
 Each scenario starts its own server(s) and writes ``bench/results/<name>.json``
 and a Markdown table on stdout; with matplotlib (extra ``bench``) also plots:

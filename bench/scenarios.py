@@ -36,6 +36,7 @@ from bench.common import (
     summary_ms,
     timer_floor_ms,
 )
+from bench.timers import markdown_timers, scenario_timers
 
 Result = dict[str, Any]
 
@@ -707,4 +708,5 @@ SCENARIOS: dict[str, Scenario] = {
     "idle": Scenario(scenario_idle, markdown_idle),
     "memory": Scenario(scenario_memory, markdown_memory),
     "scaling": Scenario(scenario_scaling, markdown_scaling),
+    "timers": Scenario(scenario_timers, markdown_timers),
 }

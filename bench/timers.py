@@ -1,0 +1,293 @@
+"""The timers scenario: fire lateness, ``set_timer`` throughput, memory per pending timer,
+idle cost, takeover; each next to a floor or ceiling measured in the same run."""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+import time
+from collections import Counter
+from typing import Any
+
+import anyio
+import redis.asyncio
+
+from anarchon import RedisBackend, Scheduler
+from anarchon._scripts import timer_script
+from anarchon._timer_store import TimerKeys, TimerStore, encode_payload
+from anarchon.clients import open_connection
+from bench.common import (
+    Fleet,
+    median,
+    new_prefix,
+    redis_client,
+    server,
+    server_info,
+    summary_ms,
+    timer_floor_ms,
+)
+
+Result = dict[str, Any]
+KIND = "bench"
+#: 32 bytes, as the issue's memory target asks.
+PAYLOAD = b"p" * 32
+
+
+def _instance_argv(url: str, prefix: str, name: str, **options: Any) -> list[str]:
+    config = {"url": url, "prefix": prefix, "name": name, **options}
+    return [sys.executable, "-m", "bench.timer_instance", json.dumps(config)]
+
+
+async def _set_many(url: str, prefix: str, dues_ms: list[int], chunk: int = 1000) -> None:
+    """Set timers ``t0``, ``t1``, ... due at ``dues_ms``, pipelined (a driver's shortcut:
+    the store's own set, in round trips of ``chunk``)."""
+    conn = open_connection(url)
+    try:
+        store = TimerStore(conn, prefix=prefix)
+        payload = encode_payload(PAYLOAD)
+        for start in range(0, len(dues_ms), chunk):
+            part = [
+                (f"t{n}", due, None, "", payload)
+                for n, due in enumerate(dues_ms[start : start + chunk], start)
+            ]
+            await store.set_many(KIND, part)
+    finally:
+        await conn.aclose()
+
+
+# ------------------------------------------------------------------ lateness
+
+
+def lateness(url: str, rate: int, instances: int, seconds: float) -> Result:
+    """Timers due at ``rate`` per second for ``seconds`` (set beforehand, as timers are),
+    fired by ``instances`` processes: due time to handler start."""
+    prefix = new_prefix("tl")
+    argvs = [_instance_argv(url, prefix, f"i{i}") for i in range(instances)]
+    with Fleet(argvs) as fleet:
+        fleet.wait_ready()
+        start_at = time.time() + 1.0
+        first_due_ms = int((start_at + 1.5) * 1000)
+        count = int(rate * seconds)
+        dues = [first_due_ms + int(n * 1000 / rate) for n in range(count)]
+        anyio.run(_set_many, url, prefix, dues)
+        fleet.go(start_at, start_at + 1.5 + seconds + 2.0)
+        results = fleet.results()
+    fired = [f for r in results for f in r["fired"]]
+    late = [started - due for due, started, _ in fired]
+    per_due = Counter(due for due, _, _ in fired)
+    cpu = [r["cpu"][-1][1] - r["cpu"][0][1] for r in results]
+    return {
+        "rate": rate,
+        "instances": instances,
+        "timers": count,
+        "fired": len(fired),
+        "duplicates": len(fired) - len(per_due),
+        "missed": count - len(per_due),
+        **summary_ms(late),
+        "cpu_sec_per_1000": 1000 * sum(cpu) / max(len(fired), 1),
+    }
+
+
+# ------------------------------------------------------------------ set throughput
+
+
+async def _set_rates(url: str, count: int, concurrency: int) -> Result:
+    prefix = new_prefix("ts")
+    scheduler = Scheduler(RedisBackend(redis=url, prefix=prefix))
+    out: Result = {}
+    async with scheduler:  # set_timer on the running scheduler's own connection
+        started = time.perf_counter()
+        for n in range(count // 10):
+            await scheduler.set_timer(KIND, f"a{n}", delay_ms=3_600_000, payload=PAYLOAD)
+        out["awaited_per_sec"] = (count // 10) / (time.perf_counter() - started)
+
+        async def part(offset: int) -> None:
+            for n in range(offset, count, concurrency):
+                await scheduler.set_timer(KIND, f"c{n}", delay_ms=3_600_000, payload=PAYLOAD)
+
+        started = time.perf_counter()
+        async with anyio.create_task_group() as group:
+            for offset in range(concurrency):
+                group.start_soon(part, offset)
+        out["pipelined_per_sec"] = count / (time.perf_counter() - started)
+
+    # The raw client ceiling: the same script by SHA with the same arguments, from
+    # redis-py's asyncio client, awaited one by one and pipelined.
+    client = redis.asyncio.Redis.from_url(url, protocol=2)
+    try:
+        script = timer_script("timer_set")
+        sha = await client.script_load(script.body)
+        keys = TimerKeys.for_kind(prefix, KIND)
+        stored = encode_payload(PAYLOAD)
+
+        def args(key: str) -> list[Any]:
+            return [sha, 3, keys.timers, keys.due, keys.meta, key, "", 3_600_000, "", stored]
+
+        started = time.perf_counter()
+        for n in range(count // 10):
+            await client.execute_command("EVALSHA", *args(f"ra{n}"))
+        out["raw_awaited_per_sec"] = (count // 10) / (time.perf_counter() - started)
+
+        # Pipelines of 100 from two tasks (as many calls in flight as 200 tasks make).
+        tasks = 2
+
+        async def raw_part(offset: int) -> None:
+            keys_here = list(range(offset, count, tasks))
+            for start in range(0, len(keys_here), 100):
+                pipe = client.pipeline(transaction=False)
+                for n in keys_here[start : start + 100]:
+                    pipe.execute_command("EVALSHA", *args(f"rc{n}"))
+                await pipe.execute()
+
+        started = time.perf_counter()
+        async with anyio.create_task_group() as group:
+            for offset in range(tasks):
+                group.start_soon(raw_part, offset)
+        out["raw_pipelined_per_sec"] = count / (time.perf_counter() - started)
+    finally:
+        await client.aclose()
+    out["awaited_ratio"] = out["awaited_per_sec"] / out["raw_awaited_per_sec"]
+    out["pipelined_ratio"] = out["pipelined_per_sec"] / out["raw_pipelined_per_sec"]
+    return out
+
+
+# ------------------------------------------------------------------ memory, idle
+
+
+def memory_and_idle(url: str, pending: int, idle_sec: float) -> Result:
+    """``pending`` timers (32 B payloads) due in a day: server memory per timer; then one
+    instance running beside them: its CPU and the server's commands per second."""
+    prefix = new_prefix("tm")
+    client = redis_client(url)
+    before = int(server_info(url, "memory")["used_memory"])
+    due = int(time.time() * 1000) + 86_400_000
+    anyio.run(_set_many, url, prefix, [due + n for n in range(pending)], 5000)
+    after = int(server_info(url, "memory")["used_memory"])
+    keys = TimerKeys.for_kind(prefix, KIND)
+    usage = {
+        name: int(client.memory_usage(key, samples=0) or 0)
+        for name, key in (("timers", keys.timers), ("due", keys.due))
+    }
+    out: Result = {
+        "pending": pending,
+        "bytes_per_timer": (after - before) / pending,
+        "memory_usage_per_timer": sum(usage.values()) / pending,
+        "usage": usage,
+    }
+    commands_before = int(server_info(url, "stats")["total_commands_processed"])
+    with Fleet([_instance_argv(url, prefix, "idle")]) as fleet:
+        start_at, end_at = fleet.start_soon(idle_sec)
+        (result,) = fleet.results()
+    commands = int(server_info(url, "stats")["total_commands_processed"]) - commands_before
+    samples = [s for s in result["cpu"] if start_at + 1 <= s[0] <= end_at]
+    cpu_sec = samples[-1][1] - samples[0][1] if len(samples) > 1 else float("nan")
+    wall = samples[-1][0] - samples[0][0] if len(samples) > 1 else float("nan")
+    out["idle_cpu_percent"] = 100 * cpu_sec / wall
+    out["idle_commands_per_sec"] = commands / (end_at - start_at)
+    out["fired_while_idle"] = len(result["fired"])
+    client.close()
+    return out
+
+
+# ------------------------------------------------------------------ takeover
+
+
+def takeover(url: str, lease_ms: int, heartbeat_ms: int) -> Result:
+    """SIGKILL of the instance firing a timer to attempt 2 starting on the other."""
+    prefix = new_prefix("tk")
+    argvs = [
+        _instance_argv(url, prefix, f"i{i}", lease_ms=lease_ms, heartbeat_ms=heartbeat_ms,
+                       hang=True)
+        for i in range(2)
+    ]  # fmt: skip
+    with Fleet(argvs) as fleet:
+        fleet.wait_ready()
+        start_at = time.time() + 0.5
+        fleet.go(start_at, start_at + 600)
+        anyio.run(_set_many, url, prefix, [int((start_at + 1) * 1000)])
+        killed_at = None
+        delay = (heartbeat_ms + random.uniform(0, heartbeat_ms)) / 1000
+        for index, event in fleet.events(30 + 3 * lease_ms / 1000):
+            if event.get("event") != "start":
+                continue
+            if killed_at is None and event["attempt"] == 1:
+                time.sleep(delay)
+                killed_at = time.time()
+                fleet.kill(index)
+            elif killed_at is not None and event["attempt"] == 2:
+                return {"takeover_ms": (event["t"] - killed_at) * 1000}
+    return {"takeover_ms": None}
+
+
+# ------------------------------------------------------------------ the scenario
+
+
+def scenario_timers(url: str | None, mode: Any) -> Result:
+    loads = mode.pick([(1000, 1), (1000, 4)], [(1000, 1), (1000, 4), (10_000, 1), (10_000, 4)])
+    seconds = mode.pick(4.0, 10.0)
+    out: Result = {"floor": summary_ms(timer_floor_ms(mode.pick(5, 15)))}
+    with server(url) as live:
+        out["lateness"] = [lateness(live, rate, n, seconds) for rate, n in loads]
+    with server(url) as live:
+        out["set"] = anyio.run(_set_rates, live, mode.pick(5_000, 50_000), 200)
+    with server(url) as live:
+        out["memory"] = memory_and_idle(live, mode.pick(100_000, 1_000_000), mode.pick(12.0, 60.0))
+    with server(url) as live:
+        trials = [takeover(live, 2000, 500) for _ in range(mode.pick(2, 4))]
+        times = [t["takeover_ms"] for t in trials if t["takeover_ms"] is not None]
+        out["takeover"] = {
+            "lease_ms": 2000,
+            "heartbeat_ms": 500,
+            "trials": len(trials),
+            "times_ms": times,
+            "median_ms": median(times),
+            "max_ms": max(times) if times else None,
+            "bound_ms": 2000 + 500 + 100,
+        }
+    return out
+
+
+def markdown_timers(result: Result) -> str:
+    floor = result["floor"]
+    lines = [
+        f"Timer floor (a bare event-loop sleep to a whole second): p50 {floor['p50_ms']:.2f} ms,"
+        f" max {floor['max_ms']:.2f} ms.",
+        "",
+        "| timers/s due | instances | fired | duplicates | missed | p50 ms | p99 ms | max ms "
+        "| CPU s per 1000 fired |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for row in result["lateness"]:
+        lines.append(
+            f"| {row['rate']:,} | {row['instances']} | {row['fired']:,} | {row['duplicates']} "
+            f"| {row['missed']} | {row['p50_ms']:.1f} | {row['p99_ms']:.1f} | "
+            f"{row['max_ms']:.1f} | {row['cpu_sec_per_1000']:.2f} |"
+        )
+    s = result["set"]
+    lines += [
+        "",
+        "| set_timer | anarchon /s | raw EVALSHA /s (same client) | ratio |",
+        "| --- | --- | --- | --- |",
+        f"| awaited one by one | {s['awaited_per_sec']:,.0f} | {s['raw_awaited_per_sec']:,.0f} "
+        f"| {s['awaited_ratio']:.0%} |",
+        f"| 200 tasks (pipelined) | {s['pipelined_per_sec']:,.0f} | "
+        f"{s['raw_pipelined_per_sec']:,.0f} | {s['pipelined_ratio']:.0%} |",
+    ]
+    m = result["memory"]
+    lines += [
+        "",
+        f"{m['pending']:,} pending timers (32 B payloads): {m['bytes_per_timer']:.0f} B each "
+        f"(used_memory), {m['memory_usage_per_timer']:.0f} B (MEMORY USAGE of the hash and "
+        f"the sorted set). One instance beside them, none due: {m['idle_cpu_percent']:.2f}% of "
+        f"a core, {m['idle_commands_per_sec']:.1f} server commands/s.",
+    ]
+    t = result["takeover"]
+    median_ms = t["median_ms"]
+    lines += [
+        "",
+        f"Takeover of a killed firing (lease {t['lease_ms']} ms, heartbeat "
+        f"{t['heartbeat_ms']} ms): median {median_ms:.0f} ms, max {t['max_ms'] or 0:.0f} ms over "
+        f"{len(t['times_ms'])}/{t['trials']} trials; target {t['bound_ms']} ms.",
+    ]
+    return "\n".join(lines)
