@@ -19,6 +19,7 @@ from anarchon import (
     RedisBackend,
     Run,
     Scheduler,
+    TimerRun,
     UnsupportedClientError,
 )
 from anarchon._embedded import EmbeddedServer
@@ -336,3 +337,48 @@ async def test_a_connection_anarchon_opened_is_closed_on_stop_and_a_passed_one_i
     await run_one(RedisBackend(redis=passed, prefix=prefix))
     assert pinned.still_open(), "the passed client's connection was closed"
     passed.close()
+
+
+async def fire_timers_through(target: Target, kind: str, prefix: str, buckets: int) -> None:
+    """Timers set and fired through one client kind: 60 keys with binary payloads, two
+    instances, each key once with its payload."""
+    keys = [f"user:{n}" for n in range(60)]
+    fired: list[tuple[str, object]] = []
+
+    async def remind(fire: TimerRun) -> None:
+        fired.append((fire.key, fire.payload))
+
+    async with AsyncExitStack() as stack:
+        schedulers = []
+        for index in range(2):
+            client, close = await make_client(kind, target)
+            stack.push_async_callback(close)
+            scheduler: Scheduler[Any] = Scheduler(
+                RedisBackend(redis=client, prefix=prefix), instance_id=f"i{index}"
+            )
+            scheduler.add_timer(remind, "remind", buckets=buckets)
+            schedulers.append(scheduler)
+        for key in keys:
+            payload = key.encode() + b"\xff"  # not UTF-8
+            await schedulers[0].set_timer("remind", key, delay_ms=300, payload=payload)
+        for scheduler in schedulers:
+            await stack.enter_async_context(scheduler)
+        await wait_until(lambda: len(fired) >= len(keys), 15, "every timer to fire")
+        await anyio.sleep(0.3)  # and none twice
+    assert sorted(fired) == sorted((key, key.encode() + b"\xff") for key in keys)
+
+
+@pytest.mark.parametrize(
+    ("anyio_backend", "kind"), STANDALONE_CASES, ids=map(case_id, STANDALONE_CASES)
+)
+async def test_timers_fire_once_through_each_client(
+    standalone: Target, prefix: str, kind: str
+) -> None:
+    await fire_timers_through(standalone, kind, prefix, buckets=1)
+
+
+@pytest.mark.parametrize(("anyio_backend", "kind"), CLUSTER_CASES, ids=map(case_id, CLUSTER_CASES))
+async def test_timers_in_three_buckets_fire_once_through_each_client_on_a_cluster(
+    cluster: Target, prefix: str, kind: str
+) -> None:
+    await fire_timers_through(cluster, kind, prefix, buckets=3)
