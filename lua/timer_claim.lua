@@ -4,7 +4,7 @@
 --         sent again after a lost reply (the same token_base) hears of its wins
 -- ARGV: limit, lease_ms, runner, token_base (fresh per claim, the same when sent again),
 --       max_attempts
--- Replies {wins, next_ms, more, now_ms}:
+-- Replies {wins, next_ms, more, now_ms, spent}:
 --   wins: one {key, gen, due_ms, attempt, fence, token, trigger, schedule, payload,
 --         lease_ms} per firing the caller runs now. trigger: due (attempt 1), retry (an
 --         attempt that failed), takeover (the runner's lease expired), or lapsed (a
@@ -12,7 +12,9 @@
 --         interrupted, with its next due time);
 --   next_ms: when the earliest key needs attention next ('' if none);
 --   more: 1 when the limit was reached (more may be due now);
---   now_ms: the server's clock, which next_ms is on (the caller's clock may differ).
+--   now_ms: the server's clock, which next_ms is on (the caller's clock may differ);
+--   spent: one-shot timers whose runners vanished max_attempts times, forgotten now
+--          (the caller says so: nothing else will).
 local timers_key, due_key, meta_key, claimed_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local limit = tonumber(ARGV[1])
 local lease_ms = tonumber(ARGV[2])
@@ -22,6 +24,7 @@ local max_attempts = tonumber(ARGV[5])
 
 local now = server_now_ms()
 local wins = {}
+local spent = {}
 local mine = token_base .. ':'
 
 local function entry(key, t, trigger, left_ms)
@@ -65,6 +68,7 @@ for _, key in ipairs(due) do
       t = false
     else
       t = nil                        -- a one-shot timer out of attempts: spent
+      spent[#spent + 1] = key
     end
     if t ~= false then store_timer(timers_key, due_key, key, t) end
   end
@@ -88,4 +92,4 @@ if #wins > 0 then redis.call('PEXPIRE', claimed_key, lease_ms) end
 local first = redis.call('ZRANGE', due_key, 0, 0, 'WITHSCORES')
 local next_ms = ''
 if first[2] then next_ms = first[2] end
-return {wins, next_ms, #due == limit and 1 or 0, int(now)}
+return {wins, next_ms, #due == limit and 1 or 0, int(now), spent}

@@ -168,8 +168,10 @@ class TimerMachine(RuleBasedStateMachine):
         ]  # fmt: skip
         assert int(raw[3]) == self.now  # the server's clock, which next_ms is on
         next_ms = int(float(raw[1])) if raw[1] != "" else None
-        got = (sorted(wins, key=lambda w: w.key), next_ms, int(raw[2]) == 1)
-        assert got == (sorted(expected[0], key=lambda w: w.key), expected[1], expected[2])
+        got = (sorted(wins, key=lambda w: w.key), next_ms, int(raw[2]) == 1, list(raw[4]))
+        assert got == (sorted(expected[0], key=lambda w: w.key), *expected[1:])
+        if got[3]:
+            event("claim: a one-shot timer out of attempts was spent")
         return wins
 
     def _won(self, instance: Instance, wins: list[Win], repeated: set[str]) -> None:

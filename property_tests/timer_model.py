@@ -22,7 +22,8 @@ scripts with this model's. Rules, per kind of timer:
     generation (pending, and won at once if it is due already) or nothing. Otherwise,
     with attempts left, the claimer wins the next attempt (``takeover``); out of
     attempts, a recurring timer is won as ``lapsed`` (same attempt: the claimer runs
-    nothing and writes the next due time) and a one-shot timer is spent;
+    nothing and writes the next due time) and a one-shot timer is spent (the reply
+    names it, so that the claimer can say so);
   - waiting for a retry that is due: the claimer wins the next attempt (``retry``).
   Every win holds a lease for ``lease_ms`` and raises the kind's fence (to the clock in
   microseconds, or one more than the last). The reply also says when the earliest key
@@ -134,8 +135,9 @@ class KindModel:
                    trigger, timer.schedule, timer.payload, lease_ms)  # fmt: skip
 
     def claim(self, now: int, limit: int, lease_ms: int, runner: str, token_base: str,
-              max_attempts: int) -> tuple[list[Win], int | None, bool]:  # fmt: skip
+              max_attempts: int) -> tuple[list[Win], int | None, bool, list[str]]:  # fmt: skip
         wins: list[Win] = []
+        spent: list[str] = []
         prefix = token_base + ":"
         for key in sorted(self.claimed.get(token_base, ())):
             t = self.timers.get(key)
@@ -160,6 +162,7 @@ class KindModel:
                     continue
                 else:
                     timer = None
+                    spent.append(key)
                 if timer is None:
                     del self.timers[key]
                     continue
@@ -177,7 +180,7 @@ class KindModel:
                 timer.fire_gen, timer.fire_due_ms = timer.gen, timer.attention_ms()
                 wins.append(self._win(key, timer, now, 1, "due", **won))
         next_ms = min((t.attention_ms() for t in self.timers.values()), default=None)
-        return wins, next_ms, len(taken) == limit
+        return wins, next_ms, len(taken) == limit, spent
 
     def heartbeat(self, key: str, token: str, now: int, lease_ms: int) -> bool:
         timer = self.timers.get(key)

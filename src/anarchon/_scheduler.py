@@ -207,6 +207,8 @@ class Scheduler(Generic[K]):
         self._runner = Runner(self._context, self._agenda, self._settler, self._lease_keeper)
         self._claimer = Claimer(self._context, self._agenda, self._runner, self._settler)
         self._stopped = anyio.Event()
+        #: The number of buckets of kinds without a handler here, as the store said.
+        self._stored_buckets: dict[str, int] = {}
         #: The grace period of a stop in progress (None until stop() is first called).
         self._grace: anyio.CancelScope | None = None
 
@@ -469,8 +471,9 @@ class Scheduler(Generic[K]):
         fences). ``max_attempts`` (3) counts failed and crashed attempts (a firing given
         back by a stopping instance is not counted); ``retry_delay_ms`` (the scheduler's
         by default) doubles per attempt; ``buckets`` (1) spreads the kind over that many
-        hash tags, so that a Redis Cluster spreads it over its nodes: every process that
-        sets timers of the kind must use the same number.
+        hash tags, so that a Redis Cluster spreads it over its nodes. The first instance
+        writes the number in the store; an instance that gives another refuses to start,
+        and a process that only sets timers reads it from there.
         """
         if not callable(handler):
             raise InvalidJobError(f"a timer's handler must be callable, got {handler!r}")
@@ -513,17 +516,25 @@ class Scheduler(Generic[K]):
             keys = TimerKeys.for_kind(self.backend.prefix, kind.name, bucket, kind.buckets)
             self._agenda.timer_due(kind.name, keys, now)
 
-    def _buckets_of(self, kind: str, buckets: int | None) -> int:
+    async def _buckets_of(self, timers: TimerStore, kind: str, buckets: int | None) -> int:
+        """A kind's number of buckets: the registered handler's, else the one given, else
+        the one the kind's instances wrote in the store (read once), else 1."""
         registered = self._context.timer_kinds.get(kind)
-        if buckets is None:
-            return registered.buckets if registered is not None else 1
-        buckets = _check_buckets(buckets)
-        if registered is not None and registered.buckets != buckets:
-            raise InvalidOptionError(
-                f"timer kind {kind!r} has {registered.buckets} bucket(s) here, not {buckets}: "
-                "every process must use the same number"
+        if registered is not None:
+            if buckets is not None and _check_buckets(buckets) != registered.buckets:
+                raise InvalidOptionError(
+                    f"timer kind {kind!r} has {registered.buckets} bucket(s) here, not "
+                    f"{buckets}: every process must use the same number"
+                )
+            return registered.buckets
+        if buckets is not None:
+            return _check_buckets(buckets)
+        if kind not in self._stored_buckets:
+            stored = await timers.conn.execute(
+                ("GET", TimerKeys.buckets_key(self.backend.prefix, kind))
             )
-        return buckets
+            self._stored_buckets[kind] = int(stored) if stored is not None else 1
+        return self._stored_buckets[kind]
 
     @asynccontextmanager
     async def _timers(self) -> AsyncIterator[TimerStore]:
@@ -577,11 +588,11 @@ class Scheduler(Generic[K]):
                     "a timer needs a due time: at= (an aware datetime), delay_ms=, cron= or "
                     "every_ms="
                 )
-            at_ms = recurrence.first_ms(int(_now_ms()))
+            at_ms = recurrence.first_ms(int(_now_ms() + self._context.server_offset_ms))
         stored = encode_payload(payload)
-        bucket_count = self._buckets_of(name, buckets)
         async with self._timers() as timers:
             with anyio.fail_after(self._context.round_trip_sec * 3):
+                bucket_count = await self._buckets_of(timers, name, buckets)
                 (reply,) = await timers.set_many(
                     name,
                     [(timer_key, at_ms, delay, recurrence.encode() if recurrence else "", stored)],
@@ -603,9 +614,9 @@ class Scheduler(Generic[K]):
         recurrence."""
         name = validate_kind(kind)
         timer_key = validate_timer_key(key)
-        bucket_count = self._buckets_of(name, buckets)
         async with self._timers() as timers:
             with anyio.fail_after(self._context.round_trip_sec * 3):
+                bucket_count = await self._buckets_of(timers, name, buckets)
                 return await timers.cancel(name, timer_key, bucket_count)
 
     async def get_timer(
@@ -614,9 +625,9 @@ class Scheduler(Generic[K]):
         """``key``'s timer of ``kind`` as the store holds it, or None."""
         name = validate_kind(kind)
         timer_key = validate_timer_key(key)
-        bucket_count = self._buckets_of(name, buckets)
         async with self._timers() as timers:
             with anyio.fail_after(self._context.round_trip_sec * 3):
+                bucket_count = await self._buckets_of(timers, name, buckets)
                 state = await timers.get(name, timer_key, bucket_count)
         if state is None:
             return None
@@ -651,28 +662,47 @@ class Scheduler(Generic[K]):
         self._context.store = store
         try:
             await store.prepare_jobs(self.jobs)
+            if self._context.timer_kinds:
+                await self._prepare_timers(store.conn)
         except BaseException:
             if store.conn.owned:
                 with anyio.move_on_after(5, shield=True):
                     await store.conn.aclose()
             raise
+        if store.leases:
+            # Also when no kind is registered yet: add_timer may come later.
+            self._context.timer_store = TimerStore(
+                store.conn, prefix=self.backend.prefix, runner=self.instance_id
+            )
         group = self._context.group = anyio.create_task_group()
         await group.__aenter__()
         self._context.state = "running"
         now = _now_ms()
         for job in self._context.jobs.values():
             self._agenda.schedule_first_slots(job, now)
-        if self._context.timer_kinds:
-            self._context.timer_store = TimerStore(
-                store.conn, prefix=self.backend.prefix, runner=self.instance_id
-            )
-            await self._warn_if_timers_may_be_evicted(store.conn)
-            for kind in self._context.timer_kinds.values():
-                self._claim_timers_now(kind)
+        for kind in self._context.timer_kinds.values():
+            self._claim_timers_now(kind)
         group.start_soon(self._claimer.claim_loop)
         if store.leases:
             group.start_soon(self._lease_keeper.keep_leases)
         return self
+
+    async def _prepare_timers(self, conn: Connection) -> None:
+        """Before the first claim of timers: each kind's number of buckets is the one the
+        store knows (written by the first instance), and a warning if the server may
+        evict timers."""
+        for kind in self._context.timer_kinds.values():
+            key = TimerKeys.buckets_key(self.backend.prefix, kind.name)
+            with anyio.fail_after(self._context.round_trip_sec * 3):
+                await conn.execute(("SET", key, kind.buckets, "NX"))
+                stored = await conn.execute(("GET", key))
+            if stored is not None and int(stored) != kind.buckets:
+                raise InvalidOptionError(
+                    f"timer kind {kind.name!r} has {int(stored)} bucket(s) in the store, and "
+                    f"this scheduler gives it {kind.buckets}: every instance must give the "
+                    "same number (timers set under another number would never fire)"
+                )
+        await self._warn_if_timers_may_be_evicted(conn)
 
     async def _warn_if_timers_may_be_evicted(self, conn: Connection) -> None:
         """Timers live as long as the server keeps their keys: a policy that evicts keys

@@ -29,11 +29,18 @@ MAX_KEY_LENGTH = 1024
 
 
 def validate_kind(kind: object) -> str:
-    """A kind's name goes into key names, as a job's does (and follows the same rules)."""
+    """A kind's name goes into key names, as a job's does (and follows the same rules),
+    without ``#``, which separates a kind's name from its bucket's number."""
     try:
-        return validate_job_name(kind)
+        name = validate_job_name(kind)
     except InvalidJobError as exc:
         raise InvalidJobError(str(exc).replace("job", "timer kind", 1)) from None
+    if "#" in name:
+        raise InvalidJobError(
+            f"timer kind {name!r} cannot hold '#': it separates a kind from its bucket in "
+            "key names; choose another name"
+        )
+    return name
 
 
 def validate_timer_key(key: object) -> str:

@@ -55,6 +55,12 @@ class TimerKeys:
         tag = "{" + prefix + kind + (f"#{bucket}" if buckets > 1 else "") + "}"
         return cls(tag, f"{tag}:timers", f"{tag}:timer-due", f"{tag}:timer-meta")
 
+    @staticmethod
+    def buckets_key(prefix: str, kind: str) -> str:
+        """Where the number of buckets of a kind is kept (its instances write it at
+        start; a process that only sets timers reads it)."""
+        return "{" + prefix + kind + "}:timer-buckets"
+
     def claimed(self, token_base: str) -> str:
         """The set of keys a claim won, kept for a claim sent again after a lost reply."""
         return f"{self.tag}:timer-claimed:{token_base}"
@@ -163,6 +169,8 @@ class TimerClaim:
     more: bool
     #: The server's clock when it claimed (``next_ms`` is on it, not on the caller's).
     server_now_ms: int
+    #: One-shot timers whose runners vanished ``max_attempts`` times: forgotten now.
+    spent: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -270,12 +278,13 @@ class TimerStore:
         (reply,) = await run_scripts(self.conn, [call])
         if isinstance(reply, ServerReplyError):
             raise reply
-        wins, next_ms, more, server_now_ms = reply
+        wins, next_ms, more, server_now_ms, spent = reply
         return TimerClaim(
             tuple(_win(win) for win in wins or []),
             int(float(next_ms)) if next_ms not in (None, "") else None,
             int(more) == 1,
             int(server_now_ms),
+            tuple(str(key) for key in spent or []),
         )
 
     async def heartbeat_many(

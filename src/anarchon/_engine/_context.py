@@ -92,6 +92,8 @@ class _Leased:
     started_ms: int = field(default_factory=lambda: int(_now_ms()))
     scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
     lost: bool = False
+    #: The handler was called (it may have done some of its work).
+    began: bool = False
     #: The handler has returned (or raised): its finish is on the way, so a heartbeat
     #: refused from now on says nothing about a lost lease.
     ended: bool = False
@@ -172,7 +174,7 @@ class _Firing(_Leased):
 
     @property
     def registry_key(self) -> tuple[str, str]:
-        return firing_key(self.kind.name, self.run.key)
+        return firing_key(self.kind.name, self.run.key, self.token)
 
     @property
     def name(self) -> str:
@@ -189,10 +191,12 @@ class _Firing(_Leased):
         await self.kind.invoke(self.run)
 
 
-def firing_key(kind: str, key: str) -> tuple[str, str]:
+def firing_key(kind: str, key: str, token: str) -> tuple[str, str]:
     """A firing's key in ``EngineContext.attempts``: a job's slot ids are digits or start
-    with ``m``, so ``t:`` never meets one, whatever the names."""
-    return (kind, "t:" + key)
+    with ``m``, so ``t:`` never meets one, whatever the names. The token is part of it:
+    an attempt of a key whose lease ran out here may still be settling when this
+    instance wins the key's next attempt."""
+    return (kind, f"t:{token}:{key}")
 
 
 #: The attempt whose handler runs in this task (None outside handlers): a stop()
@@ -232,6 +236,9 @@ class EngineContext:
     #: How long an instance waits at most between two claims of a kind's due timers
     #: (a timer set elsewhere to fire sooner than it knew of is seen by then).
     timer_poll_ms: int = 1000
+    #: The server's clock minus this instance's, as the last claim of timers saw it
+    #: (a recurring timer's next due time is reckoned on the server's clock).
+    server_offset_ms: float = 0.0
 
     @property
     def round_trip_sec(self) -> float:

@@ -111,8 +111,17 @@ class Claimer:
             return
         context.health.answered()
         received_ms = _now_ms()
+        context.server_offset_ms = claim.server_now_ms - received_ms
+        for key in claim.spent:
+            log.error(
+                "timer %s %r: its runners vanished %d time(s) while it fired, as many as "
+                "max_attempts; it is spent, with no attempt that finished",
+                kind.name, key, kind.max_attempts,
+            )  # fmt: skip
+        group = context.group
+        assert group is not None
         for win in claim.wins:
-            if firing_key(kind.name, win.key) in context.attempts:
+            if firing_key(kind.name, win.key, win.token) in context.attempts:
                 continue  # a claim sent again: this firing runs here already
             if time.monotonic() >= sent + win.lease_left_ms / 1000:
                 log.warning(
@@ -122,10 +131,19 @@ class Claimer:
                 )  # fmt: skip
                 continue
             if win.trigger == "lapsed":
-                assert context.group is not None
-                context.group.start_soon(self._settler.settle_lapsed, kind, keys, win)
-            else:
+                group.start_soon(self._settler.settle_lapsed, kind, keys, win)
+                continue
+            try:
                 self._runner.start_firing(kind, keys, win, sent)
+            except Exception as exc:
+                # Its payload or recurrence cannot be read here (a time zone this host
+                # lacks): the attempt fails, loudly, and nothing else stops.
+                log.error(
+                    "timer %s %r attempt %d cannot be fired here (%s: %s); the attempt "
+                    "counts as failed",
+                    kind.name, win.key, win.attempt, type(exc).__name__, exc,
+                )  # fmt: skip
+                group.start_soon(self._settler.fail_firing, kind, keys, win)
         at_ms = received_ms + context.timer_poll_ms
         if claim.more:
             at_ms = received_ms
@@ -236,9 +254,11 @@ class Claimer:
                 )
             except Exception as exc:
                 context.health.failed(f"resolving timer claims of {kind.name} on stop", exc)
-        for win in claim.wins if claim is not None else ():
-            if win.trigger != "lapsed":  # a lapsed recurrence is lapsed again, a lease later
-                await self._settler.release_firing(kind, due.timer_keys, win)
+        keys = due.timer_keys
+        async with anyio.create_task_group() as group:  # together: one round trip
+            for win in claim.wins if claim is not None else ():
+                if win.trigger != "lapsed":  # a lapsed recurrence lapses again, a lease later
+                    group.start_soon(self._settler.release_firing, kind, keys, win)
 
     def _claim_request(self, due: _Due) -> ClaimRequest:
         job = self._context.jobs[due.job]

@@ -107,6 +107,11 @@ class Runner:
         try:
             with leased.scope:
                 try:
+                    if leased.lease_lost.is_set():
+                        # Its lease ran out before its task even began (a starved event
+                        # loop): a backup may run it already, so the handler must not.
+                        raise LeaseLostError("the lease ran out before the handler began")
+                    leased.began = True
                     await leased.invoke()
                     # A handler that returns once its lease is gone (a plain function
                     # checking run.lease_lost, e.g. on stop) stopped early: its run is

@@ -17,6 +17,7 @@ from typing import TypeVar
 import anyio
 
 from .._job import Job
+from .._schedule import from_epoch_ms
 from .._store import AttemptEnd, ClaimReply, Outcome
 from .._timer import Recurrence, TimerKind
 from .._timer_store import TimerEnd, TimerFinishReply, TimerKeys, TimerOutcome, TimerWin
@@ -102,7 +103,7 @@ class Settler:
             max_attempts=attempt.max_attempts,
             retry_delay_ms=self._context.retry_delay_ms * 2 ** (run.attempt - 1),
         )
-        reply = await self._send(job.name, lambda: store.finish(end))
+        reply, _ = await self._send(job.name, lambda: store.finish(end))
         if reply is None:
             self._could_not_record(attempt)
         elif not reply.held:
@@ -114,6 +115,16 @@ class Settler:
 
     async def _settle_firing(self, firing: _Firing, outcome: Outcome) -> None:
         fire = firing.run
+        timer_outcome: TimerOutcome = outcome
+        if (
+            outcome == "cancelled"
+            and firing.began
+            and (firing.lost or self._context.state == "running")
+        ):
+            # A firing that never began, or one a stop cancelled, is given back
+            # uncounted; one whose handler ran and was cancelled because its lease could
+            # not be kept (or gave up by itself) spent an attempt.
+            timer_outcome = "failed"
         next_at_ms: int | None = None
         next_delay_ms: int | None = None
         rearmed = fire.rearmed
@@ -121,39 +132,87 @@ class Settler:
             next_at_ms, next_delay_ms = rearmed
         elif firing.recurrence is not None:
             # Sent whatever the outcome: the store ignores it when the firing is retried.
-            next_at_ms = firing.recurrence.next_ms(fire.due_ms, int(_now_ms()))
+            next_at_ms = self._next_due_ms(firing.kind, fire.key, firing.recurrence, fire.due_ms)
         reply = await self._finish_firing(
-            firing.kind, firing.keys, fire.key, firing.token, outcome, fire.attempt,
+            firing.kind, firing.keys, fire.key, firing.token, timer_outcome, fire.attempt,
             next_at_ms, next_delay_ms,
         )  # fmt: skip
+        self._firing_settled(firing.kind, firing.keys, firing.describe(), outcome, reply)
+
+    def _firing_settled(
+        self, kind: TimerKind, keys: TimerKeys, what: str, outcome: str,
+        sent: tuple[TimerFinishReply | None, bool],
+    ) -> None:  # fmt: skip
+        reply, retried = sent
         if reply is None:
-            self._could_not_record(firing)
+            log.error(
+                "%s: could not record the result; the lease will expire and a backup will "
+                "take over",
+                what,
+            )
         elif not reply.held:
-            self._lost(firing, outcome)
+            if retried:
+                # A try whose reply was lost may have recorded it: the firing moved on.
+                log.info("%s: its result (%s) was recorded, or its lease was lost", what, outcome)
+            else:
+                log.warning(
+                    "%s ended after losing its lease; its result (%s) was not recorded",
+                    what,
+                    outcome,
+                )
         elif reply.status in ("retry", "pending") and self._context.state == "running":
-            self._agenda.timer_due(firing.kind.name, firing.keys, _now_ms() + reply.in_ms)
+            self._agenda.timer_due(kind.name, keys, _now_ms() + reply.in_ms)
+
+    def _next_due_ms(
+        self, kind: TimerKind, key: str, recurrence: Recurrence, due_ms: int
+    ) -> int | None:
+        """A recurring timer's next due time, on the server's clock (as this instance
+        reckons it from its last claim); None, loudly, if it cannot be reckoned here."""
+        try:
+            return recurrence.next_ms(due_ms, int(_now_ms() + self._context.server_offset_ms))
+        except Exception as exc:
+            log.error(
+                "timer %s %r: its next due time (%s) cannot be reckoned here (%s: %s); it "
+                "does not recur",
+                kind.name, key, recurrence.describe(), type(exc).__name__, exc,
+            )  # fmt: skip
+            return None
 
     async def settle_lapsed(self, kind: TimerKind, keys: TimerKeys, win: TimerWin) -> None:
         """A recurring timer out of attempts (its runners died): nothing runs; it is
         finished as interrupted with its next due time, so it goes on recurring."""
-        recurrence = Recurrence.decode(win.schedule)
-        assert recurrence is not None
         log.warning(
-            "timer %s %r: its firing of %s was interrupted %d time(s), as many as "
+            "timer %s %r: its firing due at %s was interrupted %d time(s), as many as "
             "max_attempts; it recurs at its next due time",
-            kind.name, win.key, win.due_ms, win.attempt,
+            kind.name, win.key, from_epoch_ms(win.due_ms), win.attempt,
         )  # fmt: skip
-        next_ms = recurrence.next_ms(win.due_ms, int(_now_ms()))
-        reply = await self._finish_firing(
+        next_ms: int | None = None
+        try:
+            recurrence = Recurrence.decode(win.schedule)
+        except Exception as exc:
+            log.error(
+                "timer %s %r: its recurrence cannot be read here: %s", kind.name, win.key, exc
+            )
+        else:
+            if recurrence is not None:
+                next_ms = self._next_due_ms(kind, win.key, recurrence, win.due_ms)
+        sent = await self._finish_firing(
             kind, keys, win.key, win.token, "interrupted", win.attempt, next_ms, None
         )
-        if reply is not None and reply.held and self._context.state == "running":
-            self._agenda.timer_due(kind.name, keys, _now_ms() + reply.in_ms)
+        self._firing_settled(kind, keys, f"timer {kind.name} {win.key!r}", "interrupted", sent)
+
+    async def fail_firing(self, kind: TimerKind, keys: TimerKeys, win: TimerWin) -> None:
+        """A firing that cannot even start here (its payload or recurrence cannot be read):
+        the attempt counts as failed; retried while attempts are left, then over."""
+        sent = await self._finish_firing(
+            kind, keys, win.key, win.token, "failed", win.attempt, None, None
+        )
+        self._firing_settled(kind, keys, f"timer {kind.name} {win.key!r}", "failed", sent)
 
     async def _finish_firing(
         self, kind: TimerKind, keys: TimerKeys, key: str, token: str,
         outcome: TimerOutcome, attempt: int, next_at_ms: int | None, next_delay_ms: int | None,
-    ) -> TimerFinishReply | None:  # fmt: skip
+    ) -> tuple[TimerFinishReply | None, bool]:  # fmt: skip
         timer_store = self._context.timer_store
         assert timer_store is not None
         retry_delay_ms = (
@@ -165,10 +224,12 @@ class Settler:
         )  # fmt: skip
         return await self._send(kind.name, lambda: timer_store.finish(end, keys))
 
-    async def _send(self, name: str, finish: Callable[[], Awaitable[R]]) -> R | None:
+    async def _send(self, name: str, finish: Callable[[], Awaitable[R]]) -> tuple[R | None, bool]:
         """A finish's round trip, sent again after a failure with a growing pause (which
-        a stop ends: one last try, then the lease expires for a backup)."""
+        a stop ends: one last try, then the lease expires for a backup). The reply (None
+        if none got through), and whether a try failed before it."""
         context = self._context
+        retried = False
         for wait_sec in (0.0, 0.2, 0.5, 1.0, 2.0, 5.0):
             with anyio.move_on_after(wait_sec):
                 await context.stopping.wait()
@@ -180,6 +241,7 @@ class Settler:
                 except Exception as exc:
                     failure = exc
             if reply is None:
+                retried = True
                 context.health.failed(f"recording a result of {name}", failure)
                 if context.state != "running" or (
                     isinstance(failure, BaseException) and not is_transient(failure)
@@ -187,8 +249,8 @@ class Settler:
                     break  # stopping: one try, then the lease expires for a backup
                 continue
             context.health.answered()
-            return reply
-        return None
+            return reply, retried
+        return None, retried
 
     @staticmethod
     def _lost(leased: _Leased, outcome: str) -> None:
