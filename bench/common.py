@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import re
 import secrets
 import selectors
@@ -31,6 +32,7 @@ from anarchon._lease import JobKeys
 from anarchon._scripts import lease_script
 
 ROOT = Path(__file__).resolve().parents[1]
+Result = dict[str, Any]
 
 #: keep_ms of a job with the default lateness (60 s) and lease (30 s).
 KEEP_MS = 2 * 60_000 + 30_000 + 60_000
@@ -451,3 +453,21 @@ def server_ceiling(url: str, requests: int, clients: int = 4) -> dict[str, Any]:
         "requests": requests,
         "claims_per_sec": float(found.group(1)),
     }
+
+
+def kill_the_runner(fleet: Fleet, heartbeat_ms: int, lease_ms: int) -> Result:
+    """Once an instance prints that it started attempt 1, SIGKILL it at a random moment
+    between heartbeats (a heartbeat or more in); the time from the kill to attempt 2
+    starting on another instance (None if it did not within the wait)."""
+    killed_at = None
+    delay = (heartbeat_ms + random.uniform(0, heartbeat_ms)) / 1000
+    for index, event in fleet.events(30 + 3 * lease_ms / 1000):
+        if event.get("event") != "start":
+            continue
+        if killed_at is None and event["attempt"] == 1:
+            time.sleep(delay)
+            killed_at = time.time()
+            fleet.kill(index)
+        elif killed_at is not None and event["attempt"] == 2:
+            return {"takeover_ms": (event["t"] - killed_at) * 1000}
+    return {"takeover_ms": None}

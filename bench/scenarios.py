@@ -3,7 +3,6 @@ JSON-able result, and has a Markdown rendering of it."""
 
 from __future__ import annotations
 
-import random
 import secrets
 import time
 from collections.abc import Callable, Sequence
@@ -23,6 +22,7 @@ from bench.common import (
     Fleet,
     InstanceConfig,
     bytes_between,
+    kill_the_runner,
     median,
     new_prefix,
     raw_client_ceiling,
@@ -411,19 +411,7 @@ def _takeover_trial(url: str, lease_ms: int, heartbeat_ms: int) -> Result:
         start_at = time.time() + 0.5
         # The job's one slot: a second after both instances run.
         fleet.go(start_at, start_at + 600, phase_ms=int((start_at + 1) * 1000))
-        killed_at = None
-        # The kill lands at a random moment between heartbeats, a heartbeat or more in.
-        delay = (heartbeat_ms + random.uniform(0, heartbeat_ms)) / 1000
-        for index, event in fleet.events(30 + 3 * lease_ms / 1000):
-            if event.get("event") != "start":
-                continue
-            if killed_at is None and event["attempt"] == 1:
-                time.sleep(delay)
-                killed_at = time.time()
-                fleet.kill(index)
-            elif killed_at is not None and event["attempt"] == 2:
-                return {"takeover_ms": (event["t"] - killed_at) * 1000}
-    return {"takeover_ms": None}
+        return kill_the_runner(fleet, heartbeat_ms, lease_ms)
 
 
 def scenario_takeover(url: str | None, mode: Mode) -> Result:

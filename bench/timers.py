@@ -4,7 +4,6 @@ idle cost, takeover; each next to a floor or ceiling measured in the same run.""
 from __future__ import annotations
 
 import json
-import random
 import sys
 import time
 from collections import Counter
@@ -19,6 +18,7 @@ from anarchon._timer_store import TimerKeys, TimerStore, encode_payload
 from anarchon.clients import open_connection
 from bench.common import (
     Fleet,
+    kill_the_runner,
     median,
     new_prefix,
     redis_client,
@@ -206,18 +206,7 @@ def takeover(url: str, lease_ms: int, heartbeat_ms: int) -> Result:
         start_at = time.time() + 0.5
         fleet.go(start_at, start_at + 600)
         anyio.run(_set_many, url, prefix, [int((start_at + 1) * 1000)])
-        killed_at = None
-        delay = (heartbeat_ms + random.uniform(0, heartbeat_ms)) / 1000
-        for index, event in fleet.events(30 + 3 * lease_ms / 1000):
-            if event.get("event") != "start":
-                continue
-            if killed_at is None and event["attempt"] == 1:
-                time.sleep(delay)
-                killed_at = time.time()
-                fleet.kill(index)
-            elif killed_at is not None and event["attempt"] == 2:
-                return {"takeover_ms": (event["t"] - killed_at) * 1000}
-    return {"takeover_ms": None}
+        return kill_the_runner(fleet, heartbeat_ms, lease_ms)
 
 
 # ------------------------------------------------------------------ the scenario

@@ -19,6 +19,7 @@ __all__ = [
     "Handler",
     "Job",
     "check_duration_ms",
+    "invoke_handler",
     "is_async_callable",
     "make_schedule",
     "overlap_policy",
@@ -167,10 +168,17 @@ class Job:
         return max(self.late_window_ms, self.catch_up_ms) + lease_ms + 30_000
 
     async def invoke(self, run: Run) -> None:
-        args = (run,) if self.takes_run else ()
-        if self.is_async:
-            await self.handler(*args)
-        else:
-            result = await anyio.to_thread.run_sync(functools.partial(self.handler, *args))
-            if inspect.isawaitable(result):
-                await result
+        await invoke_handler(self.handler, self.takes_run, self.is_async, run)
+
+
+async def invoke_handler(handler: Callable[..., Any], takes_run: bool, is_async: bool,
+                         run: object) -> None:  # fmt: skip
+    """Call a job's or a timer's handler with its run (or with nothing): an async one in
+    the scheduler's event loop, a plain function in a worker thread."""
+    args = (run,) if takes_run else ()
+    if is_async:
+        await handler(*args)
+    else:
+        result = await anyio.to_thread.run_sync(functools.partial(handler, *args))
+        if inspect.isawaitable(result):
+            await result

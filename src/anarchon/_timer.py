@@ -3,16 +3,12 @@ definition time and when a timer is set."""
 
 from __future__ import annotations
 
-import functools
-import inspect
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-import anyio.to_thread
-
 from ._errors import InvalidJobError, InvalidOptionError, InvalidScheduleError
-from ._job import check_duration_ms, validate_job_name
+from ._job import check_duration_ms, invoke_handler, validate_job_name
 from ._schedule import CronSchedule, from_epoch_ms, to_epoch_ms
 from ._structures import TimerRun
 
@@ -135,13 +131,7 @@ class TimerKind:
     is_async: bool
 
     async def invoke(self, fire: TimerRun) -> None:
-        args = (fire,) if self.takes_run else ()
-        if self.is_async:
-            await self.handler(*args)
-        else:
-            result = await anyio.to_thread.run_sync(functools.partial(self.handler, *args))
-            if inspect.isawaitable(result):
-                await result
+        await invoke_handler(self.handler, self.takes_run, self.is_async, fire)
 
 
 def due_from(at: datetime | None, delay_ms: int | None) -> tuple[int | None, int | None]:
