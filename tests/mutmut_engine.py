@@ -69,6 +69,7 @@ SELECTIONS: dict[str, tuple[str, ...]] = {
         *RESULTS,
     ),
     "claimer": (
+        "tests/test_claimer.py",
         "tests/test_engine_faults.py",
         "tests/test_dead_runs_settle.py",
         "tests/test_batching.py",
