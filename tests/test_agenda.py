@@ -109,3 +109,148 @@ async def test_a_sleep_toward_a_far_claim_re_reads_the_clock_within_the_cap() ->
             await anyio.sleep(0.2)
             far.at_ms = _now_ms()  # the clock "jumped": the claim is due now
     assert got == [far]
+
+
+# The agenda's clock is its caller's ``now_ms``: the tests below hand it a fixed instant
+# (half past an hour, on a 10 s boundary), so slot ages are exact to the millisecond.
+NOW_MS = 1_800_001_800_000
+
+
+def a_job_with(
+    every_ms: int = 3_600_000,
+    *,
+    name: str = "job",
+    overlap: str = "skip",
+    catch_up_ms: int = 0,
+    jitter_ms: int = 0,
+    max_late_ms: int = 60_000,
+) -> Job:
+    schedule = IntervalSchedule(every_ms)
+    return Job(
+        name=name, handler=lambda: None, schedule=schedule, clock=SlotClock(schedule),
+        overlap_policy=overlap_policy(overlap), max_attempts=3, catch_up_ms=catch_up_ms,
+        jitter_ms=jitter_ms, max_late_ms=max_late_ms, takes_run=False, is_async=False,
+    )  # fmt: skip
+
+
+def an_agenda_of(*jobs: Job) -> Agenda:
+    context = EngineContext(
+        jobs={job.name: job for job in jobs}, instance_id="i", lease_ms=LEASE_MS,
+        heartbeat_ms=10_000, retry_delay_ms=1000,
+    )  # fmt: skip
+    context.state = "running"
+    return Agenda(context)
+
+
+def first_claim(slot_ms: int, job: str = "job") -> _Due:
+    """A slot's first claim as the agenda schedules it (no jitter: due at the slot)."""
+    return _Due(slot_ms, 0, job, str(slot_ms), slot_ms, "schedule", True, may_start=True)
+
+
+def test_a_first_claim_is_made_up_to_its_lateness_window_and_skipped_loudly_after(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    job = a_job_with()
+    just_in_time = first_claim(NOW_MS - job.late_window_ms)
+    agenda = an_agenda(job)
+    agenda.push(just_in_time)
+    assert agenda._pop_due(NOW_MS) == [just_in_time]
+    too_late = first_claim(NOW_MS - job.late_window_ms - 1)
+    agenda = an_agenda(job)
+    agenda.push(too_late)
+    with caplog.at_level(logging.WARNING, logger="anarchon"):
+        assert agenda._pop_due(NOW_MS) == []
+    assert any("missed" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize(
+    "max_late_ms", [15_000, 60_000], ids=["lateness-shorter", "lateness-longer"]
+)
+def test_on_start_the_slots_in_the_catch_up_window_are_claimed_oldest_first(
+    max_late_ms: int,
+) -> None:
+    """Every 10 s, catching up 30 s: the slots 30, 20 and 10 s old are claimed as
+    catch-up, in order, with the on-time slot; none is dropped as too late or as a
+    backlog, whether the lateness window is shorter or longer than the catch-up one."""
+    job = a_job_with(10_000, catch_up_ms=30_000, max_late_ms=max_late_ms)
+    agenda = an_agenda(job)
+    agenda.schedule_first_slots(job, NOW_MS)
+    claimed = agenda._pop_due(NOW_MS)
+    assert [(due.slot_ms - NOW_MS, due.trigger) for due in claimed] == [
+        (-30_000, "catch-up"),
+        (-20_000, "catch-up"),
+        (-10_000, "catch-up"),
+        (0, "schedule"),
+    ]
+    assert all(due.first and due.may_start for due in claimed)
+
+
+def test_a_claim_waiting_behind_a_run_here_is_due_as_soon_as_that_run_ends() -> None:
+    job = a_job_with(overlap="wait")
+    agenda = an_agenda(job)
+    now = _now_ms()
+    # It asks again when the live run's lease runs out, or when a run here ends.
+    slot_id = str(int(now))
+    waiting = agenda.push_follow_up(job, slot_id, "schedule", now + LEASE_MS, may_start=True)
+    agenda.wake_when_run_ends(job, waiting)
+    assert agenda._pop_due(_now_ms()) == []
+    agenda.run_ended(job)
+    assert agenda._pop_due(_now_ms()) == [waiting]
+    assert waiting.may_start  # it may still start its slot
+
+
+def test_a_follow_up_claim_is_pending_until_it_is_made() -> None:
+    """The claimer takes over an orphaned slot unless a claim of it is pending: a claim
+    made must stop counting, or the slot's later take-over is never claimed."""
+    job = a_job_with()
+    agenda = an_agenda(job)
+    slot_id = str(NOW_MS - 1_000)
+    backup = agenda.push_follow_up(job, slot_id, "schedule", NOW_MS)
+    assert agenda.pending == {(job.name, slot_id)}
+    assert agenda._pop_due(NOW_MS) == [backup]
+    assert agenda.pending == set()
+
+
+def test_a_backup_claim_is_not_a_first_claim() -> None:
+    """A backup asks about a slot this instance claimed already, however old the slot:
+    no lateness applies, it may not start the slot (its state may have been forgotten),
+    and it schedules nothing (the job's next slot has its one claim already)."""
+    job = a_job_with()
+    agenda = an_agenda(job)
+    agenda.schedule_first_slots(job, NOW_MS)
+    (next_slot,) = agenda._due
+    old_slot_ms = NOW_MS - 10 * job.late_window_ms
+    backup = agenda.push_follow_up(job, str(old_slot_ms), "schedule", NOW_MS)
+    assert agenda._pop_due(NOW_MS) == [backup]
+    assert not backup.first and not backup.may_start
+    assert len(agenda._due) == 1 and agenda._due[0] is next_slot
+
+
+def test_a_jittered_slot_is_claimed_at_or_after_its_instant_within_the_jitter() -> None:
+    job = a_job_with(10_000, jitter_ms=1_000)
+    agenda = an_agenda(job)
+    agenda.schedule_first_slots(job, NOW_MS)
+    offsets = []
+    for _ in range(20):
+        (due,) = agenda._due
+        offsets.append(due.at_ms - due.slot_ms)
+        assert agenda._pop_due(due.at_ms) == [due]  # and schedules the next slot
+    assert all(0 <= offset <= job.jitter_ms for offset in offsets)
+    assert any(offset > 0 for offset in offsets)  # spread, not all at the instant
+
+
+def test_after_a_gap_only_the_newest_slot_starts_though_dropped_claims_lie_among_them() -> None:
+    """After a stall, several jobs' claims are due at once. Claims dropped on the way
+    (another job's slot too late to claim, a disabled job's slot) must not cut the
+    batch short: the older slots would go out alone, start late and push the on-time
+    slot out."""
+    every_second = a_job_with(1_000, name="every-second")
+    strict = a_job_with(name="strict", max_late_ms=1_000)
+    broken = a_job_with(name="broken")
+    agenda = an_agenda_of(every_second, strict, broken)
+    agenda._context.disable(broken.name, "the server refused its claims")
+    agenda.push(first_claim(NOW_MS - 3_000, every_second.name))
+    agenda.push(first_claim(NOW_MS - 2_500, strict.name))  # 2.5 s late, 1 s allowed
+    agenda.push(first_claim(NOW_MS - 2_200, broken.name))
+    claimed = agenda._pop_due(NOW_MS)
+    assert [(due.job, due.slot_ms) for due in claimed] == [(every_second.name, NOW_MS)]
