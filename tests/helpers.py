@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+import secrets
 import socket
 import threading
 import time
@@ -15,8 +16,10 @@ import anyio
 import redis
 import redis.asyncio
 
-from anarchon import Run
+from anarchon import RedisBackend, Run
 from anarchon._lease import JobKeys
+from anarchon._store import ClaimRequest
+from anarchon.clients import ServerReplyError
 
 
 class OneShot:
@@ -203,3 +206,21 @@ class CommandLog:
         self.thread.join()
         self.sock.close()
         return self.seen()
+
+
+async def claim_for_a_dead_runner(
+    url: str, prefix: str, job: str, slot_ms: int, lease_ms: int
+) -> None:
+    """Win ``slot_ms`` of ``job`` for a runner that then vanishes (never heartbeats,
+    never finishes)."""
+    backend = RedisBackend(redis=url, prefix=prefix)
+    store = await backend.open({"runner": "dead", "history_size": 100, "history_ttl_ms": None})
+    try:
+        request = ClaimRequest(
+            job, str(slot_ms), slot_ms, secrets.token_hex(8), "schedule", lease_ms, 3, False,
+            600_000,
+        )  # fmt: skip
+        (reply,) = await store.claim_many([request])
+        assert not isinstance(reply, ServerReplyError) and reply.kind == "won", reply
+    finally:
+        await store.conn.aclose()

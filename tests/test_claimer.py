@@ -30,7 +30,7 @@ from anarchon._lease import JobKeys
 from anarchon._store import AttemptEnd, ClaimRequest
 from anarchon.clients import ServerReplyError
 from tests.faults import FaultProxy, oom
-from tests.helpers import OneShot, wait_until
+from tests.helpers import OneShot, claim_for_a_dead_runner, wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -57,24 +57,6 @@ def errors_answered(direct: redis.Redis, code: str) -> int:
         )
     stats = direct.info("errorstats").get(f"errorstat_{code}")
     return int(stats["count"]) if stats else 0
-
-
-async def claim_for_a_dead_runner(
-    url: str, prefix: str, job: str, slot_ms: int, lease_ms: int
-) -> None:
-    """Win ``slot_ms`` of ``job`` for a runner that then vanishes (never heartbeats,
-    never finishes)."""
-    backend = RedisBackend(redis=url, prefix=prefix)
-    store = await backend.open({"runner": "dead", "history_size": 100, "history_ttl_ms": None})
-    try:
-        request = ClaimRequest(
-            job, str(slot_ms), slot_ms, secrets.token_hex(8), "schedule", lease_ms, 3, False,
-            600_000,
-        )  # fmt: skip
-        (reply,) = await store.claim_many([request])
-        assert not isinstance(reply, ServerReplyError) and reply.kind == "won", reply
-    finally:
-        await store.conn.aclose()
 
 
 # ------------------------------------------------- a claim with no answer (yet)

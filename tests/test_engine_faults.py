@@ -27,7 +27,7 @@ from anarchon._lease import JobKeys
 from anarchon._store import ClaimRequest
 from anarchon.clients import ServerReplyError
 from tests.faults import FaultProxy, oom
-from tests.helpers import Ledger, OneShot, wait_until
+from tests.helpers import Ledger, OneShot, claim_for_a_dead_runner, wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -49,23 +49,6 @@ class SendClient:
 
     def send(self, command: str, args: list[str]) -> Any:
         return self.client.execute_command(command, *args)
-
-
-async def claim_for_a_dead_runner(
-    url: str, prefix: str, job: str, slot_ms: int, lease_ms: int
-) -> None:
-    """Win a slot for a runner that then vanishes (never heartbeats, never finishes)."""
-    backend = RedisBackend(redis=url, prefix=prefix)
-    store = await backend.open({"runner": "dead", "history_size": 100, "history_ttl_ms": None})
-    try:
-        request = ClaimRequest(
-            job, str(slot_ms), slot_ms, secrets.token_hex(8), "schedule", lease_ms, 3, False,
-            600_000,
-        )  # fmt: skip
-        (reply,) = await store.claim_many([request])
-        assert not isinstance(reply, ServerReplyError) and reply.kind == "won", reply
-    finally:
-        await store.conn.aclose()
 
 
 # ------------------------------------------------- nothing ends the scheduler
