@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import re
 import secrets
+import signal
 import socket
 import threading
 import time
@@ -224,3 +225,17 @@ async def claim_for_a_dead_runner(
         assert not isinstance(reply, ServerReplyError) and reply.kind == "won", reply
     finally:
         await store.conn.aclose()
+
+
+def run_until_sigterm(scheduler: Any, event_loop: str) -> None:
+    """A worker process's life: run ``scheduler``, print ``ready``, and stop it
+    gracefully on SIGTERM."""
+
+    async def run_until_terminated() -> None:
+        async with scheduler:
+            with anyio.open_signal_receiver(signal.SIGTERM) as signals:
+                print("ready", flush=True)
+                async for _ in signals:
+                    return
+
+    anyio.run(run_until_terminated, backend=event_loop)

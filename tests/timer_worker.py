@@ -9,13 +9,13 @@ key starting with ``long`` then works for 30 s. SIGTERM stops the instance grace
 
 from __future__ import annotations
 
-import signal
 import sys
 
 import anyio
 import redis
 
 from anarchon import RedisBackend, Scheduler, TimerRun
+from tests.helpers import run_until_sigterm
 
 
 def main() -> None:
@@ -44,14 +44,7 @@ def main() -> None:
         if fire.key.startswith("long"):
             await anyio.sleep(30)
 
-    async def run_until_terminated() -> None:
-        async with scheduler:
-            with anyio.open_signal_receiver(signal.SIGTERM) as signals:
-                print("ready", flush=True)
-                async for _ in signals:
-                    return
-
-    anyio.run(run_until_terminated, backend=event_loop)
+    run_until_sigterm(scheduler, event_loop)
 
 
 if __name__ == "__main__":

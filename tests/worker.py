@@ -9,7 +9,6 @@ Runs one job, ``takeover``, due once at SLOT_MS. Its handler appends
 
 from __future__ import annotations
 
-import signal
 import sys
 from datetime import UTC, datetime
 
@@ -17,7 +16,7 @@ import anyio
 import redis
 
 from anarchon import RedisBackend, Run, Scheduler
-from tests.helpers import OneShot
+from tests.helpers import OneShot, run_until_sigterm
 
 
 def main() -> None:
@@ -43,14 +42,7 @@ def main() -> None:
         await anyio.sleep(30)
         await anyio.to_thread.run_sync(note, "finish", run)
 
-    async def run_until_terminated() -> None:
-        async with scheduler:
-            with anyio.open_signal_receiver(signal.SIGTERM) as signals:
-                print("ready", flush=True)
-                async for _ in signals:
-                    return
-
-    anyio.run(run_until_terminated, backend=event_loop)
+    run_until_sigterm(scheduler, event_loop)
 
 
 if __name__ == "__main__":
