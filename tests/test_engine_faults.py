@@ -552,6 +552,44 @@ async def test_run_now_whose_claim_reply_was_lost_runs_once_and_returns_its_resu
     assert len(fences) == 1, fences
 
 
+async def test_run_now_won_after_tries_that_took_longer_than_the_lease_runs_the_job(
+    proxy: FaultProxy, prefix: str
+) -> None:
+    """The manual claim's first tries are refused (the server restarted, the client is
+    reconnecting) and the try that wins comes more than a lease after the first. The
+    lease is counted from the send of the try that won (its reply says what is left):
+    the job runs, and run_now answers its result, not a run cancelled before it began."""
+    lease_ms = 600
+    ran: list[int] = []
+    scheduler = Scheduler(
+        RedisBackend(redis=SendClient(proxy.url), prefix=prefix), lease_ms=lease_ms
+    )
+
+    @scheduler.job(every_ms=3_600_000, name="report")  # not due during the test
+    async def report(run: Run) -> None:
+        ran.append(run.attempt)
+
+    async with scheduler:
+        proxy.refuse(True)
+        accepted = proxy.connections_accepted
+        started = time.monotonic()
+        result: list[Any] = []
+
+        async def call() -> None:
+            result.append(await scheduler.run_now("report"))
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(call)
+            # Three tries refused (pauses of about 50 and 250 ms between them); the
+            # fourth comes about 500 ms after the third, past the lease.
+            await wait_until(lambda: proxy.connections_accepted >= accepted + 3, 10, "tries")
+            proxy.refuse(False)
+        took = time.monotonic() - started
+    assert took > lease_ms / 1000, f"the winning try came {took:.3f} s after the first"
+    assert result[0].status == "ok", result[0]
+    assert ran == [1], ran
+
+
 async def test_run_now_while_the_server_is_unreachable_raises_connection_failed_in_time(
     proxy: FaultProxy, prefix: str
 ) -> None:

@@ -823,11 +823,13 @@ class Scheduler(Generic[K]):
         requested_ms = int(_now_ms())
         slot_id = manual_slot_id(requested_ms, secrets.token_hex(4))
         token = secrets.token_hex(8)
-        claim_sent = time.monotonic()
         if self._store.leases:
-            reply = await self._claimer.claim_manual(found, slot_id, requested_ms, token)
+            reply, claim_sent = await self._claimer.claim_manual(
+                found, slot_id, requested_ms, token
+            )
         else:
             # No lease to claim: the manual stream records the run, which runs here.
+            claim_sent = time.monotonic()
             fence = await self._store.begin_manual(found.name, slot_id, token)
             reply = ClaimReply("won", attempt=1, fence=fence, trigger="manual")
         if self._context.state != "running":

@@ -378,8 +378,9 @@ class Claimer:
 
     async def claim_manual(
         self, job: Job, slot_id: str, requested_ms: int, token: str
-    ) -> ClaimReply:
-        """Claim a ``run_now`` slot: won, or refused with ``RunOverlapError``."""
+    ) -> tuple[ClaimReply, float]:
+        """Claim a ``run_now`` slot: won, with when the winning try was sent (monotonic;
+        its reply's lease is counted from then), or refused with ``RunOverlapError``."""
         store = self._context.store
         assert store is not None
         lease_ms = self._context.lease_ms
@@ -394,7 +395,7 @@ class Claimer:
             allow_overlap=job.overlap,
             keep_ms=job.keep_ms(lease_ms),
         )
-        reply = await self._claim_manual_with_retries(store, job, request)
+        reply, sent = await self._claim_manual_with_retries(store, job, request)
         for orphan in reply.orphans:
             self._take_over(job, orphan, _now_ms())
         if reply.kind == "overlap":
@@ -407,18 +408,24 @@ class Claimer:
             )
         if reply.kind != "won":  # a fresh slot id has no state: only won or overlap
             raise AnarchonError(f"unexpected reply to a manual claim of {job.name!r}: {reply}")
-        return reply
+        return reply, sent
 
     async def _claim_manual_with_retries(
         self, store: Store, job: Job, request: ClaimRequest
-    ) -> ClaimReply:
+    ) -> tuple[ClaimReply, float]:
         """The manual claim's round trip, sent again with its token after a failure or a
         transient error reply (a lost reply's claim may have won: the repeat says so),
-        a few times with short pauses; then the server counts as unreachable."""
+        a few times with short pauses; then the server counts as unreachable.
+
+        Returns the reply and when its try was sent: a repeat's reply says how much of
+        the lease is left at the server, so the lease is counted from the try that
+        answered, not from the first (whose tries may have taken longer than a lease
+        while the server was out of reach)."""
         failure: BaseException | str = "no reply in time"
         round_trip_sec = self._context.round_trip_sec
         for pause_ms in (*_MANUAL_RETRY_MS, None):
             replies: list[ClaimReply | ServerReplyError] | None = None
+            sent = time.monotonic()
             with anyio.move_on_after(round_trip_sec):
                 try:
                     replies = await store.claim_many([request])
@@ -427,7 +434,7 @@ class Claimer:
             if replies is not None:
                 (reply,) = replies
                 if not isinstance(reply, ServerReplyError):
-                    return reply
+                    return reply, sent
                 if not is_transient(reply):
                     raise AnarchonError(
                         f"the server refused the manual claim of {job.name!r}: {reply}"
