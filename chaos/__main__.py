@@ -51,9 +51,9 @@ def main(argv: list[str] | None = None) -> int:
         outcome = run_scenario(name, script, config, keep=args.keep)
         outcomes.append(outcome)
         print(outcome.line, flush=True)
-    duplicates = sum(len(o.report.unexplained) for o in outcomes)
-    misses = sum(len(o.report.misses) for o in outcomes)
-    runs = sum(o.report.runs for o in outcomes)
+    duplicates = sum(o.unexplained for o in outcomes)
+    misses = sum(o.misses for o in outcomes)
+    runs = sum(o.runs for o in outcomes)
     print(f"(ran {time.monotonic() - started:.0f} s)", flush=True)
     print(
         f"chaos: scenarios={len(outcomes)} runs={runs} unexplained_duplicates={duplicates} "

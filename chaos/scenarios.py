@@ -12,15 +12,18 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 
+import anyio
 import redis
 
+from anarchon import RedisBackend, Scheduler, TimerSetting
 from anarchon._engine._context import round_trip_deadline_sec
-from chaos import checker
+from chaos import checker, timer_checker
 from chaos.checker import FOREVER, Life, Report, Result, Window
 from chaos.procs import Instance, valkey_server, wall_ms
-from chaos.worker import LONG_EVERY, job_name
+from chaos.worker import LONG_EVERY, TIMER_KIND, job_name
 from tests.restartable_server import RestartableServer
 from tests.servers import wait_in_sync
 
@@ -59,6 +62,9 @@ class Config:
     seconds: float = 20.0
     appendonly: bool = False
     seed: int = 0
+    #: Timers (kind ``chaos-timer``) set at the start, due evenly from 1 s after it
+    #: until 8 s before the end.
+    timers: int = 0
 
 
 @dataclass
@@ -78,6 +84,8 @@ class Run:
     events: list[str] = field(default_factory=list)
     lives: dict[str, Life] = field(default_factory=dict)
     results: dict[str, dict[int, list[Result]]] = field(default_factory=dict)
+    #: The timers set (key -> generation).
+    timers: dict[str, int] = field(default_factory=dict)
     started: int = 0
     t0_ms: int = 0
     deadline: float = 0.0
@@ -153,6 +161,41 @@ class Run:
             if s.key not in ends:
                 found.setdefault(s.instance, []).append((s.job, s.wall_ms))
         return found
+
+    def set_timers(self) -> None:
+        """Sets ``config.timers`` timers ``t0``... on the server (not through a proxy),
+        due evenly from 1 s after t0 until 8 s before the end."""
+        count = self.config.timers
+        first_ms = self.t0_ms + 1000
+        span_ms = max(1, int(self.config.seconds * 1000) - 9000)
+        settings = [
+            TimerSetting(
+                f"t{n}",
+                at=datetime.fromtimestamp((first_ms + span_ms * n // count) / 1000, UTC),
+            )
+            for n in range(count)
+        ]
+        producer = Scheduler(RedisBackend(redis=self.server.url, prefix=PREFIX))
+        generations = anyio.run(producer.set_timers, TIMER_KIND, settings)
+        self.timers = {t.key: g for t, g in zip(settings, generations, strict=True)}
+        self.note(f"{count} timers set, due over {span_ms / 1000:.0f}s")
+
+    def timer_victim(self, timeout_sec: float = 3.0) -> Instance:
+        """A live instance in the middle of a firing started within the last 200 ms,
+        if one can be found in ``timeout_sec``; else any live one."""
+        deadline = time.monotonic() + timeout_sec
+        live = self.live()
+        while time.monotonic() < deadline:
+            starts, ends = timer_checker.read_timer_ledgers([i.ledger for i in live])
+            now = wall_ms()
+            for start in starts:
+                open_ = (start.key, start.generation, start.instance, start.fence) not in ends
+                if open_ and now - start.wall_ms < 200:
+                    for instance in live:
+                        if instance.name == start.instance:
+                            return instance
+            time.sleep(0.03)
+        return self.rng.choice(live)
 
     def victim(self, timeout_sec: float = 5.0) -> Instance:
         """A live instance in the middle of a long run (one longer than the period),
@@ -365,6 +408,17 @@ def f_slow(run: Run) -> None:
     run.slow_links([first, second], 5.0, 300, 400)
 
 
+def f_timers(run: Run) -> None:
+    """Timers firing through faults: a runner killed mid-firing, one stopped mid-firing
+    longer than the lease, the server killed (AOF, fsync always) and back."""
+    run.sleep_until(3)
+    run.sigkill(run.timer_victim())
+    run.sleep_until(8)
+    run.sigstop(run.timer_victim(), 3.5)
+    run.sleep_until(14)
+    run.server_kill(3.0, appendonly=True)
+
+
 def f_random(run: Run) -> None:
     """The soak: a random fault every 15-35 s (one at a time), killed instances replaced."""
     kinds = ["sigkill", "sigstop", "partition", "server", "flush", "client-kill", "promotion",
@@ -408,6 +462,7 @@ QUICK: list[tuple[str, FaultScript, dict[str, object]]] = [
     ("script-flush-client-kill", f_flush_kill, {"seconds": 18.0}),
     ("replica-promotion", f_promotion, {"seconds": 22.0}),
     ("slow-proxy", f_slow, {}),
+    ("timers", f_timers, {"timers": 400, "jobs": 4, "appendonly": True, "seconds": 26.0}),
 ]
 
 
@@ -416,6 +471,19 @@ class Outcome:
     name: str
     report: Report
     line: str
+    timers: timer_checker.TimerReport | None = None
+
+    @property
+    def runs(self) -> int:
+        return self.report.runs + (self.timers.firings if self.timers else 0)
+
+    @property
+    def unexplained(self) -> int:
+        return len(self.report.unexplained) + (len(self.timers.unexplained) if self.timers else 0)
+
+    @property
+    def misses(self) -> int:
+        return len(self.report.misses) + (len(self.timers.misses) if self.timers else 0)
 
 
 def run_scenario(name: str, script: FaultScript, config: Config, keep: bool = False) -> Outcome:
@@ -431,6 +499,8 @@ def run_scenario(name: str, script: FaultScript, config: Config, keep: bool = Fa
             server.start()
             run.spawn(config.instances)
             run.t0_ms = wall_ms() + 500
+            if config.timers:
+                run.set_timers()
             # Every wait of the fault script ends by this bound (and the script's own).
             run.deadline = time.monotonic() + config.seconds + 120
             script(run)
@@ -478,6 +548,12 @@ def run_scenario(name: str, script: FaultScript, config: Config, keep: bool = Fa
             # The engine's round-trip deadline less a fifth (the server, the event loop).
             keep_up_ms=int(round_trip_deadline_sec(config.lease_ms) * 800),
         )
+        timers = None
+        if config.timers:
+            timer_starts, timer_ends = timer_checker.read_timer_ledgers(paths)
+            timers = timer_checker.check_timers(
+                timer_starts, timer_ends, run.timers, run.windows + stalls
+            )
     finally:
         if keep:
             print(f"{name}: files kept in {tmp}", flush=True)
@@ -508,6 +584,15 @@ def run_scenario(name: str, script: FaultScript, config: Config, keep: bool = Fa
         f"log_lines_per_min={lines / minutes:.0f} "
         f"errors={errors} tracebacks={tracebacks} wall={elapsed:.0f}s"
     )
+    if timers is not None:
+        explained = ",".join(f"{k}:{v}" for k, v in sorted(timers.explained.items())) or "-"
+        line += (
+            f"\n  timers: set={timers.timers} fired={timers.fired} firings={timers.firings} "
+            f"again={timers.duplicates} (explained by {explained}) "
+            f"unexplained={len(timers.unexplained)} misses={len(timers.misses)} "
+            f"takeovers={timers.takeovers} late_p99={timers.late_p99_ms}ms "
+            f"late_max={timers.late_max_ms}ms"
+        )
     detail = [f"  {e}" for e in run.events]
     detail += [f"  explained by a stall: {x}" for x in report.stalls[:10]]
     if len(report.stalls) > 10:
@@ -520,9 +605,10 @@ def run_scenario(name: str, script: FaultScript, config: Config, keep: bool = Fa
     detail += [f"  skipped in a stall: {x}" for x in report.stalled_skips[:10]]
     if len(report.stalled_skips) > 10:
         detail.append(f"  ... and {len(report.stalled_skips) - 10} more skipped in stalls")
-    for item in report.unexplained + report.misses:
+    timer_items = timers.unexplained + timers.misses if timers else []
+    for item in report.unexplained + report.misses + timer_items[:20]:
         detail.append("  " + item)
-    if report.unexplained or report.misses or tracebacks:
+    if report.unexplained or report.misses or timer_items or tracebacks:
         for v in logs.values():
             detail += ["  | " + x for x in v if x.startswith("Traceback") or " ERROR " in x][:20]
-    return Outcome(name, report, line + ("\n" + "\n".join(detail) if detail else ""))
+    return Outcome(name, report, line + ("\n" + "\n".join(detail) if detail else ""), timers)

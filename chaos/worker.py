@@ -11,6 +11,12 @@ of this process and of the server):
     end|slot_ms|job|instance|attempt|fence|outcome|wall_ms
     gap|from_wall_ms|to_wall_ms      (this event loop did not run for that long)
 
+It also fires the timers of kind ``chaos-timer`` (set by the scenario), each for
+150-750 ms (some longer than a heartbeat), noting them as
+
+    tstart|key|generation|instance|attempt|fence|wall_ms|trigger|due_ms
+    tend|key|generation|instance|attempt|fence|outcome|wall_ms
+
 ``server_ms`` is the server's TIME read on a direct connection of the ledger's
 own (``-1`` when the server did not answer within 200 ms). Logs go to stderr at
 INFO. SIGTERM stops the instance gracefully; ``ready`` on stdout once running.
@@ -27,11 +33,19 @@ import time
 import anyio
 import redis
 
-from anarchon import RedisBackend, Run, Scheduler
+from anarchon import RedisBackend, Run, Scheduler, TimerRun
 
 TICK_SEC = 0.05
 GAP_SEC = 0.3
 LONG_EVERY = 5  # every 5th job works longer than its period (overlap skips, heartbeats)
+
+
+TIMER_KIND = "chaos-timer"
+
+
+def timer_duration_sec(key: str) -> float:
+    """How long the firing of ``key`` (``t<n>``) works: 150-750 ms."""
+    return (150 + (int(key[1:]) * 53) % 600) / 1000
 
 
 def job_name(index: int) -> str:
@@ -106,6 +120,19 @@ def main() -> None:
         scheduler.job(every_ms=int(every_ms), name=job_name(index))(
             make_handler(job_duration_sec(index, int(every_ms)))
         )
+
+    @scheduler.timer(TIMER_KIND)
+    async def fire(timer: TimerRun) -> None:
+        wall = time.time_ns() // 1_000_000
+        head = f"{timer.key}|{timer.generation}|{instance}|{timer.attempt}|{timer.fence}"
+        write(f"tstart|{head}|{wall}|{timer.trigger}|{timer.due_ms}")
+        try:
+            await anyio.sleep(timer_duration_sec(timer.key))
+        except BaseException:
+            write(f"tend|{head}|cancelled|{time.time_ns() // 1_000_000}")
+            raise
+        outcome = "lost" if timer.lease_lost.is_set() else "ok"
+        write(f"tend|{head}|{outcome}|{time.time_ns() // 1_000_000}")
 
     async def watch_loop() -> None:
         """Notes every stall of this event loop longer than GAP_SEC (CPU starvation of

@@ -24,6 +24,7 @@ from anarchon import (
     RedisBackend,
     Scheduler,
     TimerRun,
+    TimerSetting,
 )
 from anarchon._timer import Recurrence
 from anarchon._timer_store import TimerKeys
@@ -264,6 +265,64 @@ async def test_bad_timer_input_is_refused_with_what_to_do(server_url: str, prefi
     with pytest.raises(InvalidOptionError, match="lease"):
         claim_only.add_timer(recorder([]), "remind")  # type: ignore[misc]
     assert await scheduler.get_timer("remind", "k") is None  # nothing was stored
+
+
+async def test_set_timers_sets_many_in_order_and_a_fleet_fires_each_once(
+    server_url: str, prefix: str
+) -> None:
+    producer = Scheduler(RedisBackend(redis=server_url, prefix=prefix))  # never started
+    settings = [
+        TimerSetting(f"user:{n}", delay_ms=300, payload={"n": n}) for n in range(2_500)
+    ]  # three round trips of up to 1000
+    generations = await producer.set_timers("remind", settings)
+    assert len(generations) == 2_500
+    assert generations == sorted(generations) and len(set(generations)) == 2_500
+    info = await producer.get_timer("remind", "user:1234")
+    assert info is not None and info.generation == generations[1234]
+    assert info.payload == {"n": 1234}
+    assert await producer.set_timers("remind", []) == []
+    fired: list[Fired] = []
+    await run_until(fleet(server_url, prefix, 2, recorder(fired)), lambda: len(fired) >= 2_500)
+    assert sorted(f.key for f in fired) == sorted(s.key for s in settings)  # each once
+    assert all(f.payload == {"n": int(f.key.split(":")[1])} for f in fired)
+    assert {(f.key, f.generation) for f in fired} == {
+        (s.key, g) for s, g in zip(settings, generations, strict=True)
+    }
+
+
+async def test_set_timers_with_one_bad_setting_sets_none(server_url: str, prefix: str) -> None:
+    producer = Scheduler(RedisBackend(redis=server_url, prefix=prefix))
+    await producer.set_timer("remind", "kept", delay_ms=3_600_000, payload="before")
+    settings = [
+        TimerSetting("kept", delay_ms=60_000, payload="after"),
+        TimerSetting("new", delay_ms=60_000),
+        TimerSetting("naive", at=datetime.now()),  # no time zone
+    ]
+    with pytest.raises(InvalidOptionError, match="aware datetime"):
+        await producer.set_timers("remind", settings)
+    kept = await producer.get_timer("remind", "kept")
+    assert kept is not None and kept.payload == "before"
+    assert await producer.get_timer("remind", "new") is None
+    with pytest.raises(InvalidOptionError, match="'due-less' needs a due time"):
+        await producer.set_timers("remind", [TimerSetting("due-less")])
+
+
+async def test_a_timer_set_here_sooner_than_the_next_poll_wakes_this_instance(
+    server_url: str, prefix: str
+) -> None:
+    """A running instance that fires the kind looks at a timer set through it when it is
+    due, not at its next poll (30 s here, longer than the test)."""
+    fired: list[Fired] = []
+    scheduler = Scheduler(RedisBackend(redis=server_url, prefix=prefix), timer_poll_ms=30_000)
+    scheduler.add_timer(recorder(fired), "remind")
+    async with scheduler:
+        await anyio.sleep(0.3)  # its first claim found nothing: the next is 30 s away
+        await scheduler.set_timers("remind", [TimerSetting("a", delay_ms=200)])
+        await scheduler.set_timer("remind", "b", delay_ms=400)
+        with anyio.fail_after(15):
+            while len(fired) < 2:  # noqa: ASYNC110 - polls a list
+                await anyio.sleep(0.05)
+    assert sorted(f.key for f in fired) == ["a", "b"]
 
 
 @pytest.mark.slow

@@ -12,8 +12,7 @@ import os
 import secrets
 import socket
 import time
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable, Iterable
 from datetime import datetime
 from types import TracebackType
 from typing import Any, Generic, TypeVar, overload
@@ -21,6 +20,7 @@ from typing import Any, Generic, TypeVar, overload
 import anyio
 
 from ._backend import ClaimOnly, K, Leases, RedisBackend
+from ._deadline import fail_after
 from ._engine._context import EngineContext, _now_ms
 from ._engine._context import current_attempt as _current_attempt
 from ._engine.agenda import Agenda
@@ -41,7 +41,7 @@ from ._job import (
 )
 from ._schedule import Schedule, SlotClock, from_epoch_ms
 from ._store import ClaimReply, Store, manual_slot_id
-from ._structures import OverlapPolicy, RunResult, TimerInfo
+from ._structures import OverlapPolicy, RunResult, TimerInfo, TimerSetting
 from ._timer import Recurrence, TimerKind, due_from, validate_kind, validate_timer_key
 from ._timer_store import TimerKeys, TimerStore, decode_payload, encode_payload
 from .clients import Connection
@@ -49,6 +49,9 @@ from .clients import Connection
 __all__ = ["Scheduler"]
 
 log = logging.getLogger("anarchon")
+
+#: ``set_timers`` sends its timers in round trips of this many.
+_SET_TIMERS_PER_ROUND_TRIP = 1000
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -71,6 +74,34 @@ def _check_buckets(buckets: object) -> int:
 
 def _default_instance_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+
+
+class _TimerStoreFor:
+    """``async with scheduler._timers() as store``: the running scheduler's connection
+    (its store made once), or one opened for the call and closed after it."""
+
+    __slots__ = ("_conn", "_scheduler")
+
+    def __init__(self, scheduler: Scheduler[Any]) -> None:
+        self._scheduler = scheduler
+        self._conn: Connection | None = None
+
+    async def __aenter__(self) -> TimerStore:
+        scheduler = self._scheduler
+        prefix = scheduler.backend.prefix
+        if scheduler._context.state == "running" and scheduler._store is not None:
+            store = scheduler._setter_store
+            if store is None or store.conn is not scheduler._store.conn:
+                store = scheduler._setter_store = TimerStore(scheduler._store.conn, prefix=prefix)
+            return store
+        self._conn = await scheduler.backend.open_connection()
+        return TimerStore(self._conn, prefix=prefix)
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        conn = self._conn
+        if conn is not None and conn.owned:
+            with anyio.move_on_after(5, shield=True):
+                await conn.aclose()
 
 
 class Scheduler(Generic[K]):
@@ -209,6 +240,8 @@ class Scheduler(Generic[K]):
         self._stopped = anyio.Event()
         #: The number of buckets of kinds without a handler here, as the store said.
         self._stored_buckets: dict[str, int] = {}
+        #: The store ``set_timer`` and its kin use while this scheduler runs.
+        self._setter_store: TimerStore | None = None
         #: The grace period of a stop in progress (None until stop() is first called).
         self._grace: anyio.CancelScope | None = None
 
@@ -530,26 +563,17 @@ class Scheduler(Generic[K]):
         if buckets is not None:
             return _check_buckets(buckets)
         if kind not in self._stored_buckets:
-            stored = await timers.conn.execute(
-                ("GET", TimerKeys.buckets_key(self.backend.prefix, kind))
-            )
+            async with fail_after(self._context.round_trip_sec * 3):
+                stored = await timers.conn.execute(
+                    ("GET", TimerKeys.buckets_key(self.backend.prefix, kind))
+                )
             self._stored_buckets[kind] = int(stored) if stored is not None else 1
         return self._stored_buckets[kind]
 
-    @asynccontextmanager
-    async def _timers(self) -> AsyncIterator[TimerStore]:
-        """The timers' store: on the scheduler's connection while it runs, else on a
-        connection opened for the call (a process that only sets timers)."""
-        if self._context.state == "running" and self._store is not None:
-            yield TimerStore(self._store.conn, prefix=self.backend.prefix)
-            return
-        conn: Connection = await self.backend.open_connection()
-        try:
-            yield TimerStore(conn, prefix=self.backend.prefix)
-        finally:
-            if conn.owned:
-                with anyio.move_on_after(5, shield=True):
-                    await conn.aclose()
+    def _timers(self) -> _TimerStoreFor:
+        """The timers' store for one call: on the scheduler's connection while it runs,
+        else on a connection opened for the call (a process that only sets timers)."""
+        return _TimerStoreFor(self)
 
     async def set_timer(
         self,
@@ -573,40 +597,69 @@ class Scheduler(Generic[K]):
         bytes or a JSON-able value; the handler gets it back as it was. A firing of the
         key in flight goes on; the new setting is due once it ends. Works whether this
         scheduler runs or not (a process that only sets timers opens a connection for
-        the call)::
+        the call). Many at once: ``set_timers``::
 
             await scheduler.set_timer("remind", "user:42", delay_ms=30 * 60_000,
                                       payload={"text": "your cart"})
         """
+        setting = TimerSetting(key, at, delay_ms, cron, every_ms, timezone, payload)
+        (generation,) = await self.set_timers(kind, (setting,), buckets=buckets)
+        return generation
+
+    async def set_timers(
+        self, kind: str, timers: Iterable[TimerSetting], *, buckets: int | None = None
+    ) -> list[int]:
+        """Set many timers of ``kind`` as ``set_timer`` sets one, in round trips of up to
+        1000 timers (pipelined), and return their generations in order::
+
+            await scheduler.set_timers("digest", [
+                TimerSetting(f"tenant:{t.id}", cron="0 9 * * *", timezone=t.zone)
+                for t in tenants
+            ])
+
+        Every setting is checked before anything is sent: a bad one raises and sets
+        none. A failure on the way (the server unreachable, an error reply) raises; the
+        timers before it may be set, and calling again with the same settings is safe
+        (the newest set wins)."""
         name = validate_kind(kind)
-        timer_key = validate_timer_key(key)
-        at_ms, delay = due_from(at, delay_ms)
-        recurrence = Recurrence.make(cron, every_ms, timezone)
+        encoded = [self._encode_timer(setting) for setting in timers]
+        if not encoded:
+            return []
+        generations: list[int] = []
+        async with self._timers() as store:
+            bucket_count = await self._buckets_of(store, name, buckets)
+            for start in range(0, len(encoded), _SET_TIMERS_PER_ROUND_TRIP):
+                part = encoded[start : start + _SET_TIMERS_PER_ROUND_TRIP]
+                async with fail_after(self._context.round_trip_sec * 3):
+                    replies = await store.set_many(name, part, bucket_count)
+                fired_here = self._context.state == "running" and name in self._context.timer_kinds
+                for (timer_key, _, delay, _, _), reply in zip(part, replies, strict=True):
+                    if isinstance(reply, BaseException):
+                        raise reply
+                    generation, due_ms = reply
+                    generations.append(generation)
+                    if fired_here:
+                        # Due sooner than this instance would look: it looks then.
+                        wake_ms = _now_ms() + delay if delay is not None else float(due_ms)
+                        keys = store.keys(name, timer_key, bucket_count)
+                        self._agenda.timer_due(name, keys, wake_ms)
+        return generations
+
+    def _encode_timer(self, setting: TimerSetting) -> tuple[str, int | None, int | None, str, str]:
+        """A setting as the store's set takes it: ``(key, at_ms, delay_ms, schedule,
+        payload)``; raises on a bad one."""
+        timer_key = validate_timer_key(setting.key)
+        at_ms, delay = due_from(setting.at, setting.delay_ms)
+        recurrence = Recurrence.make(setting.cron, setting.every_ms, setting.timezone)
         if at_ms is None and delay is None:
             if recurrence is None:
                 raise InvalidOptionError(
-                    "a timer needs a due time: at= (an aware datetime), delay_ms=, cron= or "
-                    "every_ms="
+                    f"timer {timer_key!r} needs a due time: at= (an aware datetime), "
+                    "delay_ms=, cron= or every_ms="
                 )
             at_ms = recurrence.first_ms(int(_now_ms() + self._context.server_offset_ms))
-        stored = encode_payload(payload)
-        async with self._timers() as timers:
-            with anyio.fail_after(self._context.round_trip_sec * 3):
-                bucket_count = await self._buckets_of(timers, name, buckets)
-                (reply,) = await timers.set_many(
-                    name,
-                    [(timer_key, at_ms, delay, recurrence.encode() if recurrence else "", stored)],
-                    bucket_count,
-                )
-        if isinstance(reply, BaseException):
-            raise reply
-        generation, due_ms = reply
-        registered = self._context.timer_kinds.get(name)
-        if registered is not None and self._context.state == "running":
-            # Due sooner than this instance would look: it looks then.
-            wake_ms = _now_ms() + delay if delay is not None else float(due_ms)
-            self._agenda.timer_due(name, timers.keys(name, timer_key, bucket_count), wake_ms)
-        return generation
+        schedule = recurrence.encode() if recurrence else ""
+        return timer_key, at_ms, delay, schedule, encode_payload(setting.payload)
 
     async def cancel_timer(self, kind: str, key: str, *, buckets: int | None = None) -> bool:
         """Cancel ``key``'s timer of ``kind``; False if it had none. A firing in flight
@@ -614,10 +667,9 @@ class Scheduler(Generic[K]):
         recurrence."""
         name = validate_kind(kind)
         timer_key = validate_timer_key(key)
-        async with self._timers() as timers:
-            with anyio.fail_after(self._context.round_trip_sec * 3):
-                bucket_count = await self._buckets_of(timers, name, buckets)
-                return await timers.cancel(name, timer_key, bucket_count)
+        async with self._timers() as timers, fail_after(self._context.round_trip_sec * 3):
+            bucket_count = await self._buckets_of(timers, name, buckets)
+            return await timers.cancel(name, timer_key, bucket_count)
 
     async def get_timer(
         self, kind: str, key: str, *, buckets: int | None = None
@@ -625,10 +677,9 @@ class Scheduler(Generic[K]):
         """``key``'s timer of ``kind`` as the store holds it, or None."""
         name = validate_kind(kind)
         timer_key = validate_timer_key(key)
-        async with self._timers() as timers:
-            with anyio.fail_after(self._context.round_trip_sec * 3):
-                bucket_count = await self._buckets_of(timers, name, buckets)
-                state = await timers.get(name, timer_key, bucket_count)
+        async with self._timers() as timers, fail_after(self._context.round_trip_sec * 3):
+            bucket_count = await self._buckets_of(timers, name, buckets)
+            state = await timers.get(name, timer_key, bucket_count)
         if state is None:
             return None
         recurrence = Recurrence.decode(state.schedule)

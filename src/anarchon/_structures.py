@@ -184,6 +184,24 @@ class TimerRun:
 
 
 @dataclass(frozen=True, slots=True)
+class TimerSetting:
+    """One timer for ``set_timers``: a key and when it is due, as ``set_timer`` takes
+    them (``at=``, ``delay_ms=``, ``cron=`` or ``every_ms=``, ``timezone=``,
+    ``payload=``)::
+
+        TimerSetting("cart:9", delay_ms=2 * 3_600_000, payload={"cart": 9})
+    """
+
+    key: str
+    at: datetime | None = None
+    delay_ms: int | None = None
+    cron: str | None = None
+    every_ms: int | None = None
+    timezone: str = "UTC"
+    payload: Any = None
+
+
+@dataclass(frozen=True, slots=True)
 class TimerInfo:
     """A key's timer as the store holds it (``get_timer``)."""
 
