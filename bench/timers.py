@@ -112,9 +112,11 @@ async def _set_rates(url: str, count: int, concurrency: int, rounds: int = 3) ->
         sha = await client.script_load(timer_script("timer_set").body)
         keys = TimerKeys.for_kind(prefix, KIND)
         stored = encode_payload(PAYLOAD)
+        hints = TimerKeys.hint_channel(prefix)
 
         def args(key: str) -> list[Any]:
-            return [sha, 3, keys.timers, keys.due, keys.meta, key, "", 3_600_000, "", stored]
+            return [sha, 3, keys.timers, keys.due, keys.meta, key, "", 3_600_000, "", stored,
+                    hints]  # fmt: skip
 
         async with scheduler:  # set_timer on the running scheduler's own connection
             for r in range(rounds):

@@ -1,8 +1,12 @@
 -- timer_set: set a key's timer, replacing what was set before (the newest set wins).
 -- KEYS[1] timers (hash)   KEYS[2] due (sorted set)   KEYS[3] meta (hash)
 -- ARGV: key, at_ms (epoch ms, or '' to count delay_ms from the server's clock),
---       delay_ms, schedule ('' for a one-shot timer), payload
+--       delay_ms, schedule ('' for a one-shot timer), payload,
+--       hint channel ('' or absent for none)
 -- Replies {gen, due_ms}: the new generation and when it is due.
+-- When the key becomes the first of the kind (bucket) to need attention, the set is
+-- published on the hint channel as '<due_ms> <KEYS[2]>': instances that sleep until a
+-- later time look then. A hint is never relied on (instances also poll).
 -- A firing of the key in flight goes on (it cannot be called back); the new
 -- generation is due once it settles, and no retry, rearm or recurrence of the old
 -- generation follows. An old generation waiting for its retry is dropped.
@@ -12,6 +16,7 @@ local at_ms = ARGV[2]
 local delay_ms = ARGV[3]
 local schedule = ARGV[4]
 local payload = ARGV[5]
+local hint_channel = ARGV[6] or ''
 
 local now = server_now_ms()
 local due_ms
@@ -26,4 +31,10 @@ else
   t = pending_timer(gen, due_ms, schedule, payload)
 end
 store_timer(timers_key, due_key, key, t)
+if hint_channel ~= '' and t.status == 'p' then
+  local first = redis.call('ZRANGE', due_key, 0, 0)
+  if first[1] == key then
+    redis.call('PUBLISH', hint_channel, int(due_ms) .. ' ' .. due_key)
+  end
+end
 return {gen, int(due_ms)}

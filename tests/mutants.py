@@ -297,6 +297,18 @@ MUTANTS: list[Mutant] = [
         (TIMER_MACHINE,),
     ),
     Mutant(
+        "timer-set-no-hint",
+        "timer_set.lua",
+        "if first[1] == key then",
+        "if false then",
+        "a set that makes its key the first of its kind to fall due is not published: "
+        "instances hear of it at their next poll",
+        (
+            "tests/test_timers.py::test_a_timer_set_by_another_process_sooner_than_the_next_"
+            "poll_fires_through_a_hint",
+        ),
+    ),
+    Mutant(
         "timer-cancel-ends-firing",
         "timer_cancel.lua",
         "if t.status == 'f' then",
@@ -419,6 +431,16 @@ ENGINE_MUTANTS: list[Mutant] = [
         'outcome = "ok"',
         "a sync handler that returns after lease_lost is recorded cancelled",
         f"{ENGINE_FAULTS}::test_a_sync_handler_that_returns_on_lease_lost_is_recorded_cancelled",
+    ),
+    _engine(
+        "manual-lease-from-the-first-try",
+        "_engine/claimer.py",
+        "            sent = time.monotonic()\n"
+        "            with anyio.move_on_after(round_trip_sec):",
+        "            sent = locals().get('sent', time.monotonic())\n"
+        "            with anyio.move_on_after(round_trip_sec):",
+        "a manual claim's lease is counted from the try that won, not the first",
+        f"{ENGINE_FAULTS}::test_run_now_won_after_tries_that_took_longer_than_the_lease_runs_the_job",
     ),
     _engine(
         "stop-not-shielded",

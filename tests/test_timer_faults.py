@@ -108,3 +108,36 @@ async def test_a_kill_9_of_redis_with_its_append_only_file_loses_no_timer(
             assert sorted(fired) == sorted((key, key) for key in keys)
         finally:
             redis_server.kill()
+
+
+@pytest.mark.anyio
+async def test_timer_hints_come_back_after_the_connection_is_cut(
+    server_url: str, prefix: str, direct: redis.Redis
+) -> None:
+    """The instance's hint subscription goes through a proxy that cuts every connection:
+    it subscribes again, and a timer another process sets to fall due long before its
+    next poll (30 s) fires."""
+    from tests.faults import FaultProxy
+    from tests.test_timers import subscribers
+
+    fired: list[str] = []
+    with FaultProxy(server_url) as proxy:
+        scheduler = Scheduler(RedisBackend(redis=proxy.url, prefix=prefix), timer_poll_ms=30_000)
+
+        @scheduler.timer("remind")
+        async def remind(timer: TimerRun) -> None:
+            fired.append(timer.key)
+
+        producer = Scheduler(RedisBackend(redis=server_url, prefix=prefix))
+        async with scheduler:
+            await subscribers(direct, prefix, 1)
+            proxy.reset()
+            # Set again every second until it fires: a set made before the subscription
+            # is back is not heard (each set due sooner is published again).
+            with anyio.fail_after(15):
+                while not fired:
+                    await producer.set_timer("remind", "after-the-cut", delay_ms=200)
+                    with anyio.move_on_after(1):
+                        while not fired:  # noqa: ASYNC110 - polls a list
+                            await anyio.sleep(0.05)
+    assert set(fired) == {"after-the-cut"}

@@ -53,6 +53,7 @@ def fleet(
     n: int,
     handler: Callable[[TimerRun], Any],
     lease_ms: int = LEASE_MS,
+    timer_poll_ms: int | None = None,
     **options: Any,
 ) -> list[Scheduler[Any]]:
     """``n`` schedulers that fire the ``remind`` kind through ``handler``."""
@@ -60,7 +61,7 @@ def fleet(
     for i in range(n):
         scheduler = Scheduler(
             RedisBackend(redis=url, prefix=prefix), lease_ms=lease_ms, instance_id=f"i{i}",
-            retry_delay_ms=100, stop_grace_ms=200,
+            retry_delay_ms=100, stop_grace_ms=200, timer_poll_ms=timer_poll_ms,
         )  # fmt: skip
         scheduler.add_timer(handler, "remind", **options)
         schedulers.append(scheduler)
@@ -323,6 +324,37 @@ async def test_a_timer_set_here_sooner_than_the_next_poll_wakes_this_instance(
             while len(fired) < 2:  # noqa: ASYNC110 - polls a list
                 await anyio.sleep(0.05)
     assert sorted(f.key for f in fired) == ["a", "b"]
+
+
+async def subscribers(direct: redis.Redis, prefix: str, count: int) -> None:
+    """Until ``count`` instances listen for the prefix's timer hints."""
+    channel = TimerKeys.hint_channel(prefix)
+    with anyio.fail_after(15):
+        while dict(direct.pubsub_numsub(channel)).get(channel, 0) < count:  # noqa: ASYNC110
+            await anyio.sleep(0.05)
+
+
+async def test_a_timer_set_by_another_process_sooner_than_the_next_poll_fires_through_a_hint(
+    server_url: str, prefix: str, direct: redis.Redis
+) -> None:
+    """Instances that would look again in 30 s (their poll) hear of a timer another
+    process sets to fall due in 300 ms, and fire it then: the set made it the first of
+    its kind, and was published."""
+    fired: list[Fired] = []
+    schedulers = fleet(server_url, prefix, 2, recorder(fired), timer_poll_ms=30_000)
+    producer = Scheduler(RedisBackend(redis=server_url, prefix=prefix))  # never started
+    async with AsyncExitStack() as stack:
+        for scheduler in schedulers:
+            await stack.enter_async_context(scheduler)
+        await subscribers(direct, prefix, 2)
+        await anyio.sleep(0.3)  # their first claims found nothing: the next in 30 s
+        await producer.set_timer("remind", "far", delay_ms=3_600_000)
+        await producer.set_timer("remind", "soon", delay_ms=300)
+        await producer.set_timer("remind", "sooner", delay_ms=100)
+        with anyio.fail_after(15):
+            while len(fired) < 2:  # noqa: ASYNC110 - polls a list
+                await anyio.sleep(0.05)
+    assert sorted(f.key for f in fired) == ["soon", "sooner"]
 
 
 @pytest.mark.slow

@@ -16,25 +16,9 @@ from types import TracebackType
 
 import anyio
 
-try:  # trio needs it, so it is there whenever trio is; asyncio alone may go without
-    import sniffio
-except ImportError:  # pragma: no cover - sniffio comes with trio and most installs
-    sniffio = None  # type: ignore[assignment]
+from .clients import running_under_asyncio
 
 __all__ = ["fail_after"]
-
-
-def _on_asyncio() -> bool:
-    if sniffio is not None:
-        try:
-            return sniffio.current_async_library() == "asyncio"
-        except sniffio.AsyncLibraryNotFoundError:
-            return False
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return False
-    return True
 
 
 class _AnyioDeadline(AbstractAsyncContextManager[None]):
@@ -57,6 +41,6 @@ class _AnyioDeadline(AbstractAsyncContextManager[None]):
 
 def fail_after(seconds: float) -> AbstractAsyncContextManager[object]:
     """``async with fail_after(s):`` raises ``TimeoutError`` if the block takes longer."""
-    if _on_asyncio():
+    if running_under_asyncio():
         return asyncio.timeout(seconds)
     return _AnyioDeadline(seconds)

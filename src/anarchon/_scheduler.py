@@ -25,6 +25,7 @@ from ._engine._context import EngineContext, _now_ms
 from ._engine._context import current_attempt as _current_attempt
 from ._engine.agenda import Agenda
 from ._engine.claimer import Claimer
+from ._engine.hints import TimerHints
 from ._engine.lease_keeper import LeaseKeeper
 from ._engine.runner import Runner
 from ._engine.settle import Settler
@@ -237,6 +238,7 @@ class Scheduler(Generic[K]):
         self._settler = Settler(self._context, self._agenda)
         self._runner = Runner(self._context, self._agenda, self._settler, self._lease_keeper)
         self._claimer = Claimer(self._context, self._agenda, self._runner, self._settler)
+        self._hints = TimerHints(self._context, self._agenda, self.backend.prefix)
         self._stopped = anyio.Event()
         #: The number of buckets of kinds without a handler here, as the store said.
         self._stored_buckets: dict[str, int] = {}
@@ -537,11 +539,20 @@ class Scheduler(Generic[K]):
         self._context.timer_kinds[name] = timer_kind
         if self._context.state == "running":
             self._claim_timers_now(timer_kind)
+            self._listen_for_timer_hints()
 
     @property
     def timer_kinds(self) -> list[str]:
         """The kinds of timer this scheduler fires."""
         return list(self._context.timer_kinds)
+
+    def _listen_for_timer_hints(self) -> None:
+        """From the first kind registered on, hear of timers set elsewhere to fall due
+        sooner than this instance would look (``_engine/hints.py``)."""
+        group = self._context.group
+        if group is not None and self._context.timer_kinds and not self._hints.listening:
+            self._hints.listening = True
+            group.start_soon(self._hints.listen)
 
     def _claim_timers_now(self, kind: TimerKind) -> None:
         now = _now_ms()
@@ -736,6 +747,7 @@ class Scheduler(Generic[K]):
         group.start_soon(self._claimer.claim_loop)
         if store.leases:
             group.start_soon(self._lease_keeper.keep_leases)
+            self._listen_for_timer_hints()
         return self
 
     async def _prepare_timers(self, conn: Connection) -> None:
@@ -824,6 +836,7 @@ class Scheduler(Generic[K]):
         with anyio.CancelScope(shield=True):
             try:
                 context.begin_stopping()
+                self._hints.stop()
                 self._agenda.wake()
                 await self._claimer.loop_done.wait()
                 await self._claimer.release_unanswered()

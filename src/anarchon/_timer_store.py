@@ -61,6 +61,12 @@ class TimerKeys:
         start; a process that only sets timers reads it)."""
         return "{" + prefix + kind + "}:timer-buckets"
 
+    @staticmethod
+    def hint_channel(prefix: str) -> str:
+        """Where a set that makes a key the first of its kind (bucket) to fall due is
+        published (``<due_ms> <due key>``), for instances that would look later."""
+        return prefix + "timer-hints"
+
     def claimed(self, token_base: str) -> str:
         """The set of keys a claim won, kept for a claim sent again after a lost reply."""
         return f"{self.tag}:timer-claimed:{token_base}"
@@ -217,6 +223,7 @@ class TimerStore:
         self.conn = conn
         self.prefix = prefix
         self.runner = runner
+        self.hints = TimerKeys.hint_channel(prefix)
 
     def keys(self, kind: str, key: str, buckets: int = 1) -> TimerKeys:
         return TimerKeys.for_kind(self.prefix, kind, bucket_of(key, buckets), buckets)
@@ -229,7 +236,7 @@ class TimerStore:
         return ScriptCall(
             timer_script("timer_set"),
             (keys.timers, keys.due, keys.meta),
-            (key, _opt(at_ms), _opt(delay_ms), schedule, payload),
+            (key, _opt(at_ms), _opt(delay_ms), schedule, payload, self.hints),
         )
 
     async def set_many(

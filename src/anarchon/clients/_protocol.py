@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 __all__ = [
@@ -131,6 +131,15 @@ class Connection(ABC):
     @abstractmethod
     async def pipeline(self, commands: Sequence[Command]) -> list[Any]:
         """Send commands in one round trip; error replies come back as ServerReplyError items."""
+
+    async def listen(self, channel: str, on_message: Callable[[str], None]) -> None:
+        """Subscribe to ``channel`` on a connection of its own and call ``on_message``
+        with each message's text, until cancelled; a failure of that connection raises.
+
+        Optional: anarchon uses it for hints (a timer set elsewhere that is due sooner
+        than an instance would look), never for correctness. An adapter that cannot
+        subscribe raises ``NotImplementedError``, and its instances poll."""
+        raise NotImplementedError(f"{self.description} cannot subscribe")
 
     async def aclose(self) -> None:  # noqa: B027 - closing is optional for adapters
         """Release what the adapter opened. Only called when ``owned``."""

@@ -4,12 +4,14 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, TypeVar
 
 import anyio
+import anyio.from_thread
 import anyio.to_thread
 
 from ._protocol import (
@@ -105,6 +107,22 @@ class RedisAsyncConnection(Connection):
             raise self.errors.convert(exc) from exc
         return [self.errors.batch_reply(item) for item in replies]
 
+    async def listen(self, channel: str, on_message: Callable[[str], None]) -> None:
+        if _is_cluster(self.client):
+            raise NotImplementedError(f"{self.description}: subscribing on a cluster")
+        pubsub = self.client.pubsub(ignore_subscribe_messages=True)
+        try:
+            await pubsub.subscribe(channel)
+            while True:
+                message = await pubsub.get_message(timeout=None)
+                if message is not None and message.get("type") == "message":
+                    on_message(_text(message["data"]))
+        except Exception as exc:
+            raise self.errors.convert(exc) from exc
+        finally:
+            with anyio.move_on_after(1, shield=True):
+                await pubsub.aclose()
+
     async def aclose(self) -> None:
         await self.client.aclose()
 
@@ -155,5 +173,42 @@ class RedisSyncConnection(Connection):
             raise self.errors.convert(exc) from exc
         return [self.errors.batch_reply(item) for item in replies]
 
+    async def listen(self, channel: str, on_message: Callable[[str], None]) -> None:
+        if _is_cluster(self.client):
+            raise NotImplementedError(f"{self.description}: subscribing on a cluster")
+        stop = threading.Event()
+
+        def receive() -> None:
+            # A thread of its own (not one of the connection's): it waits for messages
+            # half a second at a time, and ends soon after the caller is cancelled.
+            pubsub = self.client.pubsub(ignore_subscribe_messages=True)
+            try:
+                pubsub.subscribe(channel)
+                while not stop.is_set():
+                    message = pubsub.get_message(timeout=0.5)
+                    if message is not None and message.get("type") == "message":
+                        text = _text(message["data"])
+                        if not stop.is_set():
+                            anyio.from_thread.run_sync(on_message, text)
+            finally:
+                pubsub.close()
+
+        try:
+            await anyio.to_thread.run_sync(
+                receive, limiter=anyio.CapacityLimiter(1), abandon_on_cancel=True
+            )
+        except Exception as exc:
+            raise self.errors.convert(exc) from exc
+        finally:
+            stop.set()
+
     async def aclose(self) -> None:
         await anyio.to_thread.run_sync(self.client.close, abandon_on_cancel=True)
+
+
+def _is_cluster(client: Any) -> bool:
+    return hasattr(client, "get_nodes")
+
+
+def _text(data: Any) -> str:
+    return data.decode("utf-8", "replace") if isinstance(data, bytes) else str(data)
