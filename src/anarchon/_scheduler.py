@@ -127,7 +127,8 @@ class Scheduler(Generic[K]):
     before the second attempt of a failed run, doubling for each later one.
     ``timer_poll_ms`` (1 s) is how long an instance waits at most between two claims
     of a timer kind's due timers: a timer set elsewhere to fire sooner than anything
-    the instance knew of is seen by then (one set through this scheduler at once).
+    the instance knew of is seen by then, or at once through its published hint where
+    the client can subscribe (one set through this scheduler always at once).
     The lease options (``lease_ms``, ``heartbeat_ms``, ``retry_delay_ms``; on jobs
     ``overlap``, ``max_attempts``, ``catch_up_ms``) exist only with the lease
     strategy: with a claim-only backend they are a type error, and an error if
