@@ -17,6 +17,7 @@ from anarchon import RedisBackend
 from anarchon._timer_store import (
     TimerEnd,
     TimerKeys,
+    TimerPeek,
     TimerStore,
     bucket_of,
     decode_payload,
@@ -131,3 +132,33 @@ async def test_a_firing_whose_runner_died_is_taken_over_with_a_higher_fence(
     assert taken.fence > dead.fence
     lost = TimerEnd("remind", "k", dead.token, "ok", 3, 0)
     assert (await timers.finish(lost, keys)).held is False
+
+
+async def test_a_peek_counts_a_kinds_timers_and_shows_the_first_to_need_attention(
+    server_url: str, prefix: str
+) -> None:
+    """The read side's seam: across three buckets, how many keys have a timer, and the
+    first ones by next attention (a firing by its lease's expiry, with its runner)."""
+    backend = RedisBackend(redis=server_url, prefix=prefix)
+    opened = await backend.open({"runner": "r", "history_size": 10, "history_ttl_ms": None})
+    timers = TimerStore(opened.conn, prefix=prefix, runner="r1")
+    try:
+        assert await timers.peek("remind", 3) == TimerPeek("remind", 0, ())
+        settings = [(f"k{n}", None, 3_600_000 + n * 1000, "", "") for n in range(30)]
+        settings.append(("now", None, 0, "", ""))
+        await timers.set_many("remind", settings, 3)
+        now_keys = timers.keys("remind", "now", 3)
+        claim = await timers.claim(
+            now_keys, limit=10, lease_ms=60_000, token_base="t", max_attempts=3
+        )
+        assert [w.key for w in claim.wins] == ["now"]
+        peek = await timers.peek("remind", 3, limit=4)
+    finally:
+        await opened.conn.aclose()
+    assert peek.count == 31
+    assert [state.key for state, _ in peek.first] == ["now", "k0", "k1", "k2"]
+    firing, lease_until = peek.first[0]
+    assert (firing.status, firing.attempt, firing.runner) == ("firing", 1, "r1")
+    assert lease_until == firing.until_ms
+    pending = [(state.status, at_ms == state.due_ms) for state, at_ms in peek.first[1:]]
+    assert pending == [("pending", True)] * 3

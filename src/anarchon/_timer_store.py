@@ -11,8 +11,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, cast
 
+from ._coalesce import pipeline
 from ._scripts import ScriptCall, run_scripts, timer_script
-from .clients import Connection, ServerReplyError
+from .clients import Command, Connection, ServerReplyError
 
 __all__ = [
     "TimerClaim",
@@ -151,6 +152,20 @@ class TimerState:
 
 
 @dataclass(frozen=True, slots=True)
+class TimerPeek:
+    """What a kind of timer holds, read without changing it (the read side's seam):
+    how many keys have a timer, and the first ones to need attention."""
+
+    kind: str
+    #: Keys with a timer: pending, firing, or waiting for a retry (every bucket).
+    count: int
+    #: The first keys to need attention, earliest first, each with when (on the
+    #: server's clock): its due time while pending, its lease's expiry while it fires
+    #: (``status`` ``firing``: ``attempt``, ``runner``, ``fence``), its retry time.
+    first: tuple[tuple[TimerState, int], ...]
+
+
+@dataclass(frozen=True, slots=True)
 class TimerWin:
     """A firing the claimer won: run it (or, ``lapsed``, finish it at once)."""
 
@@ -212,6 +227,14 @@ def _win(raw: list[Any]) -> TimerWin:
     )  # fmt: skip
 
 
+def _pairs(reply: Any) -> list[tuple[Any, Any]]:
+    """``ZRANGE ... WITHSCORES`` as ``(member, score)`` pairs, flat (RESP2) or nested."""
+    items = list(reply or [])
+    if items and isinstance(items[0], list | tuple):
+        return [(item[0], item[1]) for item in items]
+    return list(zip(items[::2], items[1::2], strict=True))
+
+
 def _opt(value: int | None) -> str | int:
     return "" if value is None else value
 
@@ -265,6 +288,31 @@ class TimerStore:
     async def get(self, kind: str, key: str, buckets: int = 1) -> TimerState | None:
         raw = await self.conn.execute(("HGET", self.keys(kind, key, buckets).timers, key))
         return None if raw is None else TimerState.decode(key, str(raw))
+
+    async def peek(self, kind: str, buckets: int = 1, limit: int = 10) -> TimerPeek:
+        """How many keys of ``kind`` have a timer, and the first ``limit`` to need
+        attention across its buckets: two round trips, whatever the kind holds."""
+        every = [TimerKeys.for_kind(self.prefix, kind, b, buckets) for b in range(buckets)]
+        commands: list[Command] = []
+        for keys in every:
+            commands += [("ZCARD", keys.due), ("ZRANGE", keys.due, 0, limit - 1, "WITHSCORES")]
+        replies = await pipeline(self.conn, commands)
+        for reply in replies:
+            if isinstance(reply, ServerReplyError):
+                raise reply
+        count = sum(int(replies[2 * b]) for b in range(buckets))
+        firsts: list[tuple[int, str, TimerKeys]] = []
+        for b, keys in enumerate(every):
+            flat = _pairs(replies[2 * b + 1])
+            firsts += [(int(float(score)), str(key), keys) for key, score in flat]
+        firsts = sorted(firsts, key=lambda item: item[0])[:limit]
+        raws = await pipeline(self.conn, [("HGET", keys.timers, key) for _, key, keys in firsts])
+        first = tuple(
+            (TimerState.decode(key, str(raw)), at_ms)
+            for (at_ms, key, _), raw in zip(firsts, raws, strict=True)
+            if raw is not None and not isinstance(raw, ServerReplyError)
+        )
+        return TimerPeek(kind, count, first)
 
     async def claim(
         self,
