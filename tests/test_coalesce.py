@@ -84,3 +84,41 @@ async def test_calls_made_while_a_round_trip_is_on_its_way_share_one_pipeline(
     counts = sorted(int(reply[0]) for reply in replies.values())
     assert counts == list(range(1, 20))  # each INCR once, each caller its own reply
     assert all(int(reply[1]) >= int(reply[0]) for reply in replies.values())
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_batch_whose_sender_is_cancelled_by_asyncio_itself_is_sent_by_another(
+    server_url: str, prefix: str, anyio_backend: str
+) -> None:
+    """anyio's shield keeps anyio's cancellations off the sender's one-turn wait, not
+    asyncio's own (a caller's asyncio.timeout or wait_for): the others' commands go out
+    all the same, sent by the first of them, and each of them gets its reply."""
+    import asyncio
+
+    spy = Spy(open_connection(server_url))
+    sender: list[asyncio.Task[Any]] = []
+    replies: dict[int, list[Any]] = {}
+
+    async def first() -> None:
+        sender.append(asyncio.current_task())  # type: ignore[arg-type]
+        with pytest.raises(asyncio.CancelledError):
+            await pipeline(spy, [("INCR", f"{prefix}n")])
+
+    async def other(n: int) -> None:
+        if n == 0:
+            sender[0].cancel()  # while it waits its one turn, shielded by anyio only
+        replies[n] = await pipeline(spy, [("INCR", f"{prefix}n")])
+
+    try:
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as group:
+                group.start_soon(pipeline, spy, [("BLPOP", f"{prefix}empty", "0.3")])
+                await anyio.sleep(0.05)
+                group.start_soon(first)
+                for n in range(5):
+                    group.start_soon(other, n)
+    finally:
+        await spy.aclose()
+    # The cancelled caller's own command is not sent: nobody waits for its reply.
+    assert sorted(int(reply[0]) for reply in replies.values()) == [1, 2, 3, 4, 5]
+    assert spy.calls == [("execute", 1), ("pipeline", 5)]

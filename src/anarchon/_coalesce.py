@@ -24,13 +24,26 @@ __all__ = ["pipeline"]
 
 
 class _Entry:
-    __slots__ = ("commands", "done", "error", "replies")
+    __slots__ = ("batch", "commands", "done", "error", "replies")
 
     def __init__(self, commands: Sequence[Command], done: anyio.Event | None) -> None:
         self.commands = commands
         self.done = done
         self.replies: list[Any] = []
         self.error: Exception | None = None
+        #: Set when this entry's caller is to send the batch (from itself on): the
+        #: batch's sender was cancelled before it could.
+        self.batch: list[_Entry] | None = None
+
+
+def _hand_over(rest: list[_Entry]) -> None:
+    """The batch's sender was cancelled before sending: the first of the others sends
+    the rest (a cancellation that anyio's shield does not stop, asyncio's own, must not
+    leave them waiting for replies that were never asked for)."""
+    if rest:
+        rest[0].batch = rest
+        assert rest[0].done is not None
+        rest[0].done.set()
 
 
 class _Coalescer:
@@ -46,7 +59,14 @@ class _Coalescer:
             entry = _Entry(commands, anyio.Event())
             self.gathering.append(entry)
             assert entry.done is not None
-            await entry.done.wait()
+            try:
+                await entry.done.wait()
+            except BaseException:
+                if entry.batch is not None:  # handed the batch as it was cancelled
+                    _hand_over(entry.batch[1:])
+                raise
+            if entry.batch is not None:
+                await self._send(entry.batch)
         elif not self.in_flight:
             if len(commands) == 1:
                 self.in_flight += 1
@@ -62,6 +82,9 @@ class _Coalescer:
             try:
                 with anyio.CancelScope(shield=True):
                     await anyio.lowlevel.checkpoint()
+            except BaseException:
+                _hand_over(batch[1:])
+                raise
             finally:
                 self.gathering = None
             await self._send(batch)

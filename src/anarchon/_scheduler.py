@@ -20,7 +20,6 @@ from typing import Any, Generic, TypeVar, overload
 import anyio
 
 from ._backend import ClaimOnly, K, Leases, RedisBackend
-from ._deadline import fail_after
 from ._engine._context import EngineContext, _now_ms
 from ._engine._context import current_attempt as _current_attempt
 from ._engine.agenda import Agenda
@@ -29,7 +28,7 @@ from ._engine.hints import TimerHints
 from ._engine.lease_keeper import LeaseKeeper
 from ._engine.runner import Runner
 from ._engine.settle import Settler
-from ._errors import InvalidJobError, InvalidOptionError, SchedulerStateError
+from ._errors import AnarchonError, InvalidJobError, InvalidOptionError, SchedulerStateError
 from ._job import (
     Handler,
     Job,
@@ -575,7 +574,7 @@ class Scheduler(Generic[K]):
         if buckets is not None:
             return _check_buckets(buckets)
         if kind not in self._stored_buckets:
-            async with fail_after(self._context.round_trip_sec * 3):
+            with anyio.fail_after(self._context.round_trip_sec * 3):
                 stored = await timers.conn.execute(
                     ("GET", TimerKeys.buckets_key(self.backend.prefix, kind))
                 )
@@ -629,10 +628,10 @@ class Scheduler(Generic[K]):
                 for t in tenants
             ])
 
-        Every setting is checked before anything is sent: a bad one raises and sets
-        none. A failure on the way (the server unreachable, an error reply) raises; the
-        timers before it may be set, and calling again with the same settings is safe
-        (the newest set wins)."""
+        Every setting is checked before anything is sent: a bad one raises (naming its
+        key) and sets none. A failure on the way (the server unreachable, an error
+        reply) raises; some of the timers may be set then, and calling again with the
+        same settings is safe (the newest set wins)."""
         name = validate_kind(kind)
         encoded = [self._encode_timer(setting) for setting in timers]
         if not encoded:
@@ -642,7 +641,7 @@ class Scheduler(Generic[K]):
             bucket_count = await self._buckets_of(store, name, buckets)
             for start in range(0, len(encoded), _SET_TIMERS_PER_ROUND_TRIP):
                 part = encoded[start : start + _SET_TIMERS_PER_ROUND_TRIP]
-                async with fail_after(self._context.round_trip_sec * 3):
+                with anyio.fail_after(self._context.round_trip_sec * 3):
                     replies = await store.set_many(name, part, bucket_count)
                 fired_here = self._context.state == "running" and name in self._context.timer_kinds
                 for (timer_key, _, delay, _, _), reply in zip(part, replies, strict=True):
@@ -661,8 +660,11 @@ class Scheduler(Generic[K]):
         """A setting as the store's set takes it: ``(key, at_ms, delay_ms, schedule,
         payload)``; raises on a bad one."""
         timer_key = validate_timer_key(setting.key)
-        at_ms, delay = due_from(setting.at, setting.delay_ms)
-        recurrence = Recurrence.make(setting.cron, setting.every_ms, setting.timezone)
+        try:
+            at_ms, delay = due_from(setting.at, setting.delay_ms)
+            recurrence = Recurrence.make(setting.cron, setting.every_ms, setting.timezone)
+        except AnarchonError as exc:
+            raise type(exc)(f"timer {timer_key!r}: {exc}") from exc
         if at_ms is None and delay is None:
             if recurrence is None:
                 raise InvalidOptionError(
@@ -679,9 +681,10 @@ class Scheduler(Generic[K]):
         recurrence."""
         name = validate_kind(kind)
         timer_key = validate_timer_key(key)
-        async with self._timers() as timers, fail_after(self._context.round_trip_sec * 3):
-            bucket_count = await self._buckets_of(timers, name, buckets)
-            return await timers.cancel(name, timer_key, bucket_count)
+        async with self._timers() as timers:
+            with anyio.fail_after(self._context.round_trip_sec * 3):
+                bucket_count = await self._buckets_of(timers, name, buckets)
+                return await timers.cancel(name, timer_key, bucket_count)
 
     async def get_timer(
         self, kind: str, key: str, *, buckets: int | None = None
@@ -689,9 +692,10 @@ class Scheduler(Generic[K]):
         """``key``'s timer of ``kind`` as the store holds it, or None."""
         name = validate_kind(kind)
         timer_key = validate_timer_key(key)
-        async with self._timers() as timers, fail_after(self._context.round_trip_sec * 3):
-            bucket_count = await self._buckets_of(timers, name, buckets)
-            state = await timers.get(name, timer_key, bucket_count)
+        async with self._timers() as timers:
+            with anyio.fail_after(self._context.round_trip_sec * 3):
+                bucket_count = await self._buckets_of(timers, name, buckets)
+                state = await timers.get(name, timer_key, bucket_count)
         if state is None:
             return None
         recurrence = Recurrence.decode(state.schedule)

@@ -108,20 +108,23 @@ class RedisAsyncConnection(Connection):
         return [self.errors.batch_reply(item) for item in replies]
 
     async def listen(self, channel: str, on_message: Callable[[str], None]) -> None:
-        if _is_cluster(self.client):
-            raise NotImplementedError(f"{self.description}: subscribing on a cluster")
-        pubsub = self.client.pubsub(ignore_subscribe_messages=True)
+        own = _client_of_its_own(self.client, self.description)
         try:
-            await pubsub.subscribe(channel)
-            while True:
-                message = await pubsub.get_message(timeout=None)
-                if message is not None and message.get("type") == "message":
-                    on_message(_text(message["data"]))
-        except Exception as exc:
-            raise self.errors.convert(exc) from exc
+            pubsub = own.pubsub(ignore_subscribe_messages=True)
+            try:
+                await pubsub.subscribe(channel)
+                while True:
+                    message = await pubsub.get_message(timeout=None)
+                    if message is not None and message.get("type") == "message":
+                        on_message(_text(message["data"]))
+            except self.errors.base as exc:
+                raise self.errors.convert(exc) from exc
+            finally:
+                with anyio.move_on_after(1, shield=True):
+                    await pubsub.aclose()
         finally:
             with anyio.move_on_after(1, shield=True):
-                await pubsub.aclose()
+                await own.aclose(close_connection_pool=True)
 
     async def aclose(self) -> None:
         await self.client.aclose()
@@ -144,6 +147,8 @@ class RedisSyncConnection(Connection):
         self.errors = errors or redis_errors()
         self.description = f"{type(client).__module__}.{type(client).__qualname__}"
         self._limiter = anyio.CapacityLimiter(max_threads)
+        self._receiving_lock = threading.Lock()
+        self._receiving = False
 
     async def _in_thread(self, call: Callable[[], T]) -> T:
         # A deadline (or a stop) must not wait for a thread stuck on a frozen server:
@@ -174,30 +179,41 @@ class RedisSyncConnection(Connection):
         return [self.errors.batch_reply(item) for item in replies]
 
     async def listen(self, channel: str, on_message: Callable[[str], None]) -> None:
-        if _is_cluster(self.client):
-            raise NotImplementedError(f"{self.description}: subscribing on a cluster")
+        with self._receiving_lock:
+            if self._receiving:
+                # Its thread is stuck on a server that does not answer: one at a time.
+                raise TransportError("the last subscription has not ended yet")
+            self._receiving = True
         stop = threading.Event()
 
         def receive() -> None:
-            # A thread of its own (not one of the connection's): it waits for messages
-            # half a second at a time, and ends soon after the caller is cancelled.
-            pubsub = self.client.pubsub(ignore_subscribe_messages=True)
+            # A thread of its own (not one of the connection's), on a connection outside
+            # the user's pool: it waits for messages half a second at a time, and ends
+            # soon after the caller is cancelled (or once a stuck call returns).
             try:
-                pubsub.subscribe(channel)
-                while not stop.is_set():
-                    message = pubsub.get_message(timeout=0.5)
-                    if message is not None and message.get("type") == "message":
-                        text = _text(message["data"])
-                        if not stop.is_set():
-                            anyio.from_thread.run_sync(on_message, text)
+                own = _client_of_its_own(self.client, self.description)
+                pubsub = own.pubsub(ignore_subscribe_messages=True)
+                try:
+                    pubsub.subscribe(channel)
+                    while not stop.is_set():
+                        message = pubsub.get_message(timeout=0.5)
+                        if message is not None and message.get("type") == "message":
+                            text = _text(message["data"])
+                            if not stop.is_set():
+                                anyio.from_thread.run_sync(on_message, text)
+                finally:
+                    pubsub.close()
+                    own.close()
+                    own.connection_pool.disconnect()
             finally:
-                pubsub.close()
+                with self._receiving_lock:
+                    self._receiving = False
 
         try:
             await anyio.to_thread.run_sync(
                 receive, limiter=anyio.CapacityLimiter(1), abandon_on_cancel=True
             )
-        except Exception as exc:
+        except self.errors.base as exc:
             raise self.errors.convert(exc) from exc
         finally:
             stop.set()
@@ -206,8 +222,18 @@ class RedisSyncConnection(Connection):
         await anyio.to_thread.run_sync(self.client.close, abandon_on_cancel=True)
 
 
-def _is_cluster(client: Any) -> bool:
-    return hasattr(client, "get_nodes")
+def _client_of_its_own(client: Any, description: str) -> Any:
+    """A client with ``client``'s connection settings and a pool of its own, for a
+    subscription: it holds its connection for good, which must not be one of the
+    user's (a pool of one would be left with none)."""
+    if hasattr(client, "get_nodes"):
+        raise NotImplementedError(f"{description}: subscribing on a cluster")
+    pool = client.connection_pool
+    try:
+        own_pool = type(pool)(connection_class=pool.connection_class, **pool.connection_kwargs)
+    except TypeError as exc:  # a pool made otherwise (a Sentinel's): poll instead
+        raise NotImplementedError(f"{description}: no connection of its own ({exc})") from exc
+    return type(client)(connection_pool=own_pool)
 
 
 def _text(data: Any) -> str:
