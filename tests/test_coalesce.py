@@ -1,8 +1,9 @@
 """Commands that tasks send at the same moment share a round trip (src/anarchon/_coalesce.py):
-a lone call goes at once as its command alone; calls made while a round trip is on its
-way go out together in one pipeline; error replies come back as items, to their own
-caller only. On a real server, through anarchon's own connection; a spy counts the calls
-the coalescer makes on it."""
+calls made in one scheduling turn go out together in one pipeline, a lone command as
+itself; error replies come back as items, to their own caller only; a sender that asyncio
+itself cancels leaves nobody waiting. On a real server, through anarchon's own
+connection; a spy counts the calls the coalescer makes on it (tests/test_batching.py
+counts the engine's round trips)."""
 
 from __future__ import annotations
 
@@ -56,7 +57,7 @@ async def test_a_lone_call_goes_at_once_and_an_error_reply_is_its_item(
         await spy.aclose()
 
 
-async def test_calls_made_while_a_round_trip_is_on_its_way_share_one_pipeline(
+async def test_calls_made_in_one_turn_share_one_pipeline_each_with_its_own_replies(
     server_url: str, prefix: str
 ) -> None:
     spy = Spy(open_connection(server_url))
@@ -71,14 +72,11 @@ async def test_calls_made_while_a_round_trip_is_on_its_way_share_one_pipeline(
     try:
         await pipeline(spy, [("INCR", f"{prefix}string")])
         async with anyio.create_task_group() as group:
-            # On its way for 300 ms: a blocking pop of an empty list.
-            group.start_soon(pipeline, spy, [("BLPOP", f"{prefix}empty", "0.3")])
-            await anyio.sleep(0.05)
             for n in range(20):
                 group.start_soon(call, n)
     finally:
         await spy.aclose()
-    assert spy.calls == [("execute", 1), ("execute", 1), ("pipeline", 19 * 2 + 1)]
+    assert spy.calls == [("execute", 1), ("pipeline", 19 * 2 + 1)]
     (refused,) = replies.pop(7)
     assert isinstance(refused, ServerReplyError) and refused.kind == "WRONGTYPE"
     counts = sorted(int(reply[0]) for reply in replies.values())
@@ -112,8 +110,6 @@ async def test_a_batch_whose_sender_is_cancelled_by_asyncio_itself_is_sent_by_an
     try:
         with anyio.fail_after(10):
             async with anyio.create_task_group() as group:
-                group.start_soon(pipeline, spy, [("BLPOP", f"{prefix}empty", "0.3")])
-                await anyio.sleep(0.05)
                 group.start_soon(first)
                 for n in range(5):
                     group.start_soon(other, n)
@@ -121,4 +117,4 @@ async def test_a_batch_whose_sender_is_cancelled_by_asyncio_itself_is_sent_by_an
         await spy.aclose()
     # The cancelled caller's own command is not sent: nobody waits for its reply.
     assert sorted(int(reply[0]) for reply in replies.values()) == [1, 2, 3, 4, 5]
-    assert spy.calls == [("execute", 1), ("pipeline", 5)]
+    assert spy.calls == [("pipeline", 5)]

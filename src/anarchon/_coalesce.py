@@ -2,11 +2,10 @@
 
 When many runs end (or heartbeat) together, each task's command would otherwise
 be a round trip of its own, and with a pooled client a connection of its own.
-A task that sends while no round trip of the connection is on its way sends at
-once (a lone call pays for no gathering). One that sends while another round trip
-is on its way becomes the next batch's sender: it lets the other ready tasks add
-their commands (one scheduling turn), then sends them all in one pipeline and
-hands each task its replies. A batch of one command goes as that command alone.
+The first task to send becomes the batch's sender: it lets the other ready tasks
+add their commands (one scheduling turn), then sends them all in one pipeline
+and hands each task its replies. A batch of one command goes as that command
+alone (no pipeline object for a lone call).
 """
 
 from __future__ import annotations
@@ -51,8 +50,6 @@ class _Coalescer:
         self.conn = conn
         #: The batch being gathered (its sender is waiting one turn), if any.
         self.gathering: list[_Entry] | None = None
-        #: Round trips on their way.
-        self.in_flight = 0
 
     async def pipeline(self, commands: Sequence[Command]) -> list[Any]:
         if self.gathering is not None:
@@ -67,15 +64,6 @@ class _Coalescer:
                 raise
             if entry.batch is not None:
                 await self._send(entry.batch)
-        elif not self.in_flight:
-            if len(commands) == 1:
-                self.in_flight += 1
-                try:
-                    return [await self._one(commands[0])]
-                finally:
-                    self.in_flight -= 1
-            entry = _Entry(commands, None)
-            await self._send([entry])
         else:
             entry = _Entry(commands, None)
             batch = self.gathering = [entry]
@@ -93,24 +81,13 @@ class _Coalescer:
         return entry.replies
 
     async def _send(self, batch: list[_Entry]) -> None:
-        self.in_flight += 1
-        try:
-            await self._round_trip(batch)
-        finally:
-            self.in_flight -= 1
-
-    async def _one(self, command: Command) -> Any:
-        """One command alone: its reply, or its error reply as a ``ServerReplyError``."""
-        try:
-            return await self.conn.execute(command)
-        except ServerReplyError as exc:
-            return exc
-
-    async def _round_trip(self, batch: list[_Entry]) -> None:
         if len(batch) == 1:
             (entry,) = batch
             if len(entry.commands) == 1:
-                entry.replies = [await self._one(entry.commands[0])]
+                try:
+                    entry.replies = [await self.conn.execute(entry.commands[0])]
+                except ServerReplyError as exc:
+                    entry.replies = [exc]
             else:
                 entry.replies = await self.conn.pipeline(entry.commands)
             return
