@@ -7,6 +7,7 @@ import json
 import sys
 import time
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
@@ -108,6 +109,14 @@ async def _set_rates(url: str, count: int, concurrency: int, rounds: int = 3) ->
     def note(name: str, done: int, started: float) -> None:
         samples.setdefault(name, []).append(done / (time.perf_counter() - started))
 
+    async def in_tasks(name: str, how_many: int, work: Callable[[int], Awaitable[None]]) -> None:
+        """``work(offset)`` in ``how_many`` tasks at once; ``count`` set in all."""
+        started = time.perf_counter()
+        async with anyio.create_task_group() as group:
+            for offset in range(how_many):
+                group.start_soon(work, offset)
+        note(name, count, started)
+
     try:
         sha = await client.script_load(timer_script("timer_set").body)
         keys = TimerKeys.for_kind(prefix, KIND)
@@ -141,11 +150,7 @@ async def _set_rates(url: str, count: int, concurrency: int, rounds: int = 3) ->
                             for n in mine[at : at + per_list]
                         ])  # fmt: skip
 
-                started = time.perf_counter()
-                async with anyio.create_task_group() as group:
-                    for offset in range(tasks):
-                        group.start_soon(lists, offset)
-                note("pipelined", count, started)
+                await in_tasks("pipelined", tasks, lists)
 
                 async def raw_lists(offset: int, r: int = r) -> None:
                     mine = list(range(offset, count, tasks))
@@ -155,11 +160,7 @@ async def _set_rates(url: str, count: int, concurrency: int, rounds: int = 3) ->
                             pipe.execute_command("EVALSHA", *args(f"rp{r}:{n}"))
                         await pipe.execute()
 
-                started = time.perf_counter()
-                async with anyio.create_task_group() as group:
-                    for offset in range(tasks):
-                        group.start_soon(raw_lists, offset)
-                note("raw_pipelined", count, started)
+                await in_tasks("raw_pipelined", tasks, raw_lists)
 
                 async def part(offset: int, r: int = r) -> None:
                     for n in range(offset, count, concurrency):
@@ -167,11 +168,7 @@ async def _set_rates(url: str, count: int, concurrency: int, rounds: int = 3) ->
                             KIND, f"c{r}:{n}", delay_ms=3_600_000, payload=PAYLOAD
                         )
 
-                started = time.perf_counter()
-                async with anyio.create_task_group() as group:
-                    for offset in range(concurrency):
-                        group.start_soon(part, offset)
-                note("concurrent", count, started)
+                await in_tasks("concurrent", concurrency, part)
     finally:
         await client.aclose()
     out: Result = {f"{name}_per_sec": median(values) for name, values in samples.items()}
