@@ -1,9 +1,9 @@
 """Commands that tasks send at the same moment share a round trip (src/anarchon/_coalesce.py):
-calls made in one scheduling turn go out together in one pipeline, a lone command as
-itself; error replies come back as items, to their own caller only; a sender that asyncio
-itself cancels leaves nobody waiting. On a real server, through anarchon's own
-connection; a spy counts the calls the coalescer makes on it (tests/test_batching.py
-counts the engine's round trips)."""
+calls made in one scheduling turn go out together in one pipeline; error replies come
+back as items, to their own caller only; a sender that asyncio itself cancels leaves
+nobody waiting. On a real server, through anarchon's own connection; a spy counts the
+calls the coalescer makes on it (tests/test_batching.py counts the engine's round
+trips)."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ class Spy(Connection):
         await self.conn.aclose()
 
 
-async def test_a_lone_call_goes_at_once_and_an_error_reply_is_its_item(
+async def test_a_lone_call_goes_alone_and_an_error_reply_is_its_item(
     server_url: str, prefix: str
 ) -> None:
     spy = Spy(open_connection(server_url))
@@ -52,7 +52,7 @@ async def test_a_lone_call_goes_at_once_and_an_error_reply_is_its_item(
         assert isinstance(reply, ServerReplyError) and reply.kind == "WRONGTYPE", reply
         (alone,) = await pipeline(spy, [("HGET", f"{prefix}a", "f")])
         assert isinstance(alone, ServerReplyError) and alone.kind == "WRONGTYPE", alone
-        assert spy.calls == [("execute", 1), ("pipeline", 2), ("execute", 1)]
+        assert spy.calls == [("pipeline", 1), ("pipeline", 2), ("pipeline", 1)]
     finally:
         await spy.aclose()
 
@@ -76,7 +76,7 @@ async def test_calls_made_in_one_turn_share_one_pipeline_each_with_its_own_repli
                 group.start_soon(call, n)
     finally:
         await spy.aclose()
-    assert spy.calls == [("execute", 1), ("pipeline", 19 * 2 + 1)]
+    assert spy.calls == [("pipeline", 1), ("pipeline", 19 * 2 + 1)]
     (refused,) = replies.pop(7)
     assert isinstance(refused, ServerReplyError) and refused.kind == "WRONGTYPE"
     counts = sorted(int(reply[0]) for reply in replies.values())

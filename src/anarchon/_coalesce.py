@@ -4,8 +4,7 @@ When many runs end (or heartbeat) together, each task's command would otherwise
 be a round trip of its own, and with a pooled client a connection of its own.
 The first task to send becomes the batch's sender: it lets the other ready tasks
 add their commands (one scheduling turn), then sends them all in one pipeline
-and hands each task its replies. A batch of one command goes as that command
-alone (no pipeline object for a lone call).
+and hands each task its replies.
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ from typing import Any
 import anyio
 import anyio.lowlevel
 
-from .clients import Command, Connection, ServerReplyError, TransportError
+from .clients import Command, Connection, TransportError
 
 __all__ = ["pipeline"]
 
@@ -82,14 +81,7 @@ class _Coalescer:
 
     async def _send(self, batch: list[_Entry]) -> None:
         if len(batch) == 1:
-            (entry,) = batch
-            if len(entry.commands) == 1:
-                try:
-                    entry.replies = [await self.conn.execute(entry.commands[0])]
-                except ServerReplyError as exc:
-                    entry.replies = [exc]
-            else:
-                entry.replies = await self.conn.pipeline(entry.commands)
+            batch[0].replies = await self.conn.pipeline(batch[0].commands)
             return
         try:
             replies = await self.conn.pipeline([c for entry in batch for c in entry.commands])
