@@ -12,7 +12,8 @@ import os
 import secrets
 import socket
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
+from contextlib import asynccontextmanager
 from datetime import datetime
 from types import TracebackType
 from typing import Any, Generic, TypeVar, overload
@@ -74,34 +75,6 @@ def _check_buckets(buckets: object) -> int:
 
 def _default_instance_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
-
-
-class _TimerStoreFor:
-    """``async with scheduler._timers() as store``: the running scheduler's connection
-    (its store made once), or one opened for the call and closed after it."""
-
-    __slots__ = ("_conn", "_scheduler")
-
-    def __init__(self, scheduler: Scheduler[Any]) -> None:
-        self._scheduler = scheduler
-        self._conn: Connection | None = None
-
-    async def __aenter__(self) -> TimerStore:
-        scheduler = self._scheduler
-        prefix = scheduler.backend.prefix
-        if scheduler._context.state == "running" and scheduler._store is not None:
-            store = scheduler._setter_store
-            if store is None or store.conn is not scheduler._store.conn:
-                store = scheduler._setter_store = TimerStore(scheduler._store.conn, prefix=prefix)
-            return store
-        self._conn = await scheduler.backend.open_connection()
-        return TimerStore(self._conn, prefix=prefix)
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        conn = self._conn
-        if conn is not None and conn.owned:
-            with anyio.move_on_after(5, shield=True):
-                await conn.aclose()
 
 
 class Scheduler(Generic[K]):
@@ -242,8 +215,6 @@ class Scheduler(Generic[K]):
         self._stopped = anyio.Event()
         #: The number of buckets of kinds without a handler here, as the store said.
         self._stored_buckets: dict[str, int] = {}
-        #: The store ``set_timer`` and its kin use while this scheduler runs.
-        self._setter_store: TimerStore | None = None
         #: The grace period of a stop in progress (None until stop() is first called).
         self._grace: anyio.CancelScope | None = None
 
@@ -581,10 +552,20 @@ class Scheduler(Generic[K]):
             self._stored_buckets[kind] = int(stored) if stored is not None else 1
         return self._stored_buckets[kind]
 
-    def _timers(self) -> _TimerStoreFor:
-        """The timers' store for one call: on the scheduler's connection while it runs,
-        else on a connection opened for the call (a process that only sets timers)."""
-        return _TimerStoreFor(self)
+    @asynccontextmanager
+    async def _timers(self) -> AsyncIterator[TimerStore]:
+        """The timers' store: on the scheduler's connection while it runs, else on a
+        connection opened for the call (a process that only sets timers)."""
+        if self._context.state == "running" and self._store is not None:
+            yield TimerStore(self._store.conn, prefix=self.backend.prefix)
+            return
+        conn: Connection = await self.backend.open_connection()
+        try:
+            yield TimerStore(conn, prefix=self.backend.prefix)
+        finally:
+            if conn.owned:
+                with anyio.move_on_after(5, shield=True):
+                    await conn.aclose()
 
     async def set_timer(
         self,
