@@ -9,6 +9,7 @@ errorstats``), not from anarchon's logs."""
 
 from __future__ import annotations
 
+import logging
 import secrets
 import time
 from collections.abc import Iterator
@@ -118,6 +119,58 @@ async def test_claims_are_sent_again_through_a_long_outage_and_runs_resume_after
 
     after = [slot for slot in started if slot > back_ms]
     assert after == sorted(set(after))
+
+
+async def test_a_scheduled_claim_refused_for_good_disables_its_job_alone(
+    server_url: str, prefix: str, direct: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Something else wrote one job's state key (a string where the store keeps a
+    hash): the server answers that job's claim WRONGTYPE, which no retry can mend. The
+    claim is not sent again, that job alone is disabled (said once, at ERROR, with its
+    name), and the other job, claimed in the same round trips, goes on running."""
+    broken_runs: list[int] = []
+    steady_runs: list[int] = []
+    scheduler = Scheduler(RedisBackend(redis=server_url, prefix=prefix), lease_ms=3000)
+
+    @scheduler.job(every_ms=200, name="broken")
+    async def broken(run: Run) -> None:
+        broken_runs.append(run.slot_ms)
+
+    @scheduler.job(every_ms=200, name="steady")
+    async def steady(run: Run) -> None:
+        steady_runs.append(run.slot_ms)
+
+    with caplog.at_level(logging.ERROR, logger="anarchon"):
+        async with scheduler:
+            await wait_until(lambda: bool(broken_runs and steady_runs), 10, "both jobs to run")
+            # Broken between its runs: the last one's finish is recorded, so the next
+            # claim is the only round trip that meets the string.
+            for _ in range(100):
+                latest = await scheduler.history("broken", limit=1)
+                if latest and (latest[0].slot_ms, latest[0].status) == (broken_runs[-1], "ok"):
+                    break
+                await anyio.sleep(0.01)
+            before = errors_answered(direct, "WRONGTYPE")
+            direct.delete(JobKeys.for_job(prefix, "broken").state)
+            direct.set(JobKeys.for_job(prefix, "broken").state, "not a hash")
+            broken_at = time.time() * 1000
+            await wait_until(
+                lambda: errors_answered(direct, "WRONGTYPE") > before, 10, "a refused claim"
+            )
+            refused_ms = time.time() * 1000
+            await wait_until(
+                lambda: sum(slot > refused_ms for slot in steady_runs) >= 5,
+                15,
+                "five more runs of the other job",
+            )
+            tries = errors_answered(direct, "WRONGTYPE") - before
+
+    assert tries == 1, f"the refused claim was sent {tries} times"
+    assert [slot for slot in broken_runs if slot > broken_at + 200] == []
+    disabled = [r.getMessage() for r in caplog.records if "disabled" in r.getMessage()]
+    assert len(disabled) == 1, disabled
+    assert disabled[0].startswith("broken: "), disabled
+    assert "WRONGTYPE" in disabled[0], disabled
 
 
 # ------------------------------------------------------------------ run_now
