@@ -88,6 +88,17 @@ def test_of_a_backlog_of_scheduled_slots_only_the_newest_may_start() -> None:
     assert older_failed in claimed and not older_failed.may_start
 
 
+def test_a_backlog_of_an_overlapping_job_is_claimed_whole() -> None:
+    """Only a job without overlap keeps the newest of a backlog: slots of a job that
+    allows overlap may run side by side, so each of them is claimed."""
+    job = a_job("allow")
+    now = int(_now_ms())
+    backlog = [due(now - gap, first=True, may_start=True) for gap in (2_000, 1_500, 1_000)]
+    claimed = pop(an_agenda(job), *backlog)
+    assert sorted(d.slot_ms for d in claimed) == sorted(d.slot_ms for d in backlog)
+    assert all(d.first and d.may_start for d in claimed)
+
+
 @pytest.mark.anyio
 async def test_a_sleep_toward_a_far_claim_re_reads_the_clock_within_the_cap() -> None:
     """A wall-clock step (or a suspended machine) must not leave the claim loop asleep
@@ -197,6 +208,27 @@ def test_a_claim_waiting_behind_a_run_here_is_due_as_soon_as_that_run_ends() -> 
     agenda.run_ended(job)
     assert agenda._pop_due(_now_ms()) == [waiting]
     assert waiting.may_start  # it may still start its slot
+
+
+def test_a_waiting_claim_made_on_its_own_time_no_longer_counts_as_the_waiter() -> None:
+    """overlap="wait" lets one slot wait behind a run here: the job's next blocked
+    slot is skipped while one waits. A waiting claim that comes due on its own time
+    (the run's lease ran out) is made then, and stops counting as the waiter, or every
+    later blocked slot would be skipped until some run here ended."""
+    job = a_job_with(overlap="wait")
+    agenda = an_agenda(job)
+    assert not agenda.has_waiter(job)
+    slot_id = str(int(_now_ms()))
+    later = agenda.push_follow_up(job, slot_id, "schedule", _now_ms() + LEASE_MS, True)
+    agenda.wake_when_run_ends(job, later)
+    assert agenda.has_waiter(job)
+    agenda.run_ended(job)
+    assert not agenda.has_waiter(job)
+    own_time = agenda.push_follow_up(job, slot_id, "schedule", _now_ms() - 1, True)
+    agenda.wake_when_run_ends(job, own_time)
+    assert agenda.has_waiter(job)
+    assert own_time in agenda._pop_due(_now_ms())
+    assert not agenda.has_waiter(job)
 
 
 def test_a_follow_up_claim_is_pending_until_it_is_made() -> None:
