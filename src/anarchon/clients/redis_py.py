@@ -179,9 +179,14 @@ class RedisSyncConnection(Connection):
         return [self.errors.batch_reply(item) for item in replies]
 
     async def listen(self, channel: str, on_message: Callable[[str], None]) -> None:
+        # The last subscription's thread ends within half a second of its caller's
+        # cancellation (a renewal): wait that long for it. One that does not end is
+        # stuck on a server that does not answer: one thread at a time.
+        with anyio.move_on_after(_LAST_SUBSCRIPTION_ENDS_SEC):
+            while self._receiving:  # noqa: ASYNC110 - set and cleared by a thread
+                await anyio.sleep(0.02)
         with self._receiving_lock:
             if self._receiving:
-                # Its thread is stuck on a server that does not answer: one at a time.
                 raise TransportError("the last subscription has not ended yet")
             self._receiving = True
         stop = threading.Event()
@@ -220,6 +225,11 @@ class RedisSyncConnection(Connection):
 
     async def aclose(self) -> None:
         await anyio.to_thread.run_sync(self.client.close, abandon_on_cancel=True)
+
+
+#: How long a new subscription waits for the last one's thread to end (it checks for
+#: its end every half second).
+_LAST_SUBSCRIPTION_ENDS_SEC = 1.5
 
 
 def _client_of_its_own(client: Any, description: str) -> Any:

@@ -1,0 +1,187 @@
+"""Timer hints: what an instance does with a hint it hears, and how its subscription
+rides through a server it cannot reach.
+
+A hint is ``<due_ms> <due key>`` on the prefix's hint channel (``lua/timer_set.lua``
+publishes it). The first tests hand hints to the listener directly (no server: they
+check which claim of due timers comes forward, and to when); the last one runs an
+instance on a real server behind a proxy that refuses its connections."""
+
+from __future__ import annotations
+
+import logging
+
+import anyio
+import pytest
+import redis
+
+import anarchon._engine.hints as hints_module
+from anarchon import RedisBackend, Scheduler, TimerRun
+from anarchon._engine._context import EngineContext, _now_ms
+from anarchon._engine.agenda import Agenda
+from anarchon._engine.hints import TimerHints
+from anarchon._timer import TimerKind
+from anarchon._timer_store import TimerKeys
+from tests.faults import FaultProxy
+from tests.test_timers import subscribers
+
+PREFIX = "hints-test:"
+#: Far in the future: a hint's due time is always sooner than the claims made here.
+LATER_MS = 4_000_000_000_000
+
+
+def a_kind(name: str, buckets: int = 1) -> TimerKind:
+    return TimerKind(name, lambda: None, 3, None, buckets, False, False)
+
+
+def listening(*kinds: TimerKind, offset_ms: float = 0.0) -> tuple[TimerHints, Agenda]:
+    """A running instance's listener for ``kinds``, each bucket's claim on its agenda
+    at LATER_MS (as after a poll that found nothing due)."""
+    context = EngineContext(
+        jobs={}, instance_id="i", lease_ms=30_000, heartbeat_ms=10_000, retry_delay_ms=1000
+    )
+    context.state = "running"
+    context.server_offset_ms = offset_ms
+    context.timer_kinds = {kind.name: kind for kind in kinds}
+    agenda = Agenda(context)
+    for kind in kinds:
+        for bucket in range(kind.buckets):
+            keys = TimerKeys.for_kind(PREFIX, kind.name, bucket, kind.buckets)
+            agenda.timer_due(kind.name, keys, LATER_MS)
+    return TimerHints(context, agenda, PREFIX), agenda
+
+
+def claims_at(agenda: Agenda) -> dict[str, float]:
+    """When each kind's (bucket's) claim of due timers is made, by hash tag."""
+    return {tag: due.at_ms for tag, due in agenda._timer_claims.items()}
+
+
+def test_a_hint_brings_its_buckets_claim_forward_to_the_due_time_on_this_clock() -> None:
+    """The due time is on the server's clock: the claim is made when this instance's
+    clock reads it (the server 250 ms ahead: 250 ms earlier here). Only the bucket
+    named by the hint moves."""
+    remind, digest = a_kind("remind", buckets=3), a_kind("digest")
+    hints, agenda = listening(remind, digest, offset_ms=250.0)
+    before = claims_at(agenda)
+    due_ms = int(_now_ms()) + 5_000
+    bucket_1 = TimerKeys.for_kind(PREFIX, "remind", 1, 3)
+    hints.on_hint(f"{due_ms} {bucket_1.due}")
+    after = claims_at(agenda)
+    assert after[bucket_1.tag] == due_ms - 250
+    assert {tag: at for tag, at in after.items() if tag != bucket_1.tag} == {
+        tag: at for tag, at in before.items() if tag != bucket_1.tag
+    }
+
+
+def test_a_hint_later_than_the_claim_already_due_changes_nothing() -> None:
+    remind = a_kind("remind")
+    hints, agenda = listening(remind)
+    keys = TimerKeys.for_kind(PREFIX, "remind")
+    soon = int(_now_ms()) + 1_000
+    hints.on_hint(f"{soon} {keys.due}")
+    hints.on_hint(f"{soon + 60_000} {keys.due}")
+    assert claims_at(agenda)[keys.tag] == soon
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        "",
+        "soon {hints-test:remind}:timer-due",
+        "-5 {hints-test:remind}:timer-due",
+        "1000",
+        "1000 {hints-test:other}:timer-due",  # a kind this instance does not fire
+        "1000 {other-prefix:remind}:timer-due",  # another prefix's kind of that name
+        "1000 {hints-test:remind}:timers",  # not a due key
+    ],
+)
+def test_a_hint_that_names_no_due_key_of_a_kind_fired_here_changes_nothing(
+    message: str,
+) -> None:
+    hints, agenda = listening(a_kind("remind"))
+    before = claims_at(agenda)
+    hints.on_hint(message)
+    assert claims_at(agenda) == before
+
+
+def test_a_hint_heard_while_the_instance_stops_changes_nothing() -> None:
+    hints, agenda = listening(a_kind("remind"))
+    hints._context.begin_stopping()
+    before = claims_at(agenda)
+    hints.on_hint(f"1000 {TimerKeys.for_kind(PREFIX, 'remind').due}")
+    assert claims_at(agenda) == before
+
+
+@pytest.mark.anyio
+async def test_hints_unreachable_are_warned_about_once_and_their_return_said_once(
+    server_url: str,
+    prefix: str,
+    direct: redis.Redis,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The proxy refuses every connection for 3 s: the subscription fails again and
+    again (subscribing again after a growing pause) and says so once, at WARNING. Once
+    a subscription lasts until its renewal (1 s here instead of 60) it says once, at
+    INFO, that hints are back, and a timer another process sets to fall due long before
+    the next poll (30 s) fires through one."""
+    monkeypatch.setattr(hints_module, "_RENEW_SEC", 1.0)
+    fired: list[str] = []
+    with FaultProxy(server_url) as proxy:
+        scheduler = Scheduler(RedisBackend(redis=proxy.url, prefix=prefix), timer_poll_ms=30_000)
+
+        @scheduler.timer("remind")
+        async def remind(timer: TimerRun) -> None:
+            fired.append(timer.key)
+
+        producer = Scheduler(RedisBackend(redis=server_url, prefix=prefix))
+        with caplog.at_level(logging.INFO, logger="anarchon"):
+            async with scheduler:
+                await subscribers(direct, prefix, 1)
+                proxy.refuse(True)
+                await anyio.sleep(3)
+                proxy.refuse(False)
+                await subscribers(direct, prefix, 1)
+                await anyio.sleep(2.5)  # past a renewal of the subscription made again
+                # Set again every second until it fires: a sync client's subscription
+                # is made again in a thread of its own at each renewal, and a set
+                # published in between is not heard.
+                with anyio.fail_after(10):
+                    while not fired:
+                        await producer.set_timer("remind", "after-the-outage", delay_ms=300)
+                        with anyio.move_on_after(1):
+                            while not fired:  # noqa: ASYNC110 - polls a list
+                                await anyio.sleep(0.05)
+
+    messages = [record.getMessage() for record in caplog.records]
+    unavailable = [m for m in messages if m.startswith("timer hints unavailable")]
+    back = [m for m in messages if m == "timer hints are back"]
+    assert len(unavailable) == 1, unavailable
+    assert len(back) == 1, messages
+    assert fired == ["after-the-outage"]
+
+
+@pytest.mark.anyio
+async def test_a_subscription_renewed_while_the_server_answers_says_nothing(
+    server_url: str,
+    prefix: str,
+    direct: redis.Redis,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The subscription is made again at every renewal (1 s here instead of 60). With
+    nothing failing, a renewal is not a failure: nothing is logged at WARNING, whatever
+    the client (a sync client's subscription runs in a thread, which must have ended
+    before the next one starts)."""
+    monkeypatch.setattr(hints_module, "_RENEW_SEC", 1.0)
+    scheduler = Scheduler(RedisBackend(redis=server_url, prefix=prefix), timer_poll_ms=30_000)
+
+    @scheduler.timer("remind")
+    async def remind(timer: TimerRun) -> None:
+        pass
+
+    with caplog.at_level(logging.INFO, logger="anarchon"):
+        async with scheduler:
+            await subscribers(direct, prefix, 1)
+            await anyio.sleep(4.5)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert warnings == []
