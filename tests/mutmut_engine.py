@@ -80,7 +80,19 @@ SELECTIONS: dict[str, tuple[str, ...]] = {
         "tests/test_engine_faults.py",
         *RESULTS,
     ),
-}
+    "hints": (
+        "tests/test_timers.py::test_a_timer_set_by_another_process_sooner_than_the_next_poll_fires_through_a_hint",
+        "tests/test_timer_faults.py::test_timer_hints_come_back_after_the_connection_is_cut",
+        "tests/test_hints.py",
+    ),
+    "_context": (
+        "tests/test_engine_faults.py",
+        "tests/test_leases.py",
+        "tests/test_claimer.py",
+        "tests/test_agenda.py",
+        "tests/test_lease_keeper.py",
+    ),
+}  # fmt: skip
 DEFAULT_MODULES = ("settle", "lease_keeper", "runner")
 #: The statuses mutmut reports, and what each counts as here.
 KILLED = ("killed", "timeout")
@@ -101,7 +113,11 @@ def copy_checkout(into: Path) -> None:
 
 #: Which of the selected tests run: one event loop and one server, as the module docstring
 #: says; test_agenda.py's tests take no server (their ids hold no "valkey").
-KEYWORDS = {"agenda": "(asyncio and valkey) or (test_agenda and not trio)"}
+KEYWORDS = {
+    "agenda": "(asyncio and valkey) or (test_agenda and not trio)",
+    "_context": "(asyncio and valkey) or (test_agenda and not trio)",
+    "hints": "(asyncio and valkey) or (test_hints and not trio and not redis)",
+}
 
 
 def configure(work: Path, module: str) -> None:
