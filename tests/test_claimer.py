@@ -173,6 +173,55 @@ async def test_a_scheduled_claim_refused_for_good_disables_its_job_alone(
     assert "WRONGTYPE" in disabled[0], disabled
 
 
+async def test_a_stop_between_a_failed_claim_and_its_retry_asks_without_claiming(
+    proxy: FaultProxy,
+    server_url: str,
+    prefix: str,
+    direct: redis.Redis,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A slot's claim got no answer (every connection refused, four tries) and waits
+    for its next try when the scheduler stops. The stop asks about it once more, as a
+    probe that changes nothing: the claim never reached the server, so the stop holds
+    nothing and records nothing for the slot, and another instance's claim of it
+    wins attempt 1 at once."""
+    every_ms, lease_ms = 2000, 3000
+    scheduler = Scheduler(RedisBackend(redis=proxy.url, prefix=prefix), lease_ms=lease_ms)
+
+    @scheduler.job(every_ms=every_ms, name="tick")
+    async def tick() -> None:
+        pass
+
+    with caplog.at_level(logging.ERROR, logger="anarchon"):
+        async with scheduler:
+            await scheduler.run_now("tick")  # the server has the claim script from now on
+            slot = (int(time.time() * 1000) + 700) // every_ms * every_ms + every_ms
+            await anyio.sleep((slot - 100) / 1000 - time.time())
+            proxy.refuse(True)
+            # Tries at the slot and about 50, 300 and 800 ms after it (each pause 20 %
+            # either way); the fifth is due 1.4-2.2 s after it.
+            await anyio.sleep((slot + 1200) / 1000 - time.time())
+            proxy.refuse(False)
+            with anyio.fail_after(10):
+                await scheduler.stop()
+    async with Scheduler(RedisBackend(redis=server_url, prefix=prefix)) as reader:
+        history = await reader.history("tick", limit=100)
+
+    assert [r for r in history if r.slot_ms == slot] == []
+    assert [r.getMessage() for r in caplog.records] == []
+    backend = RedisBackend(redis=server_url, prefix=prefix)
+    backup = await backend.open({"runner": "backup", "history_size": 100, "history_ttl_ms": None})
+    request = ClaimRequest(
+        "tick", str(slot), slot, secrets.token_hex(8), "schedule", lease_ms, 3, False, 600_000
+    )
+    try:
+        (reply,) = await backup.claim_many([request])
+    finally:
+        await backup.conn.aclose()
+    assert not isinstance(reply, ServerReplyError), reply
+    assert (reply.kind, reply.attempt) == ("won", 1), reply
+
+
 # ------------------------------------------------------------------ run_now
 
 
