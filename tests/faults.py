@@ -175,6 +175,7 @@ class FaultProxy:
         self._refusing = False
         self._drop_after = 0
         self._delay_sec = 0.0
+        self._pause_marker: bytes | None = None
         self._links: set[_Link] = set()
         self._masks: dict[socket.socket, int] = {}
         self._commands: queue.SimpleQueue[tuple[Callable[[], None], threading.Event]] = (
@@ -221,6 +222,11 @@ class FaultProxy:
         return len(self._links)
 
     @property
+    def paused(self) -> bool:
+        """Whether the proxy is paused (by ``pause()``, or by the marker of ``pause_on()``)."""
+        return self._paused
+
+    @property
     def bytes_held(self) -> int:
         """Bytes that ``delay()`` holds back right now, both directions."""
         held = [0]
@@ -239,6 +245,15 @@ class FaultProxy:
 
     def resume(self) -> None:
         self._call(lambda: setattr(self, "_paused", False))
+
+    def pause_on(self, marker: bytes) -> None:
+        """Pause (as ``pause()``) as soon as a client sends a chunk holding ``marker``,
+        before that chunk reaches the server: the server freezes just when a given
+        command is sent (its text, or an argument only it carries). Once; ``resume()``
+        goes on."""
+        if not marker:
+            raise ValueError("marker must not be empty")
+        self._call(lambda: setattr(self, "_pause_marker", marker))
 
     def drop_replies(self, on: bool) -> None:
         """While on, commands reach the server but its replies are thrown away.
@@ -544,6 +559,9 @@ class FaultProxy:
         if not data:
             link.client_eof = True
             return
+        if self._pause_marker is not None and self._pause_marker in data:
+            self._pause_marker = None
+            self._paused = True  # the chunk waits with the rest, until resume()
         reaches_server = self._forward(data, link.held_to_server, link.to_server)
         if self._drop_after > 0:
             self._drop_after -= 1

@@ -529,6 +529,40 @@ async def test_a_claim_whose_reply_was_lost_is_given_back_on_stop_for_a_backup_a
     assert reply.fence > given_back.fence, (reply, given_back)
 
 
+async def test_a_stop_giving_back_a_claim_to_a_server_that_freezes_ends_in_time(
+    proxy: FaultProxy, prefix: str
+) -> None:
+    """As above, the reply to a won claim is lost and the scheduler stops; the server
+    freezes just as the give-back is sent (a finish recorded "released unstarted"), and
+    the client has no timeout of its own. The give-back has the round trip's deadline
+    (a third of the lease), so stop() returns; the slot's lease runs out for a backup.
+    The bound is loose: without the deadline the stop waits for the server for good."""
+    every_ms, lease_ms = 2000, 3000
+    client = redis.Redis.from_url(proxy.url, protocol=2, socket_timeout=None)
+    scheduler = Scheduler(RedisBackend(redis=client, prefix=prefix), lease_ms=lease_ms)
+
+    @scheduler.job(every_ms=every_ms, name="tick")
+    async def tick() -> None:
+        pass
+
+    try:
+        async with scheduler:
+            await scheduler.run_now("tick")  # the server has the claim script from now on
+            slot = (int(time.time() * 1000) + 700) // every_ms * every_ms + every_ms
+            await anyio.sleep((slot - 150) / 1000 - time.time())
+            proxy.delay(600)  # the claim's reply comes back after its deadline
+            await anyio.sleep((slot + 700) / 1000 - time.time())
+            proxy.delay(0)
+            proxy.pause_on(b"released unstarted")
+            with anyio.fail_after(15):
+                await scheduler.stop()
+            gave_back_into_a_freeze = proxy.paused
+    finally:
+        proxy.resume()
+        client.close()
+    assert gave_back_into_a_freeze, "the stop sent no give-back (the claim's reply came?)"
+
+
 # ------------------------------------------------------------------ run_now
 
 

@@ -112,6 +112,27 @@ def test_pause_freezes_the_server_and_holds_the_data(proxy: FaultProxy) -> None:
         after.close()
 
 
+def test_pause_on_freezes_the_server_when_a_command_holds_the_marker(
+    proxy: FaultProxy, direct: redis.Redis, prefix: str
+) -> None:
+    c = client(proxy.url, timeout_sec=0.3)
+    try:
+        proxy.pause_on(b"frozen-here")
+        c.set(f"{prefix}a", "before")  # passes: no marker
+        with pytest.raises(RedisTimeoutError):
+            c.set(f"{prefix}b", "frozen-here")
+        assert direct.get(f"{prefix}b") is None  # held before the server
+        with pytest.raises(RedisTimeoutError):
+            c.ping()  # everything waits now, as after pause()
+        proxy.resume()
+        wait_for(lambda: direct.get(f"{prefix}b") == "frozen-here", "the held command")
+        proxy.reset()  # the client is out of step after its timeouts
+        c.set(f"{prefix}c", "frozen-here")  # once: the marker no longer pauses
+        assert direct.get(f"{prefix}c") == "frozen-here"
+    finally:
+        c.close()
+
+
 def test_drop_replies_applies_commands_without_answering(
     proxy: FaultProxy, direct: redis.Redis, prefix: str
 ) -> None:
