@@ -173,20 +173,25 @@ async def test_a_scheduled_claim_refused_for_good_disables_its_job_alone(
     assert "WRONGTYPE" in disabled[0], disabled
 
 
+@pytest.mark.parametrize("frozen", [False, True], ids=["answering", "frozen"])
 async def test_a_stop_between_a_failed_claim_and_its_retry_asks_without_claiming(
     proxy: FaultProxy,
     server_url: str,
     prefix: str,
     direct: redis.Redis,
     caplog: pytest.LogCaptureFixture,
+    frozen: bool,
 ) -> None:
     """A slot's claim got no answer (every connection refused, four tries) and waits
     for its next try when the scheduler stops. The stop asks about it once more, as a
     probe that changes nothing: the claim never reached the server, so the stop holds
     nothing and records nothing for the slot, and another instance's claim of it
-    wins attempt 1 at once."""
+    wins attempt 1 at once. If the server is frozen as the stop begins (and the client
+    has no timeout of its own), the probe has its deadline and the stop ends; the probe
+    reaches the server when it goes on, and changes nothing then."""
     every_ms, lease_ms = 2000, 3000
-    scheduler = Scheduler(RedisBackend(redis=proxy.url, prefix=prefix), lease_ms=lease_ms)
+    client = redis.Redis.from_url(proxy.url, protocol=2, socket_timeout=None)
+    scheduler = Scheduler(RedisBackend(redis=client, prefix=prefix), lease_ms=lease_ms)
 
     @scheduler.job(every_ms=every_ms, name="tick")
     async def tick() -> None:
@@ -202,8 +207,15 @@ async def test_a_stop_between_a_failed_claim_and_its_retry_asks_without_claiming
             # either way); the fifth is due 1.4-2.2 s after it.
             await anyio.sleep((slot + 1200) / 1000 - time.time())
             proxy.refuse(False)
-            with anyio.fail_after(10):
-                await scheduler.stop()
+            if frozen:
+                proxy.pause()
+            try:
+                with anyio.fail_after(10):
+                    await scheduler.stop()
+            finally:
+                proxy.resume()
+    await anyio.sleep(0.2)  # what the proxy held reaches the server
+    client.close()
     async with Scheduler(RedisBackend(redis=server_url, prefix=prefix)) as reader:
         history = await reader.history("tick", limit=100)
 
