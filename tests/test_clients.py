@@ -23,6 +23,7 @@ from anarchon import (
     UnsupportedClientError,
 )
 from anarchon._embedded import EmbeddedServer
+from anarchon._timer_store import TimerKeys
 from tests.clients import CLIENT_KINDS, Target, make_client
 from tests.helpers import Ledger, OneShot, PinnedConnection, wait_until
 from tests.servers import MATRIX_FIRST, ServerSpec, cluster_matrix, running_cluster, running_server
@@ -382,3 +383,35 @@ async def test_timers_in_three_buckets_fire_once_through_each_client_on_a_cluste
     cluster: Target, prefix: str, kind: str
 ) -> None:
     await fire_timers_through(cluster, kind, prefix, buckets=3)
+
+
+@pytest.mark.parametrize("buckets", [3, 6, 12])
+@pytest.mark.parametrize("kind", ["remind", "digest", "cart-expiry"])
+def test_a_kinds_buckets_spread_evenly_over_the_primaries_of_an_evenly_split_cluster(
+    cluster: Target, prefix: str, kind: str, buckets: int
+) -> None:
+    """Each bucket's hash tag lies in the middle of its own equal part of the slot space,
+    so a cluster whose primaries hold equal slot ranges (as `--cluster create` makes
+    them) gets as many of a kind's buckets on each primary: 3 buckets on 3 primaries,
+    one each. Where each key lies is the server's answer (CLUSTER KEYSLOT, CLUSTER
+    SLOTS)."""
+    node = redis.Redis(port=cluster.port, protocol=2, decode_responses=False)
+    try:
+        ranges = [
+            (int(entry[0]), int(entry[1]), int(entry[2][1]))
+            for entry in node.execute_command("CLUSTER", "SLOTS")  # type: ignore[no-untyped-call]
+        ]
+        owners = []
+        for bucket in range(buckets):
+            keys = TimerKeys.for_kind(prefix, kind, bucket, buckets)
+            slots = {
+                int(node.execute_command("CLUSTER", "KEYSLOT", key))  # type: ignore[no-untyped-call]
+                for key in (keys.timers, keys.due, keys.meta, keys.claimed("token"))
+            }
+            (slot,) = slots  # one hash tag: one slot
+            assert bucket * 16384 // buckets <= slot < (bucket + 1) * 16384 // buckets
+            owners.append(next(port for low, high, port in ranges if low <= slot <= high))
+    finally:
+        node.close()
+    per_primary = sorted(owners.count(port) for _, _, port in ranges)
+    assert per_primary == [buckets // 3] * 3, (owners, ranges)

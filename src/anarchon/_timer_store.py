@@ -5,6 +5,7 @@ for the state a key holds and lua/timer_*.lua for each decision."""
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import zlib
 from collections.abc import Sequence
@@ -40,6 +41,52 @@ def bucket_of(key: str, buckets: int) -> int:
     return zlib.crc32(key.encode("utf-8")) % buckets if buckets > 1 else 0
 
 
+#: A cluster's hash slots.
+_SLOTS = 16384
+
+
+def _crc16_table() -> list[int]:
+    table = []
+    for byte in range(256):
+        crc = byte << 8
+        for _ in range(8):
+            crc = ((crc << 1) ^ 0x1021 if crc & 0x8000 else crc << 1) & 0xFFFF
+        table.append(crc)
+    return table
+
+
+_CRC16 = _crc16_table()
+
+
+def key_slot(tag: str) -> int:
+    """The cluster's hash slot of a hash tag's text: CRC-16 (XMODEM) modulo 16384."""
+    crc = 0
+    for byte in tag.encode("utf-8"):
+        crc = ((crc << 8) & 0xFFFF) ^ _CRC16[((crc >> 8) ^ byte) & 0xFF]
+    return crc % _SLOTS
+
+
+@functools.lru_cache(maxsize=4096)
+def bucket_tag(prefix: str, kind: str, bucket: int, buckets: int) -> str:
+    """The hash tag of a kind's bucket: ``{<prefix><kind>}`` for a kind of one bucket;
+    else ``{<prefix><kind>#<bucket>}``, or ``{<prefix><kind>#<bucket>.<n>}`` with the
+    smallest ``n`` that puts it in the middle half of the bucket's own equal part of the
+    slot space. A cluster whose primaries hold equal slot ranges (as ``--cluster create``
+    makes them) then gets as many of the kind's buckets on each primary when the buckets
+    are a multiple of the primaries (3 on 3: one each), wherever CRC-16 would have put
+    them. The same in every process: it depends on the names alone."""
+    if buckets <= 1:
+        return "{" + prefix + kind + "}"
+    part = _SLOTS / buckets
+    low, high = bucket * part + part / 4, (bucket + 1) * part - part / 4
+    base = f"{prefix}{kind}#{bucket}"
+    tag, n = base, 0
+    while not low <= key_slot(tag) < high:
+        n += 1
+        tag = f"{base}.{n}"
+    return "{" + tag + "}"
+
+
 @dataclass(frozen=True, slots=True)
 class TimerKeys:
     """The keys of one kind of timer (or one bucket of it), under one hash tag. The tag is
@@ -53,7 +100,7 @@ class TimerKeys:
 
     @classmethod
     def for_kind(cls, prefix: str, kind: str, bucket: int = 0, buckets: int = 1) -> TimerKeys:
-        tag = "{" + prefix + kind + (f"#{bucket}" if buckets > 1 else "") + "}"
+        tag = bucket_tag(prefix, kind, bucket, buckets)
         return cls(tag, f"{tag}:timers", f"{tag}:timer-due", f"{tag}:timer-meta")
 
     @staticmethod
