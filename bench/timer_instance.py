@@ -2,7 +2,9 @@
 
     python -m bench.timer_instance CONFIG_JSON
         (url, prefix, name; optional loop, lease_ms, heartbeat_ms, hang: each handler runs
-        until its process dies, printing {"event": "start", ...} as it begins)
+        until its process dies, printing {"event": "start", ...} as it begins; cluster: the
+        url is a cluster node's, reached through redis-py's asyncio cluster client;
+        buckets: the kind's buckets; keys: the result lists each firing's key too)
 
 Registers the timer kind ``bench``, prints ``{"ready": true}``, reads ``{"start_at": t,
 "end_at": t}`` (wall clock) from stdin, runs the scheduler from ``start_at`` to
@@ -27,10 +29,13 @@ def main() -> None:
     config = json.loads(sys.argv[1])
     fired: list[tuple[int, float, int]] = []
     samples: list[tuple[float, float]] = []
+    keys: list[str] = []
 
     async def handler(fire: TimerRun) -> None:
         started_ms = time.time() * 1000
         fired.append((fire.due_ms, round(started_ms, 2), fire.attempt))
+        if config.get("keys"):
+            keys.append(fire.key)
         if config.get("hang"):
             event = {"event": "start", "t": started_ms / 1000, "attempt": fire.attempt}
             print(json.dumps(event), flush=True)
@@ -46,8 +51,13 @@ def main() -> None:
         for name in ("lease_ms", "heartbeat_ms"):
             if config.get(name):
                 options[name] = config[name]
-        scheduler = Scheduler(RedisBackend(redis=config["url"], prefix=config["prefix"]), **options)
-        scheduler.add_timer(handler, "bench")
+        target: Any = config["url"]
+        if config.get("cluster"):  # asyncio only: redis-py's cluster client
+            import redis.asyncio
+
+            target = redis.asyncio.RedisCluster.from_url(config["url"], protocol=2)
+        scheduler = Scheduler(RedisBackend(redis=target, prefix=config["prefix"]), **options)
+        scheduler.add_timer(handler, "bench", buckets=config.get("buckets", 1))
         print(json.dumps({"ready": True}), flush=True)
         window = json.loads(await anyio.to_thread.run_sync(sys.stdin.readline))
         await anyio.sleep(window["start_at"] - time.time())
@@ -57,9 +67,12 @@ def main() -> None:
                 await anyio.sleep(window["end_at"] - time.time())
             samples.append((time.time(), time.process_time()))
             group.cancel_scope.cancel()
+        if not isinstance(target, str):
+            await target.aclose()
 
     anyio.run(run_for_a_while, backend=config.get("loop", "asyncio"))
-    print(json.dumps({"result": {"name": config["name"], "fired": fired, "cpu": samples}}))
+    result = {"name": config["name"], "fired": fired, "cpu": samples, "keys": keys}
+    print(json.dumps({"result": result}))
 
 
 if __name__ == "__main__":

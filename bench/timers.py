@@ -8,6 +8,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
 from typing import Any
 
 import anyio
@@ -237,6 +238,86 @@ def takeover(url: str, lease_ms: int, heartbeat_ms: int) -> Result:
         return kill_the_runner(fleet, heartbeat_ms, lease_ms)
 
 
+# ------------------------------------------------------------------ a cluster's buckets
+
+
+def _node_cpu_sec(ports: list[int]) -> list[float]:
+    """Each node's CPU time (user + system), from INFO cpu."""
+    seconds = []
+    for port in ports:
+        cpu = server_info(f"redis://127.0.0.1:{port}", "cpu")
+        seconds.append(float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"]))
+    return seconds
+
+
+async def _set_on_cluster(url: str, prefix: str, due_ms: int, count: int, buckets: int) -> None:
+    """``count`` timers due at ``due_ms``, set through the public API from a process that
+    only sets timers, on redis-py's asyncio cluster client."""
+    client = redis.asyncio.RedisCluster.from_url(url, protocol=2)
+    try:
+        setter = Scheduler(RedisBackend(redis=client, prefix=prefix))
+        at = datetime.fromtimestamp(due_ms / 1000, UTC)
+        for start in range(0, count, 1000):
+            await setter.set_timers(KIND, [
+                TimerSetting(f"t{n}", at=at, payload=PAYLOAD)
+                for n in range(start, min(start + 1000, count))
+            ], buckets=buckets)  # fmt: skip
+    finally:
+        await client.aclose()
+
+
+def cluster_spread(count: int, instances: int, window_sec: float) -> Result:
+    """One kind of timer on a three-primary cluster (the embedded Valkey), with 1 bucket
+    and with 3: ``count`` timers due at one instant, fired by ``instances`` processes.
+    Each node's CPU time over the firing says where the server's work went: a kind
+    lives on one primary per bucket, so the busiest node's share is what bounds it."""
+    from tests.servers import discover_servers, running_cluster, stop_all
+
+    specs = [s for s in discover_servers() if s.family == "valkey" and s.binary is not None]
+    if not specs:
+        return {"skipped": "no Valkey binary for a cluster"}
+    rows = []
+    try:
+        ports = running_cluster(specs[0])
+        url = f"redis://127.0.0.1:{ports[0]}"
+        for buckets in (1, 3):
+            prefix = new_prefix(f"tc{buckets}")
+            argvs = [
+                _instance_argv(url, prefix, f"i{i}", cluster=True, buckets=buckets, keys=True)
+                for i in range(instances)
+            ]
+            with Fleet(argvs) as fleet:
+                fleet.wait_ready()
+                due_ms = int((time.time() + 2.0 + count / 5000) * 1000)  # set by then
+                anyio.run(_set_on_cluster, url, prefix, due_ms, count, buckets)
+                start_at = time.time() + 0.5
+                if start_at * 1000 > due_ms - 300:
+                    raise RuntimeError("setting the timers took longer than allowed for")
+                before = _node_cpu_sec(ports)
+                fleet.go(start_at, due_ms / 1000 + window_sec)
+                results = fleet.results()
+                node_sec = [b - a for a, b in zip(before, _node_cpu_sec(ports), strict=True)]
+            fired = [f for r in results for f in r["fired"]]
+            keys = Counter(key for r in results for key in r["keys"])
+            last_ms = max((started for _, started, _ in fired), default=float("nan"))
+            drain_sec = (last_ms - due_ms) / 1000
+            rows.append({
+                "buckets": buckets,
+                "timers": count,
+                "fired": len(fired),
+                "duplicates": len(fired) - len(keys),
+                "missed": count - len(keys),
+                "drain_sec": drain_sec,
+                "fired_per_sec": len(fired) / drain_sec if drain_sec > 0 else float("nan"),
+                "node_cpu_sec": node_sec,
+                "busiest_share": max(node_sec) / sum(node_sec) if sum(node_sec) else float("nan"),
+                "busiest_cpu_ms_per_1000": 1e6 * max(node_sec) / max(len(fired), 1),
+            })  # fmt: skip
+    finally:
+        stop_all()
+    return {"instances": instances, "rows": rows, "server": specs[0].id}
+
+
 # ------------------------------------------------------------------ the scenario
 
 
@@ -250,6 +331,8 @@ def scenario_timers(url: str | None, mode: Any) -> Result:
         out["set"] = anyio.run(_set_rates, live, mode.pick(5_000, 50_000), 200)
     with server(url) as live:
         out["memory"] = memory_and_idle(live, mode.pick(100_000, 1_000_000), mode.pick(12.0, 60.0))
+    if url is None:  # a cluster of the embedded Valkey (not of a server the user gave)
+        out["cluster"] = cluster_spread(mode.pick(6_000, 30_000), 2, mode.pick(8.0, 12.0))
     with server(url) as live:
         trials = [takeover(live, 2000, 500) for _ in range(mode.pick(2, 4))]
         times = [t["takeover_ms"] for t in trials if t["takeover_ms"] is not None]
@@ -304,6 +387,24 @@ def markdown_timers(result: Result) -> str:
         f"the sorted set). One instance beside them, none due: {m['idle_cpu_percent']:.2f}% of "
         f"a core, {m['idle_commands_per_sec']:.1f} server commands/s.",
     ]
+    c = result.get("cluster")
+    if c and "rows" in c:
+        lines += [
+            "",
+            f"One kind on a three-primary cluster ({c['server']}), all its timers due at once,"
+            f" fired by {c['instances']} instances:",
+            "",
+            "| buckets | timers | fired | duplicates | missed | fired/s | server CPU s per node "
+            "| busiest node's share | busiest node's CPU ms per 1000 fired |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        ]
+        for row in c["rows"]:
+            nodes = " / ".join(f"{sec:.2f}" for sec in row["node_cpu_sec"])
+            lines.append(
+                f"| {row['buckets']} | {row['timers']:,} | {row['fired']:,} | "
+                f"{row['duplicates']} | {row['missed']} | {row['fired_per_sec']:,.0f} | {nodes} "
+                f"| {row['busiest_share']:.0%} | {row['busiest_cpu_ms_per_1000']:.1f} |"
+            )
     t = result["takeover"]
     median_ms = t["median_ms"]
     lines += [
