@@ -19,7 +19,7 @@ import redis.asyncio
 
 from anarchon import RedisBackend, Run
 from anarchon._lease import JobKeys
-from anarchon._store import ClaimRequest
+from anarchon._store import ClaimReply, ClaimRequest
 from anarchon.clients import ServerReplyError
 
 
@@ -209,22 +209,31 @@ class CommandLog:
         return self.seen()
 
 
-async def claim_for_a_dead_runner(
-    url: str, prefix: str, job: str, slot_ms: int, lease_ms: int
-) -> None:
-    """Win ``slot_ms`` of ``job`` for a runner that then vanishes (never heartbeats,
-    never finishes)."""
+async def claim_as(
+    runner: str, url: str, prefix: str, job: str, slot_ms: int, lease_ms: int
+) -> ClaimReply | ServerReplyError:
+    """``runner``'s scheduled claim of ``slot_ms`` of ``job`` (another instance's, on a
+    connection of its own), and the store's answer."""
     backend = RedisBackend(redis=url, prefix=prefix)
-    store = await backend.open({"runner": "dead", "history_size": 100, "history_ttl_ms": None})
+    store = await backend.open({"runner": runner, "history_size": 100, "history_ttl_ms": None})
     try:
         request = ClaimRequest(
             job, str(slot_ms), slot_ms, secrets.token_hex(8), "schedule", lease_ms, 3, False,
             600_000,
         )  # fmt: skip
         (reply,) = await store.claim_many([request])
-        assert not isinstance(reply, ServerReplyError) and reply.kind == "won", reply
+        return reply
     finally:
         await store.conn.aclose()
+
+
+async def claim_for_a_dead_runner(
+    url: str, prefix: str, job: str, slot_ms: int, lease_ms: int
+) -> None:
+    """Win ``slot_ms`` of ``job`` for a runner that then vanishes (never heartbeats,
+    never finishes)."""
+    reply = await claim_as("dead", url, prefix, job, slot_ms, lease_ms)
+    assert not isinstance(reply, ServerReplyError) and reply.kind == "won", reply
 
 
 def run_until_sigterm(scheduler: Any, event_loop: str) -> None:

@@ -31,7 +31,7 @@ from anarchon._lease import JobKeys
 from anarchon._store import AttemptEnd, ClaimRequest
 from anarchon.clients import ServerReplyError
 from tests.faults import FaultProxy, oom
-from tests.helpers import OneShot, claim_for_a_dead_runner, wait_until
+from tests.helpers import OneShot, claim_as, claim_for_a_dead_runner, wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -221,15 +221,7 @@ async def test_a_stop_between_a_failed_claim_and_its_retry_asks_without_claiming
 
     assert [r for r in history if r.slot_ms == slot] == []
     assert [r.getMessage() for r in caplog.records] == []
-    backend = RedisBackend(redis=server_url, prefix=prefix)
-    backup = await backend.open({"runner": "backup", "history_size": 100, "history_ttl_ms": None})
-    request = ClaimRequest(
-        "tick", str(slot), slot, secrets.token_hex(8), "schedule", lease_ms, 3, False, 600_000
-    )
-    try:
-        (reply,) = await backup.claim_many([request])
-    finally:
-        await backup.conn.aclose()
+    reply = await claim_as("backup", server_url, prefix, "tick", slot, lease_ms)
     assert not isinstance(reply, ServerReplyError), reply
     assert (reply.kind, reply.attempt) == ("won", 1), reply
 

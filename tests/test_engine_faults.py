@@ -9,7 +9,6 @@ real server gives when it is out of memory."""
 from __future__ import annotations
 
 import logging
-import secrets
 import threading
 import time
 from collections.abc import Iterator
@@ -24,10 +23,9 @@ from redis.retry import Retry
 
 from anarchon import ConnectionFailedError, RedisBackend, Run, Scheduler
 from anarchon._lease import JobKeys
-from anarchon._store import ClaimRequest
 from anarchon.clients import ServerReplyError
 from tests.faults import FaultProxy, oom
-from tests.helpers import Ledger, OneShot, claim_for_a_dead_runner, wait_until
+from tests.helpers import Ledger, OneShot, claim_as, claim_for_a_dead_runner, wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -515,15 +513,7 @@ async def test_a_claim_whose_reply_was_lost_is_given_back_on_stop_for_a_backup_a
     given_back = ended[0]
     assert (given_back.attempt, given_back.status) == (1, "cancelled"), given_back
     assert given_back.error and "released unstarted" in given_back.error, given_back
-    backend = RedisBackend(redis=server_url, prefix=prefix)
-    backup = await backend.open({"runner": "backup", "history_size": 100, "history_ttl_ms": None})
-    request = ClaimRequest(
-        "tick", str(slot), slot, secrets.token_hex(8), "schedule", lease_ms, 3, False, 600_000
-    )
-    try:
-        (reply,) = await backup.claim_many([request])
-    finally:
-        await backup.conn.aclose()
+    reply = await claim_as("backup", server_url, prefix, "tick", slot, lease_ms)
     assert not isinstance(reply, ServerReplyError), reply
     assert (reply.kind, reply.attempt) == ("won", 2), reply
     assert reply.fence > given_back.fence, (reply, given_back)

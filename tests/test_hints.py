@@ -22,7 +22,7 @@ from anarchon._engine.hints import TimerHints
 from anarchon._timer import TimerKind
 from anarchon._timer_store import TimerKeys
 from tests.faults import FaultProxy
-from tests.test_timers import subscribers
+from tests.test_timers import set_until_fired, subscribers
 
 PREFIX = "hints-test:"
 #: Far in the future: a hint's due time is always sooner than the claims made here.
@@ -160,15 +160,9 @@ async def test_hints_unreachable_are_warned_about_once_and_their_return_said_onc
                 proxy.reset()  # a failure after the return: subscribed again, no word
                 await anyio.sleep(0.2)
                 await subscribers(direct, prefix, 1)
-                # Set again every second until it fires: a sync client's subscription
-                # is made again in a thread of its own at each renewal, and a set
-                # published in between is not heard.
-                with anyio.fail_after(10):
-                    while not fired:
-                        await producer.set_timer("remind", "after-the-outage", delay_ms=300)
-                        with anyio.move_on_after(1):
-                            while not fired:  # noqa: ASYNC110 - polls a list
-                                await anyio.sleep(0.05)
+                # A sync client's subscription is made again in a thread of its own
+                # at each renewal: a set published in between is not heard.
+                await set_until_fired(producer, "after-the-outage", fired, 10)
 
     messages = [record.getMessage() for record in caplog.records]
     unavailable = [m for m in messages if m.startswith("timer hints unavailable")]

@@ -118,7 +118,7 @@ async def test_timer_hints_come_back_after_the_connection_is_cut(
     it subscribes again, and a timer another process sets to fall due long before its
     next poll (30 s) fires."""
     from tests.faults import FaultProxy
-    from tests.test_timers import subscribers
+    from tests.test_timers import set_until_fired, subscribers
 
     fired: list[str] = []
     with FaultProxy(server_url) as proxy:
@@ -132,12 +132,5 @@ async def test_timer_hints_come_back_after_the_connection_is_cut(
         async with scheduler:
             await subscribers(direct, prefix, 1)
             proxy.reset()
-            # Set again every second until it fires: a set made before the subscription
-            # is back is not heard (each set due sooner is published again).
-            with anyio.fail_after(15):
-                while not fired:
-                    await producer.set_timer("remind", "after-the-cut", delay_ms=200)
-                    with anyio.move_on_after(1):
-                        while not fired:  # noqa: ASYNC110 - polls a list
-                            await anyio.sleep(0.05)
+            await set_until_fired(producer, "after-the-cut", fired, 15)
     assert set(fired) == {"after-the-cut"}

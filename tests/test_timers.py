@@ -341,6 +341,20 @@ async def subscribers(direct: redis.Redis, prefix: str, count: int) -> None:
             await anyio.sleep(0.05)
 
 
+async def set_until_fired(
+    producer: Scheduler[Any], key: str, fired: list[str], within_sec: float
+) -> None:
+    """Set ``key``'s ``remind`` timer due in 200 ms, again every second, until it fires
+    (``fired`` holds the keys fired): a set published while no subscription listens
+    (one being made again) is not heard, and each set due sooner is published again."""
+    with anyio.fail_after(within_sec):
+        while key not in fired:
+            await producer.set_timer("remind", key, delay_ms=200)
+            with anyio.move_on_after(1):
+                while key not in fired:  # noqa: ASYNC110 - polls a list
+                    await anyio.sleep(0.05)
+
+
 async def test_a_timer_set_by_another_process_sooner_than_the_next_poll_fires_through_a_hint(
     server_url: str, prefix: str, direct: redis.Redis
 ) -> None:
