@@ -68,12 +68,15 @@ def lateness(url: str, rate: int, instances: int, seconds: float) -> Result:
     argvs = [_instance_argv(url, prefix, f"i{i}") for i in range(instances)]
     with Fleet(argvs) as fleet:
         fleet.wait_ready()
-        start_at = time.time() + 1.0
-        first_due_ms = int((start_at + 1.5) * 1000)
         count = int(rate * seconds)
+        # Set first (100,000 take seconds), due from a moment after the fleet starts.
+        first_due_ms = int((time.time() + 2.5 + count / 20_000) * 1000)
         dues = [first_due_ms + int(n * 1000 / rate) for n in range(count)]
         anyio.run(_set_many, url, prefix, dues)
-        fleet.go(start_at, start_at + 1.5 + seconds + 2.0)
+        start_at = time.time() + 0.5
+        if start_at * 1000 > first_due_ms - 500:
+            raise RuntimeError("setting the timers took longer than allowed for")
+        fleet.go(start_at, first_due_ms / 1000 + seconds + 2.0)
         results = fleet.results()
     fired = [f for r in results for f in r["fired"]]
     late = [started - due for due, started, _ in fired]
