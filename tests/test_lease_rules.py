@@ -314,6 +314,29 @@ async def test_run_now_runs_here_as_a_manual_run_recorded_in_history(
     assert abs(result.slot - datetime.now(UTC)) < timedelta(seconds=5)
 
 
+async def test_a_failed_run_now_is_one_attempt_and_is_not_retried(
+    server_url: str, prefix: str
+) -> None:
+    """run_now is one attempt, whatever the job's max_attempts: a failure is its result,
+    recorded failed, and no retry follows (the job would retry a scheduled slot)."""
+    calls: list[int] = []
+    scheduler = Scheduler(RedisBackend(redis=server_url, prefix=prefix), retry_delay_ms=100)
+
+    @scheduler.job("0 0 1 1 *", name="yearly", max_attempts=3)
+    async def yearly(run: Run) -> None:
+        calls.append(run.attempt)
+        raise RuntimeError("the report failed")
+
+    async with scheduler:
+        result = await scheduler.run_now("yearly")
+        await anyio.sleep(1.0)  # ten retry delays
+        history = await scheduler.history("yearly")
+
+    assert (result.status, result.attempt) == ("failed", 1), result
+    assert calls == [1]
+    assert [(r.slot_ms, r.attempt, r.status) for r in history] == [(result.slot_ms, 1, "failed")]
+
+
 @pytest.mark.parametrize("overlap", [False, True])
 async def test_run_now_respects_overlap(server_url: str, prefix: str, overlap: bool) -> None:
     started = anyio.Event()
