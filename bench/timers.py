@@ -65,7 +65,7 @@ def lateness(url: str, rate: int, instances: int, seconds: float) -> Result:
     """Timers due at ``rate`` per second for ``seconds`` (set beforehand, as timers are),
     fired by ``instances`` processes: due time to handler start."""
     prefix = new_prefix("tl")
-    argvs = [_instance_argv(url, prefix, f"i{i}") for i in range(instances)]
+    argvs = [_instance_argv(url, prefix, f"i{i}", keys=True) for i in range(instances)]
     with Fleet(argvs) as fleet:
         fleet.wait_ready()
         count = int(rate * seconds)
@@ -80,15 +80,16 @@ def lateness(url: str, rate: int, instances: int, seconds: float) -> Result:
         results = fleet.results()
     fired = [f for r in results for f in r["fired"]]
     late = [started - due for due, started, _ in fired]
-    per_due = Counter(due for due, _, _ in fired)
+    # Several timers share a due millisecond above 1,000/s: counted by key.
+    keys = Counter(key for r in results for key in r["keys"])
     cpu = [r["cpu"][-1][1] - r["cpu"][0][1] for r in results]
     return {
         "rate": rate,
         "instances": instances,
         "timers": count,
         "fired": len(fired),
-        "duplicates": len(fired) - len(per_due),
-        "missed": count - len(per_due),
+        "duplicates": len(fired) - len(keys),
+        "missed": count - len(keys),
         **summary_ms(late),
         "cpu_sec_per_1000": 1000 * sum(cpu) / max(len(fired), 1),
     }
@@ -357,8 +358,8 @@ def markdown_timers(result: Result) -> str:
         f"Timer floor (a bare event-loop sleep to a whole second): p50 {floor['p50_ms']:.2f} ms,"
         f" max {floor['max_ms']:.2f} ms.",
         "",
-        "| timers/s due | instances | fired | duplicates | missed | p50 ms | p99 ms | max ms "
-        "| CPU s per 1000 fired |",
+        "| timers/s due | instances | fired | duplicates | not fired by the end | p50 ms | p99 ms "
+        "| max ms | CPU s per 1000 fired |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for row in result["lateness"]:
