@@ -66,7 +66,6 @@ def key_slot(tag: str) -> int:
     return crc % _SLOTS
 
 
-@functools.lru_cache(maxsize=4096)
 def bucket_tag(prefix: str, kind: str, bucket: int, buckets: int) -> str:
     """The hash tag of a kind's bucket: ``{<prefix><kind>}`` for a kind of one bucket;
     else ``{<prefix><kind>#<bucket>}``, or ``{<prefix><kind>#<bucket>.<n>}`` with the
@@ -98,10 +97,9 @@ class TimerKeys:
     due: str
     meta: str
 
-    @classmethod
-    def for_kind(cls, prefix: str, kind: str, bucket: int = 0, buckets: int = 1) -> TimerKeys:
-        tag = bucket_tag(prefix, kind, bucket, buckets)
-        return cls(tag, f"{tag}:timers", f"{tag}:timer-due", f"{tag}:timer-meta")
+    @staticmethod
+    def for_kind(prefix: str, kind: str, bucket: int = 0, buckets: int = 1) -> TimerKeys:
+        return _timer_keys(prefix, kind, bucket, buckets)
 
     @staticmethod
     def buckets_key(prefix: str, kind: str) -> str:
@@ -118,6 +116,13 @@ class TimerKeys:
     def claimed(self, token_base: str) -> str:
         """The set of keys a claim won, kept for a claim sent again after a lost reply."""
         return f"{self.tag}:timer-claimed:{token_base}"
+
+
+@functools.lru_cache(maxsize=4096)
+def _timer_keys(prefix: str, kind: str, bucket: int, buckets: int) -> TimerKeys:
+    """A kind's (bucket's) keys, made once: every set, claim and finish asks for them."""
+    tag = bucket_tag(prefix, kind, bucket, buckets)
+    return TimerKeys(tag, f"{tag}:timers", f"{tag}:timer-due", f"{tag}:timer-meta")
 
 
 # ------------------------------------------------------------------ payloads
