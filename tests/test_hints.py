@@ -137,8 +137,9 @@ async def test_hints_unreachable_are_warned_about_once_and_their_return_said_onc
     again (subscribing again after a growing pause) and says so once, at WARNING. Once
     a subscription lasts until its renewal (1 s here instead of 60) it says once, at
     INFO, that hints are back. The connection is cut once more: the listener subscribes
-    again, warning once more, and a timer another process sets to fall due long before
-    the next poll (30 s) fires through a hint."""
+    again, warning once more (and saying again that they are back if a renewal comes
+    before the test ends), and a timer another process sets to fall due long before the
+    next poll (30 s) fires through a hint."""
     monkeypatch.setattr(hints_module, "_RENEW_SEC", 1.0)
     fired: list[str] = []
     with FaultProxy(server_url) as proxy:
@@ -197,3 +198,32 @@ async def test_a_subscription_renewed_while_the_server_answers_says_nothing(
             await anyio.sleep(4.5)
     warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert warnings == []
+
+
+@pytest.mark.anyio
+async def test_a_sync_subscription_cancelled_before_its_thread_ran_leaves_the_next_free(
+    server_url: str, prefix: str, direct: redis.Redis
+) -> None:
+    """A renewal's cancellation can land before a sync client's subscription thread is
+    started (a worker thread is not started under a cancelled scope). Nothing is left
+    marked as running: the next subscription is made at once, and it hears messages."""
+    from anarchon.clients.redis_py import RedisSyncConnection
+
+    conn = RedisSyncConnection(redis.Redis.from_url(server_url, protocol=2), owned=True)
+    channel = TimerKeys.hint_channel(prefix)
+    heard: list[str] = []
+    try:
+        with anyio.CancelScope() as scope:
+            scope.cancel()
+            await conn.listen(channel, heard.append)
+        async with anyio.create_task_group() as group:
+            group.start_soon(conn.listen, channel, heard.append)
+            await subscribers(direct, prefix, 1)
+            direct.publish(channel, "1000 {x}:timer-due")
+            with anyio.fail_after(5):
+                while not heard:  # noqa: ASYNC110 - polls a list
+                    await anyio.sleep(0.02)
+            group.cancel_scope.cancel()
+    finally:
+        await conn.aclose()
+    assert heard == ["1000 {x}:timer-due"]

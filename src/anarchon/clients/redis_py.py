@@ -148,7 +148,8 @@ class RedisSyncConnection(Connection):
         self.description = f"{type(client).__module__}.{type(client).__qualname__}"
         self._limiter = anyio.CapacityLimiter(max_threads)
         self._receiving_lock = threading.Lock()
-        self._receiving = False
+        #: The stop of the subscription whose thread runs, if one does.
+        self._receiving: threading.Event | None = None
 
     async def _in_thread(self, call: Callable[[], T]) -> T:
         # A deadline (or a stop) must not wait for a thread stuck on a frozen server:
@@ -183,19 +184,23 @@ class RedisSyncConnection(Connection):
         # cancellation (a renewal): wait that long for it. One that does not end is
         # stuck on a server that does not answer: one thread at a time.
         with anyio.move_on_after(_LAST_SUBSCRIPTION_ENDS_SEC):
-            while self._receiving:  # noqa: ASYNC110 - set and cleared by a thread
+            while self._receiving is not None:  # noqa: ASYNC110 - cleared by a thread
                 await anyio.sleep(0.02)
-        with self._receiving_lock:
-            if self._receiving:
-                raise TransportError("the last subscription has not ended yet")
-            self._receiving = True
         stop = threading.Event()
+        began = threading.Event()
+        with self._receiving_lock:
+            if self._receiving is not None:
+                raise TransportError("the last subscription has not ended yet")
+            self._receiving = stop
 
         def receive() -> None:
             # A thread of its own (not one of the connection's), on a connection outside
             # the user's pool: it waits for messages half a second at a time, and ends
             # soon after the caller is cancelled (or once a stuck call returns).
+            began.set()
             try:
+                if stop.is_set():
+                    return
                 own = _client_of_its_own(self.client, self.description)
                 pubsub = own.pubsub(ignore_subscribe_messages=True)
                 try:
@@ -212,7 +217,8 @@ class RedisSyncConnection(Connection):
                     own.connection_pool.disconnect()
             finally:
                 with self._receiving_lock:
-                    self._receiving = False
+                    if self._receiving is stop:
+                        self._receiving = None
 
         try:
             await anyio.to_thread.run_sync(
@@ -222,13 +228,17 @@ class RedisSyncConnection(Connection):
             raise self.errors.convert(exc) from exc
         finally:
             stop.set()
+            if not began.is_set():  # cancelled before the thread ran: it may never
+                with self._receiving_lock:
+                    if self._receiving is stop:
+                        self._receiving = None
 
     async def aclose(self) -> None:
         await anyio.to_thread.run_sync(self.client.close, abandon_on_cancel=True)
 
 
-#: How long a new subscription waits for the last one's thread to end (it checks for
-#: its end every half second).
+#: How long a new subscription waits for the last one's thread to end (that thread
+#: looks for its stop every half second).
 _LAST_SUBSCRIPTION_ENDS_SEC = 1.5
 
 
