@@ -20,6 +20,7 @@ from anarchon._timer_store import (
     TimerPeek,
     TimerStore,
     bucket_of,
+    bucket_tag,
     decode_payload,
     encode_payload,
 )
@@ -60,6 +61,9 @@ def test_a_keys_bucket_is_the_same_everywhere_and_within_the_buckets() -> None:
     assert bucket_of("user:42", 4) == bucket_of("user:42", 4)
     # Pinned: a change here would strand the timers stored under the old tags.
     assert TimerKeys.for_kind("p:", "k", 2, 4).tag == "{p:k#2.20}"
+    assert TimerKeys.for_kind("p:", "k", 70, 100).tag == "{p:k#70}"  # over 64: hashed
+    with pytest.raises(ValueError, match="bucket 4 of 4"):
+        bucket_tag("p:", "k", 4, 4)
     assert TimerKeys.for_kind("p:", "k").tag == "{p:k}"
 
 

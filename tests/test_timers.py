@@ -508,3 +508,19 @@ async def test_a_kinds_buckets_are_the_stores_for_every_process(
             pass
     with pytest.raises(InvalidJobError, match="'#'"):
         await producer.set_timer("remind#2", "k", delay_ms=0)
+
+
+async def test_a_bucket_count_in_the_store_that_is_not_one_is_an_error_that_says_so(
+    server_url: str, prefix: str, direct: redis.Redis
+) -> None:
+    """Something else wrote the kind's bucket count (or wrote it out of range): a
+    process that only sets timers refuses to guess, names the key and what to do, and
+    sets nothing."""
+    where = TimerKeys.buckets_key(prefix, "remind")
+    for stored in ("many", "0", "100000"):
+        direct.set(where, stored)
+        producer = Scheduler(RedisBackend(redis=server_url, prefix=prefix))
+        with pytest.raises(InvalidOptionError, match="buckets=") as info:
+            await producer.set_timer("remind", "k", delay_ms=0)
+        assert where in str(info.value) and repr(stored) in str(info.value)
+    assert direct.keys(f"*{prefix}remind*:timers") == []

@@ -545,11 +545,18 @@ class Scheduler(Generic[K]):
         if buckets is not None:
             return _check_buckets(buckets)
         if kind not in self._stored_buckets:
+            where = TimerKeys.buckets_key(self.backend.prefix, kind)
             with anyio.fail_after(self._context.round_trip_sec * 3):
-                stored = await timers.conn.execute(
-                    ("GET", TimerKeys.buckets_key(self.backend.prefix, kind))
-                )
-            self._stored_buckets[kind] = int(stored) if stored is not None else 1
+                stored = await timers.conn.execute(("GET", where))
+            try:
+                count = 1 if stored is None else _check_buckets(int(stored))
+            except (TypeError, ValueError, InvalidOptionError):
+                raise InvalidOptionError(
+                    f"the store holds {stored!r} as the number of buckets of timer kind "
+                    f"{kind!r} ({where}), not a whole number from 1 to 1024: something else "
+                    "wrote that key; pass buckets= as the kind's instances register it"
+                ) from None
+            self._stored_buckets[kind] = count
         return self._stored_buckets[kind]
 
     @asynccontextmanager

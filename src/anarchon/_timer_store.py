@@ -25,6 +25,9 @@ __all__ = [
     "TimerStore",
     "TimerWin",
     "bucket_of",
+    "bucket_tag",
+    "kind_keys",
+    "key_slot",
     "decode_payload",
     "encode_payload",
 ]
@@ -66,21 +69,32 @@ def key_slot(tag: str) -> int:
     return crc % _SLOTS
 
 
+#: Up to this many buckets each bucket's tag is placed in its own part of the slot space
+#: (a search of about 2N tags per bucket, made once per kind); above it, parts are too
+#: small to be worth it and plain ``#<b>`` tags spread by hashing alone.
+_PLACED_BUCKETS_MAX = 64
+
+
 def bucket_tag(prefix: str, kind: str, bucket: int, buckets: int) -> str:
-    """The hash tag of a kind's bucket: ``{<prefix><kind>}`` for a kind of one bucket;
-    else ``{<prefix><kind>#<bucket>}``, or ``{<prefix><kind>#<bucket>.<n>}`` with the
-    smallest ``n`` that puts it in the middle half of the bucket's own equal part of the
-    slot space. A cluster whose primaries hold equal slot ranges (as ``--cluster create``
-    makes them) then gets as many of the kind's buckets on each primary when the buckets
-    are a multiple of the primaries (3 on 3: one each), wherever CRC-16 would have put
-    them. The same in every process: it depends on the names alone."""
-    if buckets <= 1:
+    """The hash tag of a kind's bucket: ``{<prefix><kind>}`` for a kind of one bucket.
+    Up to 64 buckets, ``{<prefix><kind>#<bucket>}``, or ``{<prefix><kind>#<bucket>.<n>}``
+    with the smallest ``n`` that puts it in the middle half of the bucket's own equal
+    part of the slot space: a cluster whose primaries hold equal slot ranges (as
+    ``--cluster create`` makes them) then gets as many of the kind's buckets on each
+    primary when the buckets are a multiple of the primaries (3 on 3: one each),
+    wherever CRC-16 would have put them. Above 64, ``{<prefix><kind>#<bucket>}``. The
+    same in every process: it depends on the names alone."""
+    if not 0 <= bucket < buckets:
+        raise ValueError(f"bucket {bucket} of {buckets}")
+    if buckets == 1:
         return "{" + prefix + kind + "}"
+    base = f"{prefix}{kind}#{bucket}"
+    if buckets > _PLACED_BUCKETS_MAX:
+        return "{" + base + "}"
     part = _SLOTS / buckets
     low, high = bucket * part + part / 4, (bucket + 1) * part - part / 4
-    base = f"{prefix}{kind}#{bucket}"
     tag, n = base, 0
-    while not low <= key_slot(tag) < high:
+    while not low <= key_slot(tag) < high:  # a 128-slot range at least: found soon
         n += 1
         tag = f"{base}.{n}"
     return "{" + tag + "}"
@@ -99,7 +113,7 @@ class TimerKeys:
 
     @staticmethod
     def for_kind(prefix: str, kind: str, bucket: int = 0, buckets: int = 1) -> TimerKeys:
-        return _timer_keys(prefix, kind, bucket, buckets)
+        return kind_keys(prefix, kind, buckets)[bucket]
 
     @staticmethod
     def buckets_key(prefix: str, kind: str) -> str:
@@ -118,11 +132,15 @@ class TimerKeys:
         return f"{self.tag}:timer-claimed:{token_base}"
 
 
-@functools.lru_cache(maxsize=4096)
-def _timer_keys(prefix: str, kind: str, bucket: int, buckets: int) -> TimerKeys:
-    """A kind's (bucket's) keys, made once: every set, claim and finish asks for them."""
-    tag = bucket_tag(prefix, kind, bucket, buckets)
-    return TimerKeys(tag, f"{tag}:timers", f"{tag}:timer-due", f"{tag}:timer-meta")
+@functools.lru_cache(maxsize=256)
+def kind_keys(prefix: str, kind: str, buckets: int = 1) -> tuple[TimerKeys, ...]:
+    """The keys of each of a kind's buckets, made once per kind: every set, claim and
+    finish asks for them."""
+    keys = []
+    for bucket in range(buckets):
+        tag = bucket_tag(prefix, kind, bucket, buckets)
+        keys.append(TimerKeys(tag, f"{tag}:timers", f"{tag}:timer-due", f"{tag}:timer-meta"))
+    return tuple(keys)
 
 
 # ------------------------------------------------------------------ payloads

@@ -15,7 +15,7 @@ import logging
 
 import anyio
 
-from .._timer_store import TimerKeys
+from .._timer_store import TimerKeys, kind_keys
 from ._context import EngineContext
 from .agenda import Agenda
 
@@ -101,8 +101,7 @@ class TimerHints:
         if not due_ms.isdigit():
             return
         for kind in self._context.timer_kinds.values():
-            for bucket in range(kind.buckets):
-                keys = TimerKeys.for_kind(self._prefix, kind.name, bucket, kind.buckets)
+            for keys in kind_keys(self._prefix, kind.name, kind.buckets):
                 if keys.due == due_key:
                     at_ms = int(due_ms) - self._context.server_offset_ms
                     self._agenda.timer_due(kind.name, keys, at_ms)
