@@ -544,11 +544,13 @@ async def test_a_stop_giving_back_a_claim_to_a_server_that_freezes_ends_in_time(
             await anyio.sleep((slot + 700) / 1000 - time.time())
             proxy.delay(0)
             proxy.pause_on(b"released unstarted")
-            with anyio.fail_after(15):
-                await scheduler.stop()
-            gave_back_into_a_freeze = proxy.paused
+            try:
+                with anyio.fail_after(15):
+                    await scheduler.stop()
+            finally:
+                gave_back_into_a_freeze = proxy.paused
+                proxy.resume()
     finally:
-        proxy.resume()
         client.close()
     assert gave_back_into_a_freeze, "the stop sent no give-back (the claim's reply came?)"
 
