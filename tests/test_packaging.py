@@ -94,3 +94,37 @@ def test_the_demos_runs_are_each_slot_once_by_the_stores_history() -> None:
         slots = sorted(r.slot_ms for r in history if r.job == job)
         assert len(slots) >= seconds - 1, (job, slots)
         assert slots == list(range(slots[0], slots[-1] + 1000, 1000)), (job, slots)
+
+
+def anarchon_command(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "anarchon", *args], capture_output=True, text=True, timeout=60
+    )
+
+
+def test_anarchon_version_prints_the_version() -> None:
+    from anarchon import __version__
+
+    done = anarchon_command("--version")
+    assert (done.returncode, done.stdout.strip()) == (0, f"anarchon {__version__}"), done
+
+
+def test_anarchon_without_a_command_lists_the_commands_and_exits_2() -> None:
+    done = anarchon_command()
+    assert done.returncode == 2, done
+    assert "demo" in done.stdout and "--version" in done.stdout, done.stdout
+    assert "Traceback" not in done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("event_loop", ["asyncio", "trio"])
+def test_the_demo_against_a_server_it_cannot_reach_says_so_in_one_line_and_exits_1(
+    event_loop: str,
+) -> None:
+    done = anarchon_command(
+        "demo", "--redis", "redis://127.0.0.1:1", "--seconds", "1", "--event-loop", event_loop
+    )
+    assert done.returncode == 1, done
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith("anarchon: ") and "cannot reach the server" in lines[0], lines
+    assert "--redis" in lines[0], lines

@@ -21,10 +21,13 @@ def _positive(kind: type[int] | type[float]):  # type: ignore[no-untyped-def]
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
+
     parser = argparse.ArgumentParser(
-        prog="anarchon", description="Distributed cron on Redis and Valkey."
+        prog="anarchon", description="Distributed cron and durable timers on Redis and Valkey."
     )
-    commands = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument("--version", action="version", version=f"anarchon {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     demo = commands.add_parser(
         "demo",
         help="run several scheduler instances against one store and show each slot run once",
@@ -42,22 +45,36 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    """Exit codes: 0 done, 1 a failure at run time (said in one line), 2 a usage error."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
     logging.basicConfig(
         level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    if args.command == "demo":
-        from ._demo import run_demo
+    from ._errors import AnarchonError, ConnectionFailedError
 
-        summary = run_demo(
-            redis_url=args.redis,
-            seconds=args.seconds,
-            instances=args.instances,
-            jobs=args.jobs,
-            event_loop=args.event_loop,
-        )
-        return 0 if summary.duplicates == 0 and summary.misses == 0 else 1
+    try:
+        if args.command == "demo":
+            from ._demo import run_demo
+
+            summary = run_demo(
+                redis_url=args.redis,
+                seconds=args.seconds,
+                instances=args.instances,
+                jobs=args.jobs,
+                event_loop=args.event_loop,
+            )
+            return 0 if summary.duplicates == 0 and summary.misses == 0 else 1
+    except ConnectionFailedError as exc:
+        print(f"anarchon: {exc} (start the server, or give its URL with --redis)", file=sys.stderr)
+        return 1
+    except AnarchonError as exc:
+        print(f"anarchon: {exc}", file=sys.stderr)
+        return 1
     return 2
 
 
