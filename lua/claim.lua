@@ -12,7 +12,9 @@
 --   {'overlap', ms, orphans}  another run of the job is unsettled (ms: the longest time left on
 --                              its lease or retry delay, 0 for orphans); this slot does not start
 --   {'done', status}  the run is settled ('forgotten': a later claim found no state;
---                     'skipped': another instance's first claim found it blocked)
+--                     'skipped': another instance's first claim found it blocked or
+--                     paused; 'paused': this claim found the job paused, and recorded
+--                     the slot as skipped)
 -- orphans (on a slot's first claim only): other unsettled slots of the job that
 -- nobody holds any more (lease expired, or retry due). Claiming them is how
 -- instances notice a dead runner without polling every run they back up.
@@ -126,22 +128,33 @@ end
 -- claim, made while the slot is young enough to be remembered, starts a run.
 if not s and not may_start then return {'done', 'forgotten'} end
 
+-- A skipped slot: settled for every instance's claims of it, and in the history
+-- with the reason.
+local function skip(reason)
+  local skipped = {
+    status = 'skipped', attempt = 0, token = '', until_ms = now, fence = 0,
+    trigger = trigger, started_ms = now, runner = runner,
+  }
+  redis.call('HSET', state_key, slot, encode_state(skipped))
+  redis.call('ZADD', slots_key, slot_score, slot)
+  record_result(results_key, slot, slot_score, skipped, 'skipped', now, reason,
+    history_size, history_ttl_ms)
+end
+
 -- No state: nobody has claimed this run yet.
 if not s then
   trim_old_state()
+  local manual = string.sub(slot, 1, 1) == 'm'
+  if not manual and redis.call('HEXISTS', state_key, PAUSED_FIELD) == 1 then
+    -- Paused: the slot does not start (dead runs are still taken over).
+    skip('paused: the job is paused')
+    local _, orphans = scan_active(true)
+    return {'done', 'paused', orphans}
+  end
   local blocked_ms, orphans = scan_active(true)
   if blocked_ms then
     if skip_if_blocked then
-      -- The slot is settled as skipped: the other instances' claims of it are told
-      -- so, and the history shows it, with the reason.
-      local skipped = {
-        status = 'skipped', attempt = 0, token = '', until_ms = now, fence = 0,
-        trigger = trigger, started_ms = now, runner = runner,
-      }
-      redis.call('HSET', state_key, slot, encode_state(skipped))
-      redis.call('ZADD', slots_key, slot_score, slot)
-      record_result(results_key, slot, slot_score, skipped, 'skipped', now,
-        'overlap: an older run of the job was not settled', history_size, history_ttl_ms)
+      skip('overlap: an older run of the job was not settled')
     end
     return {'overlap', blocked_ms, orphans}
   end
@@ -177,7 +190,8 @@ if s.status == 'retry' then
   if s.until_ms > now then return {'running', s.until_ms - now} end
   local blocked_ms = scan_active(false)
   if blocked_ms then return {'running', blocked_ms} end
-  return win(s.attempt + 1, 'retry', {})
+  -- Attempt 0: a run the fleet was asked for (anarchon run-now), not yet started.
+  return win(s.attempt + 1, s.attempt == 0 and s.trigger or 'retry', {})
 end
 
 -- ok, failed, interrupted, cancelled or skipped. A first claim of a skipped slot

@@ -22,6 +22,11 @@ end
 -- are digits (scheduled) or start with 'm' (manual), so it never collides.
 local FENCE_FIELD = 'fence'
 
+-- The hash field that pauses the job (its value says who paused it, and when):
+-- while it is there, a scheduled slot's first claim records the slot as skipped
+-- instead of starting it. Runs already started, their retries and manual runs go on.
+local PAUSED_FIELD = 'paused'
+
 -- A run's state is one field of the state hash, named for its slot:
 --   status|attempt|token|until_ms|fence|trigger|started_ms|runner
 -- status running: until_ms is the lease expiry;

@@ -10,6 +10,7 @@ import anyio.lowlevel
 import pytest
 
 from anarchon import RedisBackend, Run, Scheduler
+from anarchon._registry import RegistryKeys
 from anarchon._scripts import lease_script
 from anarchon.clients import Command, Connection
 from tests.helpers import wait_until
@@ -91,6 +92,11 @@ async def test_twenty_jobs_due_together_are_claimed_in_one_pipelined_batch(
     # The only other commands are one finish per run (no heartbeat is due with the
     # default heartbeat_ms), resent only after NOSCRIPT.
     sent = [c for b in counting.batches for c in b if script_of(c) != "claim"]
+    # And the stop's withdrawal from the registry (its renewals come every 10 s).
+    registry = RegistryKeys.for_prefix(prefix)
+    withdrawal = [c for c in sent if c[1].startswith(registry.tag + ":instance")]
+    assert [c[0] for c in withdrawal] == ["ZREM", "DEL"], withdrawal
+    sent = [c for c in sent if c not in withdrawal]
     assert {script_of(c) for c in sent} == {"finish"}
     finished = {(c[6], c[8]) for c in sent}  # (slot, token)
     assert len(finished) == len(runs)

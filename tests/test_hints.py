@@ -9,19 +9,22 @@ instance on a real server behind a proxy that refuses its connections."""
 from __future__ import annotations
 
 import logging
+from contextlib import AsyncExitStack
+from types import SimpleNamespace
 
 import anyio
 import pytest
 import redis
 
 import anarchon._engine.hints as hints_module
-from anarchon import RedisBackend, Scheduler, TimerRun
+from anarchon import RedisBackend, Run, Scheduler, TimerRun
 from anarchon._engine._context import EngineContext, _now_ms
 from anarchon._engine.agenda import Agenda
-from anarchon._engine.hints import TimerHints
+from anarchon._engine.hints import Hints
 from anarchon._timer import TimerKind
 from anarchon._timer_store import TimerKeys
 from tests.faults import FaultProxy
+from tests.helpers import OneShot, wait_until
 from tests.test_timers import set_until_fired, subscribers
 
 PREFIX = "hints-test:"
@@ -33,7 +36,7 @@ def a_kind(name: str, buckets: int = 1) -> TimerKind:
     return TimerKind(name, lambda: None, 3, None, buckets, False, False)
 
 
-def listening(*kinds: TimerKind, offset_ms: float = 0.0) -> tuple[TimerHints, Agenda]:
+def listening(*kinds: TimerKind, offset_ms: float = 0.0) -> tuple[Hints, Agenda]:
     """A running instance's listener for ``kinds``, each bucket's claim on its agenda
     at LATER_MS (as after a poll that found nothing due)."""
     context = EngineContext(
@@ -47,7 +50,7 @@ def listening(*kinds: TimerKind, offset_ms: float = 0.0) -> tuple[TimerHints, Ag
         for bucket in range(kind.buckets):
             keys = TimerKeys.for_kind(PREFIX, kind.name, bucket, kind.buckets)
             agenda.timer_due(kind.name, keys, LATER_MS)
-    return TimerHints(context, agenda, PREFIX), agenda
+    return Hints(context, agenda, PREFIX), agenda
 
 
 def claims_at(agenda: Agenda) -> dict[str, float]:
@@ -166,8 +169,8 @@ async def test_hints_unreachable_are_warned_about_once_and_their_return_said_onc
                 await set_until_fired(producer, "after-the-outage", fired, 10)
 
     messages = [record.getMessage() for record in caplog.records]
-    unavailable = [m for m in messages if m.startswith("timer hints unavailable")]
-    back = [m for m in messages if m == "timer hints are back"]
+    unavailable = [m for m in messages if m.startswith("hints unavailable")]
+    back = [m for m in messages if m == "hints are back"]
     assert len(unavailable) == 2, unavailable  # the outage, then the cut after it
     assert 1 <= len(back) <= len(unavailable), messages  # each return said once
     assert fired == ["after-the-outage"]
@@ -227,3 +230,56 @@ async def test_a_sync_subscription_cancelled_before_its_thread_ran_leaves_the_ne
     finally:
         await conn.aclose()
     assert heard == ["1000 {x}:timer-due"]
+
+
+# ------------------------------------------------------ runs given back by a stop
+
+
+def test_a_release_hint_brings_the_backups_claim_of_that_slot_forward_to_now() -> None:
+    """``release <slot id> <job>``: the backup's follow-up claim of that slot (made for
+    when the lease it knew of runs out) is made now; a claim of another slot, and a
+    hint for a slot this instance is no backup of, change nothing."""
+    hints, agenda = listening()
+    job = SimpleNamespace(name="report")
+    mine = agenda.push_follow_up(job, "1000", "schedule", LATER_MS)  # type: ignore[arg-type]
+    other = agenda.push_follow_up(job, "2000", "schedule", LATER_MS)  # type: ignore[arg-type]
+    hints.on_hint("release 3000 report")
+    hints.on_hint("release 1000 another-job")
+    assert (mine.at_ms, other.at_ms) == (LATER_MS, LATER_MS)
+    before = _now_ms()
+    hints.on_hint("release 1000 report")
+    assert before <= mine.at_ms <= _now_ms()
+    assert other.at_ms == LATER_MS
+
+
+@pytest.mark.anyio
+async def test_a_run_given_back_by_a_stopping_instance_is_taken_over_at_once(
+    server_url: str, prefix: str
+) -> None:
+    """Two instances, a 30 s lease: the runner stops mid-run and gives its lease back;
+    its backup, told on the hint channel, runs attempt 2 (with a higher fence) long
+    before the lease it knew of would have run out."""
+    starts: list[tuple[str, int, int]] = []
+    schedulers = []
+    for name in ("a", "b"):
+        scheduler = Scheduler(
+            RedisBackend(redis=server_url, prefix=prefix),
+            instance_id=name, lease_ms=30_000, stop_grace_ms=0,
+        )  # fmt: skip
+
+        @scheduler.job(OneShot.in_ms(1500), name="long")
+        async def long(run: Run) -> None:
+            starts.append((run.runner, run.attempt, run.fence))
+            await anyio.sleep(60)
+
+        schedulers.append(scheduler)
+    async with AsyncExitStack() as stack:
+        for scheduler in schedulers:
+            await stack.enter_async_context(scheduler)
+        await wait_until(lambda: bool(starts), 20, "attempt 1 to start")
+        runner = next(s for s in schedulers if s.instance_id == starts[0][0])
+        backup = next(s for s in schedulers if s is not runner)
+        await runner.stop()
+        await wait_until(lambda: len(starts) == 2, 10, "the backup to take over")
+        assert starts[1][:2] == (backup.instance_id, 2)
+        assert starts[1][2] > starts[0][2]

@@ -37,22 +37,27 @@ def test_the_wheel_ships_the_lua_scripts_and_py_typed(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_the_demo_starts_an_embedded_valkey_and_ends_with_a_clean_summary() -> None:
-    """What a user sees. The summary is the demo's own count: the next test checks the
-    demo's runs against the store instead."""
+    """What a user sees: live lines, the kill and the takeover, the retry, the timer, and
+    a summary. The summary is the demo's own count: the next test checks the demo's runs
+    against the store instead."""
     done = subprocess.run(
         [sys.executable, "-m", "anarchon", "demo", "--seconds", "4"],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=180,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.startswith("started an embedded Valkey")
     summary = done.stdout.strip().splitlines()[-1]
     assert summary.startswith("summary: slots=")
-    assert "duplicates=0 misses=0 timers_fired=1" in summary
+    assert "duplicates=0 misses=0 takeovers=1 retries=1 timers_fired=1" in summary, summary
     assert "ran on instance-" in done.stdout
+    assert re.search(r"killed instance-\d \(SIGKILL\) while it ran slow", done.stdout)
+    assert re.search(r"slow +attempt 2 on instance-\d, fence \d+ > \d+: took over", done.stdout)
+    assert re.search(r"flaky +attempt 2 on instance-\d \(a retry", done.stdout)
     # The timer was replaced before it was due: only the newest set fired.
     assert re.search(r"timer remind 'user:42' fired on instance-\d .*payload 'new'", done.stdout)
+    assert "Traceback" not in done.stderr, done.stderr
 
 
 RAN = re.compile(r"^\s+(\d\d:\d\d:\d\d)\s+(\S+)\s+ran on (\S+)\s+\(fence (\d+)\)$")
@@ -60,16 +65,18 @@ RAN = re.compile(r"^\s+(\d\d:\d\d:\d\d)\s+(\S+)\s+ran on (\S+)\s+\(fence (\d+)\)
 
 @pytest.mark.slow
 def test_the_demos_runs_are_each_slot_once_by_the_stores_history() -> None:
-    """The demo against a server the test reads itself: every run it printed is one
-    attempt the store recorded as won and settled, no slot ran twice, and each job's
-    slots follow each other second by second (a missed slot leaves a gap)."""
+    """The demo against a server the test reads itself: every run it printed is an
+    attempt the store recorded, no slot ran to the end twice, each job's slots follow
+    each other second by second (a missed slot leaves a gap), the slow job's run was
+    taken over (attempt 1 interrupted, attempt 2 ok on another instance with a higher
+    fence) and the flaky job's was retried."""
     url = running_server(MATRIX_FIRST)
     seconds = 5
     done = subprocess.run(
         [sys.executable, "-m", "anarchon", "demo", "--seconds", str(seconds), "--redis", url],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=180,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     lines = done.stdout.splitlines()
@@ -78,22 +85,26 @@ def test_the_demos_runs_are_each_slot_once_by_the_stores_history() -> None:
     assert printed, done.stdout
     assert [run for run, n in printed.items() if n > 1] == [], "printed twice"
 
-    jobs = ["job-1", "job-2", "job-3"]
+    jobs = ["job-1", "job-2", "job-3", "slow", "flaky"]
 
     async def read_history() -> list[RunResult]:
         async with Scheduler(RedisBackend(redis=url, prefix=prefix)) as reader:
             return [r for job in jobs for r in await reader.history(job, 1000)]
 
     history = anyio.run(read_history)
-    assert {(r.attempt, r.status, r.trigger) for r in history} == {(1, "ok", "schedule")}
-    recorded = Counter(
-        (r.slot.strftime("%H:%M:%S"), r.job, r.runner, str(r.fence)) for r in history
-    )
-    assert recorded == printed
-    for job in jobs:
-        slots = sorted(r.slot_ms for r in history if r.job == job)
+    ok = Counter((r.job, r.slot_ms) for r in history if r.status == "ok")
+    assert [slot for slot, n in ok.items() if n > 1] == [], "a slot ran to the end twice"
+    recorded = {(r.slot.strftime("%H:%M:%S"), r.job, r.runner, str(r.fence)) for r in history}
+    assert set(printed) <= recorded, set(printed) - recorded
+    for job in jobs[:3]:
+        slots = sorted(slot for name, slot in ok if name == job)
         assert len(slots) >= seconds - 1, (job, slots)
         assert slots == list(range(slots[0], slots[-1] + 1000, 1000)), (job, slots)
+    slow = sorted((r for r in history if r.job == "slow"), key=lambda r: r.attempt)
+    assert [(r.attempt, r.status) for r in slow] == [(1, "interrupted"), (2, "ok")], slow
+    assert slow[1].runner != slow[0].runner and slow[1].fence > slow[0].fence
+    flaky = sorted((r for r in history if r.job == "flaky"), key=lambda r: r.attempt)
+    assert [(r.attempt, r.status) for r in flaky] == [(1, "failed"), (2, "ok")], flaky
 
 
 def anarchon_command(*args: str) -> subprocess.CompletedProcess[str]:

@@ -29,20 +29,28 @@ from ._errors import (
     UnsupportedClientError,
     UnsupportedServerError,
 )
+from ._inspector import Inspector
+from ._logging import JsonLogFormatter
 from ._schedule import CronSchedule, IntervalSchedule, Schedule
 from ._scheduler import Scheduler
+from ._serve import serve
 from ._structures import (
+    InstanceInfo,
+    JobInfo,
+    LeaseInfo,
     OverlapPolicy,
     Run,
     RunResult,
     RunStatus,
     TimerInfo,
+    TimerKindInfo,
     TimerRun,
     TimerSetting,
     TimerStatus,
     TimerTrigger,
     Trigger,
 )
+from ._version import __version__ as __version__
 
 __all__ = [
     "AnarchonError",
@@ -54,6 +62,11 @@ __all__ = [
     "InvalidOptionError",
     "IdmpStrategy",
     "InvalidScheduleError",
+    "Inspector",
+    "InstanceInfo",
+    "JobInfo",
+    "LeaseInfo",
+    "JsonLogFormatter",
     "LeaseLostError",
     "LeaseStrategy",
     "Leases",
@@ -70,6 +83,7 @@ __all__ = [
     "StoreFormatError",
     "StreamIdStrategy",
     "TimerInfo",
+    "TimerKindInfo",
     "TimerRun",
     "TimerSetting",
     "TimerStatus",
@@ -78,6 +92,5 @@ __all__ = [
     "UnsupportedClientError",
     "UnsupportedServerError",
     "ValkeyBackend",
+    "serve",
 ]
-
-__version__ = "0.1.0"

@@ -28,6 +28,7 @@ from .clients import (
     open_connection,
 )
 from .clients import validate_options as validate_connection_options
+from .clients.sentinel import SentinelSpec, is_sentinel_url
 
 __all__ = [
     "ClaimOnly",
@@ -224,6 +225,8 @@ class RedisBackend(Generic[K]):
         self, connection: ConnectionSpec, strategy: object, prefix: str, *, allow_idmp: bool
     ) -> None:
         self._connection_spec = _validate_connection_spec(connection)
+        #: The server as the last connection found it (None before).
+        self.server: ServerInfo | None = None
         self._strategy = parse_strategy(strategy, allow_idmp=allow_idmp)
         self.prefix = _validate_prefix(prefix)
 
@@ -254,15 +257,23 @@ class RedisBackend(Generic[K]):
         """Connect, and check the server and the store format."""
         conn = open_connection(self._connection_spec)
         try:
-            server = await _check_server(conn)
-            if self.strategy == "idmp" and not server.has_idempotent_xadd:
-                raise UnsupportedServerError(
-                    f"the 'idmp' strategy needs Redis 8.6 or newer (idempotent XADD); this "
-                    f"server is {server.family.capitalize()} "
-                    f"{server.version[0]}.{server.version[1]}: use 'lease' (the default), "
-                    "'script' or 'stream-id'"
-                )
-            await _check_store_format(conn, self.prefix)
+            try:
+                with anyio.fail_after(_START_DEADLINE_SEC):
+                    server = await _check_server(conn)
+                    if self.strategy == "idmp" and not server.has_idempotent_xadd:
+                        raise UnsupportedServerError(
+                            f"the 'idmp' strategy needs Redis 8.6 or newer (idempotent "
+                            f"XADD); this server is {server.family.capitalize()} "
+                            f"{server.version[0]}.{server.version[1]}: use 'lease' (the "
+                            "default), 'script' or 'stream-id'"
+                        )
+                    await _check_store_format(conn, self.prefix)
+            except TimeoutError:
+                raise ConnectionFailedError(
+                    f"the server behind {conn.description} did not answer within "
+                    f"{_START_DEADLINE_SEC:g} s; check that it is not frozen or overloaded, "
+                    "and that the address leads to it"
+                ) from None
         except BaseException:
             if conn.owned:
                 # Closing what was opened, even when cancelled; never for long.
@@ -281,7 +292,24 @@ class RedisBackend(Generic[K]):
         """Connect, and check the server and the store format. Scripts are sent by SHA and
         loaded on the first NOSCRIPT, on whichever node (or restarted server) lacks them."""
         conn, server = await self._connect()
+        self.server = server
         return self._store(conn, server, options)
+
+    def where(self) -> str:
+        """The server as the logs name it: the URL without its password, host:port, or
+        the client's type; with the server's name and version once connected."""
+        spec = self._connection_spec
+        if isinstance(spec, str):
+            place = re.sub(r"//([^:@/]*):[^@/]*@", r"//\1:***@", spec)
+            place = re.sub(r"([?&]password=)[^&]*", r"\1***", place)
+        elif isinstance(spec, Mapping):
+            place = f"{spec.get('host', 'localhost')}:{spec.get('port', 6379)}"
+        else:
+            place = f"a {type(spec).__module__}.{type(spec).__qualname__}"
+        server = self.server
+        if server is not None:
+            place += f" ({server.family.capitalize()} {server.version[0]}.{server.version[1]})"
+        return place
 
     def _store(self, conn: Connection, server: ServerInfo, options: StoreOptions) -> Store:
         if self.strategy == "lease":
@@ -343,10 +371,15 @@ class ValkeyBackend(RedisBackend[K]):
 
 def _validate_connection_spec(spec: ConnectionSpec) -> ConnectionSpec:
     if isinstance(spec, str):
-        if not re.match(r"^(redis|rediss|unix|valkey|valkeys)://", spec):
+        if not re.match(
+            r"^(redis|rediss|unix|valkey|valkeys|redis\+sentinel|valkey\+sentinel)://", spec
+        ):
             raise InvalidOptionError(
-                f"connection URL {spec!r} must start with redis://, rediss:// (TLS) or unix://"
+                f"connection URL {spec!r} must start with redis://, rediss:// (TLS), unix:// "
+                "or redis+sentinel://"
             )
+        if is_sentinel_url(spec):
+            SentinelSpec.from_url(spec)  # raises on a bad one
     elif isinstance(spec, Mapping):
         validate_connection_options(spec)
     return spec
@@ -366,6 +399,10 @@ class ServerInfo:
     def trims_streams_by_id(self) -> bool:
         """XTRIM MINID exists from Redis 6.2 on (and in every Valkey)."""
         return self.family == "valkey" or self.version >= (6, 2)
+
+
+#: How long the checks at start (server, store format) may take in all.
+_START_DEADLINE_SEC = 10.0
 
 
 async def _check_server(conn: Connection) -> ServerInfo:

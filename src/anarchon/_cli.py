@@ -3,9 +3,20 @@
 from __future__ import annotations
 
 import argparse
+import importlib
+import inspect
 import logging
+import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from ._cli_store import COMMANDS as STORE_COMMANDS
+from ._cli_store import add_store_commands, run_store_command
+from ._serve import WAIT_FOR_SERVER_SEC
 
 __all__ = ["main"]
 
@@ -20,6 +31,20 @@ def _positive(kind: type[int] | type[float]):  # type: ignore[no-untyped-def]
     return parse
 
 
+def _at_least_zero(text: str) -> float:
+    value = float(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
+    return value
+
+
+def _port(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a port number (0 to 65535), got {text}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
 
@@ -30,10 +55,13 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     demo = commands.add_parser(
         "demo",
-        help="run several scheduler instances against one store and show each slot run once",
-        description="Starts an embedded Valkey (unless --redis is given), runs scheduler "
-        "instances in this process with jobs firing every second, prints which instance ran "
-        "each slot, and ends with a summary: slots, runs, duplicates, misses.",
+        help="several instances against one store: each slot once, a takeover, a retry, a timer",
+        description="Starts an embedded Valkey (unless --redis is given) and scheduler "
+        "instances as processes, with jobs firing every second, a slow job whose runner is "
+        "killed mid-run (a backup takes it over: attempt 2, a higher fence), a job whose "
+        "first attempt fails (retried) and a timer set, replaced and fired. Prints who ran "
+        "each slot, and ends with a summary: slots, runs, duplicates, misses, takeovers, "
+        "retries, timers fired.",
     )
     demo.add_argument("--redis", metavar="URL", help="use this server instead of an embedded one")
     demo.add_argument("--seconds", type=_positive(float), default=10.0, help="default: 10")
@@ -41,24 +69,73 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--jobs", type=_positive(int), default=3, help="default: 3")
     demo.add_argument("--event-loop", choices=("asyncio", "trio"), default="asyncio")
     demo.add_argument("-v", "--verbose", action="store_true", help="log what the scheduler does")
+    _run_parser(commands)
+    add_store_commands(commands)
     return parser
 
 
+def _run_parser(commands: Any) -> None:
+    run = commands.add_parser(
+        "run",
+        help="run a scheduler of yours until SIGINT or SIGTERM",
+        description="Imports MODULE and runs its Scheduler ATTRIBUTE (or calls ATTRIBUTE, a "
+        "function that returns one, sync or async). The first SIGINT or SIGTERM stops it "
+        "gracefully (running handlers get the scheduler's stop_grace_ms, then their leases "
+        "are given back so that a backup takes over at once); a second one stops it at once. "
+        "Exit codes: 0 stopped, 1 a failure at run time (the server did not answer within "
+        "--wait-for-server, a store of another format, ...), 2 a usage error (a bad "
+        "MODULE:ATTRIBUTE, a bad option).",
+    )
+    run.add_argument("target", metavar="MODULE:ATTRIBUTE", help="such as app:scheduler")
+    run.add_argument("--instance-id", help="this instance's id (default: host:pid:random)")
+    run.add_argument(
+        "--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"),
+        help="default: INFO",
+    )  # fmt: skip
+    run.add_argument("--log-format", default="plain", choices=("plain", "json"))
+    run.add_argument(
+        "--wait-for-server", type=_at_least_zero, default=WAIT_FOR_SERVER_SEC, metavar="SECONDS",
+        help="while the server does not answer at start, try again for this long (default: "
+        f"{WAIT_FOR_SERVER_SEC:g}; 0 fails at once)",
+    )  # fmt: skip
+    run.add_argument(
+        "--health-file", metavar="PATH",
+        help="keep a health file here (check it with: anarchon health PATH)",
+    )  # fmt: skip
+    run.add_argument(
+        "--health-port", type=_port, metavar="PORT",
+        help="answer GET /live and /ready on this port (200 or 503, with a JSON body)",
+    )  # fmt: skip
+    run.add_argument("--health-host", default="0.0.0.0", help="default: 0.0.0.0")
+    run.add_argument("--event-loop", choices=("asyncio", "trio"), default="asyncio")
+
+    health = commands.add_parser(
+        "health",
+        help="check the health file of an `anarchon run` (exit 0 healthy, 1 not)",
+        description="Exits 0 if PATH was written by a running scheduler within --max-age "
+        "seconds (and, with --ready, its server answers), else prints why and exits 1.",
+    )
+    health.add_argument("path", metavar="PATH")
+    health.add_argument("--max-age", type=_positive(float), default=30.0, metavar="SECONDS")
+    health.add_argument("--ready", action="store_true", help="also require a server that answers")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Exit codes: 0 done, 1 a failure at run time (said in one line), 2 a usage error."""
+    """Exit codes: 0 done, 1 a failure at run time (said in one line), 2 a usage error;
+    130 after Ctrl-C."""
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
         return 2
-    logging.basicConfig(
-        level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
     from ._errors import AnarchonError, ConnectionFailedError
 
     try:
         if args.command == "demo":
+            logging.basicConfig(
+                level=logging.INFO if args.verbose else logging.WARNING,
+                format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+            )
             from ._demo import run_demo
 
             summary = run_demo(
@@ -67,15 +144,123 @@ def main(argv: Sequence[str] | None = None) -> int:
                 instances=args.instances,
                 jobs=args.jobs,
                 event_loop=args.event_loop,
+                verbose=args.verbose,
             )
             return 0 if summary.duplicates == 0 and summary.misses == 0 else 1
-    except ConnectionFailedError as exc:
-        print(f"anarchon: {exc} (start the server, or give its URL with --redis)", file=sys.stderr)
-        return 1
+        if args.command == "run":
+            return _run(args)
+        if args.command == "health":
+            return _health(args)
+        if args.command in STORE_COMMANDS:
+            return run_store_command(args)
+    except _UsageError as exc:
+        print(f"anarchon {args.command}: {exc}", file=sys.stderr)
+        return 2
     except AnarchonError as exc:
-        print(f"anarchon: {exc}", file=sys.stderr)
+        hint = ""
+        if isinstance(exc, ConnectionFailedError):
+            hint = " (start the server, or give its URL with --redis)"
+            if args.command == "run":
+                hint = " (start the server, or wait longer with --wait-for-server)"
+        print(f"anarchon: {exc}{hint}", file=sys.stderr)
         return 1
+    except BaseException as exc:
+        if _only_interrupts(exc):
+            return 130
+        raise
     return 2
+
+
+def _only_interrupts(exc: BaseException) -> bool:
+    """Ctrl-C: a KeyboardInterrupt, or (under trio) a group of nothing else."""
+    if isinstance(exc, BaseExceptionGroup):
+        return all(_only_interrupts(inner) for inner in exc.exceptions)
+    return isinstance(exc, KeyboardInterrupt)
+
+
+class _UsageError(Exception):
+    """A command line that cannot work as given: exit code 2."""
+
+
+def _load_target(target: str) -> Any:
+    """``MODULE:ATTRIBUTE`` imported from the current directory (then sys.path)."""
+    module_name, colon, attribute = target.partition(":")
+    if not colon or not module_name or not attribute:
+        raise _UsageError(
+            f"{target!r} is not MODULE:ATTRIBUTE; name the module and the scheduler in it, "
+            "such as app:scheduler"
+        )
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name is None or not module_name.startswith(exc.name):
+            raise  # the module exists, and something it imports does not
+        raise _UsageError(
+            f"no module named {exc.name!r}; run from the directory that holds it, or add "
+            "that directory to PYTHONPATH"
+        ) from None
+    found: Any = module
+    for part in attribute.split("."):
+        try:
+            found = getattr(found, part)
+        except AttributeError:
+            raise _UsageError(
+                f"module {module_name!r} has no attribute {attribute!r}; name the Scheduler "
+                "(or a function that returns one) after the colon"
+            ) from None
+    return found
+
+
+def _run(args: argparse.Namespace) -> int:
+    from ._logging import configure_logging
+    from ._scheduler import Scheduler
+    from ._serve import serve
+
+    configure_logging(args.log_level, args.log_format)
+    target = _load_target(args.target)
+
+    async def run() -> None:
+        scheduler = target
+        if not isinstance(scheduler, Scheduler) and callable(scheduler):
+            scheduler = scheduler()
+            if inspect.isawaitable(scheduler):
+                scheduler = await scheduler
+        if not isinstance(scheduler, Scheduler):
+            raise _UsageError(
+                f"{args.target} is an object of type {type(scheduler).__name__}, not a "
+                "Scheduler or a function that returns one"
+            )
+        if args.instance_id is not None:
+            scheduler._rename(args.instance_id)
+        await serve(
+            scheduler,
+            wait_for_server_sec=args.wait_for_server,
+            health_file=args.health_file,
+            health_port=args.health_port,
+            health_host=args.health_host,
+        )
+
+    try:
+        anyio.run(run, backend=args.event_loop)
+    except BaseExceptionGroup as group:
+        # trio may hand an error out of the run in a group of one.
+        if len(group.exceptions) == 1 and isinstance(group.exceptions[0], Exception):
+            raise group.exceptions[0] from None
+        raise
+    return 0
+
+
+def _health(args: argparse.Namespace) -> int:
+    from ._serve import check_health_file
+
+    problem = check_health_file(Path(args.path), max_age_sec=args.max_age, ready=args.ready)
+    if problem is not None:
+        print(f"anarchon health: {problem}", file=sys.stderr)
+        return 1
+    print("ok")
+    return 0
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ __all__ = [
     "Handler",
     "Job",
     "check_duration_ms",
+    "exception_types",
     "invoke_handler",
     "is_async_callable",
     "make_schedule",
@@ -120,6 +121,20 @@ def takes_run_argument(handler: Callable[..., Any], job: str) -> bool:
     return bool(positional) or any(p.kind is p.VAR_POSITIONAL for p in params)
 
 
+def exception_types(option: str, value: object) -> tuple[type[BaseException], ...] | None:
+    """``retry_on=``: an exception class, or a tuple or list of them (None: every one)."""
+    if value is None:
+        return None
+    given: tuple[object, ...] = tuple(value) if isinstance(value, tuple | list) else (value,)
+    types = tuple(t for t in given if isinstance(t, type) and issubclass(t, Exception))
+    if not types or len(types) != len(given):
+        raise InvalidOptionError(
+            f"{option} must be an exception class or a tuple of them (such as "
+            f"(ConnectionError, TimeoutError)), got {value!r}"
+        )
+    return types
+
+
 def is_async_callable(handler: Callable[..., Any]) -> bool:
     target = handler
     while isinstance(target, functools.partial):
@@ -142,6 +157,17 @@ class Job:
     max_late_ms: int
     takes_run: bool
     is_async: bool
+    #: How long an attempt may run (None: as long as it likes).
+    timeout_ms: int | None = None
+    #: The delay before the second attempt (doubling for each later one); None: the
+    #: scheduler's.
+    retry_delay_ms: int | None = None
+    #: The exceptions that are retried (None: every exception).
+    retry_on: tuple[type[BaseException], ...] | None = None
+
+    def retries(self, failure: BaseException | None) -> bool:
+        """Whether a failure with this exception may be retried (``retry_on``)."""
+        return self.retry_on is None or isinstance(failure, self.retry_on)
 
     @property
     def overlap(self) -> bool:

@@ -21,7 +21,11 @@ from ._store import (
 from ._structures import RunResult, Trigger
 from .clients import Connection, ServerReplyError
 
-__all__ = ["JobKeys", "LeaseStore"]
+__all__ = ["PAUSED_FIELD", "JobKeys", "LeaseStore"]
+
+
+#: The state hash's field that pauses a job (see lua/lease_state.lua).
+PAUSED_FIELD = "paused"
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,6 +193,20 @@ class LeaseStore:
 
     async def result_of(self, job: str, slot_id: str, attempt: int) -> RunResult:
         return await read_result(self.conn, self.keys(job).results, job, slot_id, attempt)
+
+    async def set_paused(self, job: str, paused_by: str | None) -> bool:
+        """Pause the job (``paused_by``: who, and when, as text) or resume it (None):
+        the flag the claim script reads (``PAUSED_FIELD`` in lua/lease_state.lua).
+        Whether it changed anything."""
+        state = self.keys(job).state
+        if paused_by is None:
+            return int(await self.conn.execute(("HDEL", state, PAUSED_FIELD))) == 1
+        return int(await self.conn.execute(("HSETNX", state, PAUSED_FIELD, paused_by))) == 1
+
+    async def paused_by(self, job: str) -> str | None:
+        """Who paused the job, and when (None: it is not paused)."""
+        found = await self.conn.execute(("HGET", self.keys(job).state, PAUSED_FIELD))
+        return None if found is None else str(found)
 
     async def history(self, job: str, limit: int) -> list[RunResult]:
         return await read_history(self.conn, self.keys(job).results, job, limit)

@@ -131,6 +131,16 @@ def from_epoch_ms(epoch_ms: int) -> datetime:
     return _EPOCH + timedelta(milliseconds=epoch_ms)
 
 
+def iso_ms(epoch_ms: int | float) -> str:
+    """An epoch millisecond as logs show it: ISO 8601 in UTC, milliseconds only when
+    there are some (``2026-12-02T13:40:00Z``, ``2026-12-02T13:40:00.250Z``)."""
+    moment = from_epoch_ms(int(epoch_ms))
+    text = moment.strftime("%Y-%m-%dT%H:%M:%S")
+    if moment.microsecond:
+        text += f".{moment.microsecond // 1000:03d}"
+    return text + "Z"
+
+
 class SlotClock:
     """Turns a schedule into slot ids (epoch milliseconds)."""
 

@@ -25,7 +25,7 @@ from ._engine._context import EngineContext, _now_ms
 from ._engine._context import current_attempt as _current_attempt
 from ._engine.agenda import Agenda
 from ._engine.claimer import Claimer
-from ._engine.hints import TimerHints
+from ._engine.hints import Hints
 from ._engine.lease_keeper import LeaseKeeper
 from ._engine.runner import Runner
 from ._engine.settle import Settler
@@ -34,17 +34,21 @@ from ._job import (
     Handler,
     Job,
     check_duration_ms,
+    exception_types,
     is_async_callable,
     make_schedule,
     overlap_policy,
     takes_run_argument,
     validate_job_name,
 )
-from ._schedule import Schedule, SlotClock, from_epoch_ms
+from ._lease import LeaseStore
+from ._registry import REGISTRATION_TTL_MS, Registry
+from ._schedule import Schedule, SlotClock, from_epoch_ms, iso_ms
 from ._store import ClaimReply, Store, manual_slot_id
 from ._structures import OverlapPolicy, RunResult, TimerInfo, TimerSetting
 from ._timer import Recurrence, TimerKind, due_from, validate_kind, validate_timer_key
 from ._timer_store import TimerKeys, TimerStore, decode_payload, encode_payload
+from ._version import __version__
 from .clients import Connection
 
 __all__ = ["Scheduler"]
@@ -71,6 +75,14 @@ def _check_buckets(buckets: object) -> int:
     if isinstance(buckets, bool) or not isinstance(buckets, int) or not 1 <= buckets <= 1024:
         raise InvalidOptionError(f"buckets must be a whole number from 1 to 1024, got {buckets!r}")
     return buckets
+
+
+def _check_instance_id(instance_id: object) -> str:
+    if not isinstance(instance_id, str) or not instance_id or "|" in instance_id:
+        raise InvalidOptionError(
+            f"instance_id must be a non-empty string without '|', got {instance_id!r}"
+        )
+    return instance_id
 
 
 def _default_instance_id() -> str:
@@ -188,13 +200,9 @@ class Scheduler(Generic[K]):
         self.retry_delay_ms = check_duration_ms(
             "retry_delay_ms", 1_000 if retry_delay_ms is None else retry_delay_ms, allow_zero=True
         )
-        if instance_id is None:
-            instance_id = _default_instance_id()
-        if not isinstance(instance_id, str) or not instance_id or "|" in instance_id:
-            raise InvalidOptionError(
-                f"instance_id must be a non-empty string without '|', got {instance_id!r}"
-            )
-        self.instance_id = instance_id
+        self.instance_id = _check_instance_id(
+            _default_instance_id() if instance_id is None else instance_id
+        )
 
         self._context = EngineContext(
             jobs={},
@@ -202,6 +210,7 @@ class Scheduler(Generic[K]):
             lease_ms=self.lease_ms,
             heartbeat_ms=self.heartbeat_ms,
             retry_delay_ms=self.retry_delay_ms,
+            prefix=self.backend.prefix,
             timer_poll_ms=check_duration_ms(
                 "timer_poll_ms", 1_000 if timer_poll_ms is None else timer_poll_ms
             ),
@@ -211,12 +220,21 @@ class Scheduler(Generic[K]):
         self._settler = Settler(self._context, self._agenda)
         self._runner = Runner(self._context, self._agenda, self._settler, self._lease_keeper)
         self._claimer = Claimer(self._context, self._agenda, self._runner, self._settler)
-        self._hints = TimerHints(self._context, self._agenda, self.backend.prefix)
+        self._hints = Hints(self._context, self._agenda, self.backend.prefix)
         self._stopped = anyio.Event()
         #: The number of buckets of kinds without a handler here, as the store said.
         self._stored_buckets: dict[str, int] = {}
+        #: This instance's registration in the store (from start on).
+        self._registry: Registry | None = None
         #: The grace period of a stop in progress (None until stop() is first called).
         self._grace: anyio.CancelScope | None = None
+
+    def _rename(self, instance_id: str) -> None:
+        """Give a scheduler that has not started another instance id (``anarchon run
+        --instance-id``)."""
+        if self._context.state != "new":
+            raise SchedulerStateError("an instance id can only change before the start")
+        self.instance_id = self._context.instance_id = _check_instance_id(instance_id)
 
     @property
     def _store(self) -> Store | None:
@@ -238,6 +256,9 @@ class Scheduler(Generic[K]):
         catch_up_ms: int = 0,
         jitter_ms: int = 0,
         max_late_ms: int = 60_000,
+        timeout_ms: int | None = None,
+        retry_delay_ms: int | None = None,
+        retry_on: type[Exception] | tuple[type[Exception], ...] | None = None,
     ) -> Callable[[F], F]: ...
 
     @overload
@@ -250,6 +271,7 @@ class Scheduler(Generic[K]):
         timezone: str = "UTC",
         jitter_ms: int = 0,
         max_late_ms: int = 60_000,
+        timeout_ms: int | None = None,
     ) -> Callable[[F], F]: ...
 
     def job(
@@ -264,6 +286,9 @@ class Scheduler(Generic[K]):
         catch_up_ms: int | None = None,
         jitter_ms: int = 0,
         max_late_ms: int = 60_000,
+        timeout_ms: int | None = None,
+        retry_delay_ms: int | None = None,
+        retry_on: type[Exception] | tuple[type[Exception], ...] | None = None,
     ) -> Callable[[F], F]:
         """Register the decorated function as a job; see ``add_job`` for the options."""
 
@@ -279,6 +304,9 @@ class Scheduler(Generic[K]):
                 catch_up_ms=catch_up_ms,
                 jitter_ms=jitter_ms,
                 max_late_ms=max_late_ms,
+                timeout_ms=timeout_ms,
+                retry_delay_ms=retry_delay_ms,
+                retry_on=retry_on,
             )
             return handler
 
@@ -298,6 +326,9 @@ class Scheduler(Generic[K]):
         catch_up_ms: int = 0,
         jitter_ms: int = 0,
         max_late_ms: int = 60_000,
+        timeout_ms: int | None = None,
+        retry_delay_ms: int | None = None,
+        retry_on: type[Exception] | tuple[type[Exception], ...] | None = None,
     ) -> None: ...
 
     @overload
@@ -311,6 +342,7 @@ class Scheduler(Generic[K]):
         timezone: str = "UTC",
         jitter_ms: int = 0,
         max_late_ms: int = 60_000,
+        timeout_ms: int | None = None,
     ) -> None: ...
 
     def add_job(
@@ -326,6 +358,9 @@ class Scheduler(Generic[K]):
         catch_up_ms: int | None = None,
         jitter_ms: int = 0,
         max_late_ms: int = 60_000,
+        timeout_ms: int | None = None,
+        retry_delay_ms: int | None = None,
+        retry_on: type[Exception] | tuple[type[Exception], ...] | None = None,
     ) -> None:
         """Register a job.
 
@@ -340,7 +375,14 @@ class Scheduler(Generic[K]):
         slot waits) or ``"allow"`` (it runs at once); False and True are aliases of
         skip and allow; ``max_attempts`` (default 3)
         counts every attempt, crashed or failed; ``catch_up_ms`` (default 0) runs
-        slots missed in that window on start and after a gap.
+        slots missed in that window on start and after a gap; ``retry_delay_ms`` (the
+        scheduler's by default) is the delay before the second attempt, doubling for each
+        later one; ``retry_on`` (an exception class or a tuple of them) retries only
+        those: any other exception fails the run at once. ``timeout_ms`` (with every
+        strategy) is how long an attempt may run: an async handler is then cancelled, a
+        plain function sees ``run.lease_lost`` set (it cannot be interrupted, and is
+        waited for), and the attempt is recorded as failed with a ``TimeoutError``
+        (retried like any failure, if ``retry_on`` allows it).
 
         Jobs can be added while the scheduler runs; their first slot is the
         next one after now.
@@ -356,6 +398,9 @@ class Scheduler(Generic[K]):
             catch_up_ms=catch_up_ms,
             jitter_ms=jitter_ms,
             max_late_ms=max_late_ms,
+            timeout_ms=timeout_ms,
+            retry_delay_ms=retry_delay_ms,
+            retry_on=retry_on,
         )
 
     def _add_job(
@@ -371,6 +416,9 @@ class Scheduler(Generic[K]):
         catch_up_ms: int | None,
         jitter_ms: int,
         max_late_ms: int,
+        timeout_ms: int | None,
+        retry_delay_ms: int | None,
+        retry_on: type[Exception] | tuple[type[Exception], ...] | None,
     ) -> None:
         if not callable(handler):
             raise InvalidJobError(f"a job's handler must be callable, got {handler!r}")
@@ -388,6 +436,8 @@ class Scheduler(Generic[K]):
                 overlap=overlap,
                 max_attempts=max_attempts,
                 catch_up_ms=catch_up_ms,
+                retry_delay_ms=retry_delay_ms,
+                retry_on=retry_on,
             )
         attempts = 3 if max_attempts is None else max_attempts
         if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
@@ -409,6 +459,11 @@ class Scheduler(Generic[K]):
             max_late_ms=check_duration_ms("max_late_ms", max_late_ms, allow_zero=True),
             takes_run=takes_run_argument(handler, job_name),
             is_async=is_async_callable(handler),
+            timeout_ms=None if timeout_ms is None else check_duration_ms("timeout_ms", timeout_ms),
+            retry_delay_ms=None
+            if retry_delay_ms is None
+            else check_duration_ms("retry_delay_ms", retry_delay_ms, allow_zero=True),
+            retry_on=exception_types("retry_on", retry_on),
         )
         window_ms = self.backend.script_window_ms
         if window_ms is not None and job.late_window_ms >= window_ms:
@@ -428,7 +483,11 @@ class Scheduler(Generic[K]):
         self._context.jobs[job_name] = job
         if self._context.state == "running":
             assert self._store is not None
-            self._agenda.schedule_first_slots(job, _now_ms())
+            # Its first slot is the next one: no catch-up before it was added.
+            now_ms = _now_ms()
+            self._context.first_seen_ms.setdefault(job_name, int(now_ms))
+            self._agenda.schedule_first_slots(job, now_ms)
+            self._listen_for_hints()
 
     @property
     def jobs(self) -> list[str]:
@@ -510,18 +569,21 @@ class Scheduler(Generic[K]):
         self._context.timer_kinds[name] = timer_kind
         if self._context.state == "running":
             self._claim_timers_now(timer_kind)
-            self._listen_for_timer_hints()
+            self._listen_for_hints()
 
     @property
     def timer_kinds(self) -> list[str]:
         """The kinds of timer this scheduler fires."""
         return list(self._context.timer_kinds)
 
-    def _listen_for_timer_hints(self) -> None:
-        """From the first kind registered on, hear of timers set elsewhere to fall due
-        sooner than this instance would look (``_engine/hints.py``)."""
-        group = self._context.group
-        if group is not None and self._context.timer_kinds and not self._hints.listening:
+    def _listen_for_hints(self) -> None:
+        """From the first job or timer kind registered on (with leases), hear of timers set
+        elsewhere to fall due sooner than this instance would look, and of runs given
+        back by stopping instances (``_engine/hints.py``)."""
+        context = self._context
+        group = context.group
+        wanted = context.timer_kinds or (context.jobs and self.backend.leases)
+        if group is not None and wanted and not self._hints.listening:
             self._hints.listening = True
             group.start_soon(self._hints.listen)
 
@@ -715,10 +777,17 @@ class Scheduler(Generic[K]):
             }
         )
         self._context.store = store
+        registry = self._registry = Registry(
+            self.backend.prefix, self.instance_id, self.backend.strategy
+        )
         try:
             await store.prepare_jobs(self.jobs)
             if self._context.timer_kinds:
                 await self._prepare_timers(store.conn)
+            with anyio.fail_after(self._context.round_trip_sec * 3):
+                self._context.first_seen_ms = await registry.register(
+                    store.conn, self._context.jobs, self._context.timer_kinds, {}, 0
+                )
         except BaseException:
             if store.conn.owned:
                 with anyio.move_on_after(5, shield=True):
@@ -738,10 +807,43 @@ class Scheduler(Generic[K]):
         for kind in self._context.timer_kinds.values():
             self._claim_timers_now(kind)
         group.start_soon(self._claimer.claim_loop)
+        group.start_soon(self._keep_registered, registry)
         if store.leases:
             group.start_soon(self._lease_keeper.keep_leases)
-            self._listen_for_timer_hints()
+            self._listen_for_hints()
+        log.info(
+            "anarchon %s started: instance %s, %d job(s)%s%s, server %s, prefix %r, strategy %s",
+            __version__,
+            self.instance_id,
+            len(self._context.jobs),
+            f" ({', '.join(self._context.jobs)})" if self._context.jobs else "",
+            f", timer kinds {', '.join(self._context.timer_kinds)}"
+            if self._context.timer_kinds
+            else "",
+            self.backend.where(),
+            self.backend.prefix,
+            self.backend.strategy,
+            extra={"instance": self.instance_id},
+        )
         return self
+
+    async def _keep_registered(self, registry: Registry) -> None:
+        """Renew this instance's registration (``_registry.py``) until the stop."""
+        context = self._context
+        while context.state == "running":
+            with anyio.move_on_after(REGISTRATION_TTL_MS / 3000):
+                await context.stopping.wait()
+            store = context.store
+            if context.state != "running" or store is None:
+                return
+            try:
+                with anyio.fail_after(context.round_trip_sec * 3):
+                    await registry.register(
+                        store.conn, context.jobs, context.timer_kinds,
+                        self._agenda.next_slot_ms, len(context.attempts),
+                    )  # fmt: skip
+            except Exception as exc:
+                log.debug("renewing the registration failed (tried again later): %s", exc)
 
     async def _prepare_timers(self, conn: Connection) -> None:
         """Before the first claim of timers: each kind's number of buckets is the one the
@@ -838,6 +940,8 @@ class Scheduler(Generic[K]):
                 self._runner.cancel_all("the scheduler is stopping")
                 await self._runner.wait_idle()
                 store = self._store
+                if store is not None and self._registry is not None:
+                    await self._registry.withdraw(store.conn, context.round_trip_sec)
                 if store is not None and store.conn.owned:
                     with anyio.move_on_after(context.round_trip_sec):
                         await store.conn.aclose()
@@ -847,6 +951,7 @@ class Scheduler(Generic[K]):
                 context.state = "stopped"
                 self._lease_keeper.wake()  # the lease keeper ends
                 self._stopped.set()
+                log.info("instance %s stopped", self.instance_id)
 
     # --------------------------------------------------------------- reading
 
@@ -857,6 +962,39 @@ class Scheduler(Generic[K]):
         if limit < 1:
             raise InvalidOptionError(f"limit must be 1 or more, got {limit}")
         return await self._store.history(job, limit)
+
+    async def pause(self, job: str) -> bool:
+        """Pause ``job`` across the fleet: a stored flag that every instance honours at its
+        next claim. A slot that comes due while the job is paused is recorded in the
+        history as skipped (``"paused: the job is paused"``) and does not run, then or
+        later; runs already started, their retries, the takeover of dead runs and
+        ``run_now`` go on. False if it was paused already. Lease strategy only."""
+        store = self._lease_store_for("pause()", job)
+        with anyio.fail_after(self._context.round_trip_sec * 3):
+            changed = await store.set_paused(job, f"{self.instance_id} at {iso_ms(_now_ms())}")
+        log.info("%s: paused%s", job, "" if changed else " (it was paused already)")
+        return changed
+
+    async def resume(self, job: str) -> bool:
+        """Resume ``job`` (paused with ``pause``): its next slot runs. Slots skipped while
+        it was paused stay skipped. False if it was not paused."""
+        store = self._lease_store_for("resume()", job)
+        with anyio.fail_after(self._context.round_trip_sec * 3):
+            changed = await store.set_paused(job, None)
+        log.info("%s: resumed%s", job, "" if changed else " (it was not paused)")
+        return changed
+
+    def _lease_store_for(self, what: str, job: str) -> LeaseStore:
+        store = self._store
+        if store is None or self._context.state != "running":
+            raise SchedulerStateError(f"{what} needs a running scheduler (inside `async with`)")
+        if not isinstance(store, LeaseStore):
+            raise InvalidOptionError(
+                f"{what} needs the 'lease' strategy: this scheduler uses {self.backend.strategy!r}"
+            )
+        if job not in self._context.jobs:
+            raise InvalidJobError(f"no job named {job!r} on this scheduler; jobs: {self.jobs}")
+        return store
 
     async def run_now(self, job: str) -> RunResult:
         """Run ``job`` now on this instance, wait for it, and return its result.

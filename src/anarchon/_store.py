@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol, cast
 
-from ._schedule import from_epoch_ms
+from ._schedule import from_epoch_ms, iso_ms
 from ._structures import RunResult, RunStatus, Trigger
 from .clients import Connection, ServerReplyError
 
@@ -149,6 +149,13 @@ def slot_ms_of(slot_id: str) -> int:
     if not is_manual(slot_id):
         return int(slot_id)
     return int(slot_id[1:].split("-", 1)[0])
+
+
+def describe_slot(slot_id: str) -> str:
+    """A slot as logs name it: ``slot 2026-12-02T13:40:00Z``, or ``manual run
+    2026-12-02T13:40:01.250Z`` (when it was asked for)."""
+    when = iso_ms(slot_ms_of(slot_id))
+    return f"manual run {when}" if is_manual(slot_id) else f"slot {when}"
 
 
 def result_member(end: AttemptEnd, status: str, runner: str) -> str:

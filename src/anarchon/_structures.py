@@ -11,11 +11,15 @@ from typing import Any, Literal
 from ._errors import InvalidOptionError, LeaseLostError
 
 __all__ = [
+    "InstanceInfo",
+    "JobInfo",
+    "LeaseInfo",
     "OverlapPolicy",
     "Run",
     "RunResult",
     "RunStatus",
     "TimerInfo",
+    "TimerKindInfo",
     "TimerRun",
     "TimerStatus",
     "TimerTrigger",
@@ -46,10 +50,11 @@ class Run:
     that the handler writes to can reject a write that carries a smaller
     fence than one they have already seen (a stale runner).
 
-    ``lease_lost`` is set when this attempt no longer holds its lease (a
-    heartbeat was refused, none got through in time, or the scheduler is
-    stopping). Async handlers are cancelled instead; a plain function running in
-    a worker thread cannot be, so it should check between steps, most simply
+    ``lease_lost`` is set when this attempt must stop: it no longer holds its lease
+    (a heartbeat was refused, none got through in time), the scheduler is stopping,
+    or the job's ``timeout_ms`` has passed. Async handlers are cancelled instead; a
+    plain function running in a worker thread cannot be, so it should check between
+    steps, most simply
     with ``run.raise_if_lost()``::
 
         @scheduler.job("0 * * * *")
@@ -218,3 +223,76 @@ class TimerInfo:
     attempt: int
     #: How it recurs: ``"every_ms=..."``, ``"cron=... timezone=..."``, or None.
     recurs: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class JobInfo:
+    """A job as the registry in the store shows it (``Inspector.jobs``).
+
+    ``schedule`` describes it (``cron`` or ``every_ms`` is set for the built-in kinds);
+    ``next_fire`` is its next slot after now in UTC (None if it never fires again or
+    cannot be reckoned here: a custom schedule reports the next slot its instances
+    last saw); ``options`` holds the rest of its definition (``overlap``,
+    ``max_attempts``, ``catch_up_ms``, ``timeout_ms``, ...). ``paused_by`` says who
+    paused it and when. ``last`` is its newest recorded attempt. ``first_seen`` is when
+    it first appeared in the store (catch-up never reaches back before it)."""
+
+    name: str
+    schedule: str
+    cron: str | None
+    every_ms: int | None
+    timezone: str
+    strategy: str
+    next_fire: datetime | None
+    paused: bool
+    paused_by: str | None
+    last: RunResult | None
+    first_seen: datetime | None
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseInfo:
+    """A run in progress as the store holds it (``Inspector.leases``): ``status``
+    ``running`` (``runner`` holds its lease for ``left_ms`` more) or ``retry`` (it waits
+    for its next attempt, which may start in ``left_ms``)."""
+
+    job: str
+    slot: datetime
+    slot_ms: int
+    slot_id: str
+    status: Literal["running", "retry"]
+    attempt: int
+    runner: str
+    fence: int
+    trigger: Trigger
+    left_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceInfo:
+    """An instance alive in the fleet, as it registered itself (``Inspector.instances``);
+    ``expires_in_ms`` is how long its registration lasts unless it renews it."""
+
+    id: str
+    host: str
+    pid: int
+    version: str
+    started: datetime
+    strategy: str
+    jobs: tuple[str, ...]
+    timer_kinds: tuple[str, ...]
+    running: int
+    expires_in_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class TimerKindInfo:
+    """A kind of timer the fleet fires (``Inspector.timers``): how many keys have a
+    timer pending, and the first to fall due."""
+
+    kind: str
+    buckets: int
+    pending: int
+    next_due: datetime | None
+    next_key: str | None

@@ -17,7 +17,7 @@ import anyio
 from anyio.abc import TaskGroup
 
 from .._job import Job
-from .._store import Store, is_manual
+from .._store import Store, describe_slot, is_manual
 from .._structures import Run, TimerRun
 from .._timer import Recurrence, TimerKind
 from .._timer_store import TimerKeys, TimerStore
@@ -97,6 +97,8 @@ class _Leased:
     #: The handler has returned (or raised): its finish is on the way, so a heartbeat
     #: refused from now on says nothing about a lost lease.
     ended: bool = False
+    #: What the handler raised (None if it did not); logged with the run's end.
+    failure: BaseException | None = None
     #: Set once the attempt has ended and its result is recorded (or given up).
     settled: anyio.Event = field(default_factory=anyio.Event)
     #: When the lease runs out as far as this instance knows, and when to heartbeat
@@ -121,12 +123,26 @@ class _Leased:
     def describe(self) -> str:
         raise NotImplementedError
 
+    @property
+    def timeout_ms(self) -> int | None:
+        """How long the handler may run (None: as long as it likes)."""
+        return None
+
+    @property
+    def is_async(self) -> bool:
+        """Whether the handler runs in the event loop (or in a worker thread)."""
+        raise NotImplementedError
+
     async def invoke(self) -> None:
         raise NotImplementedError
 
-    def cancel(self, reason: str) -> None:
-        """Tell the handler its lease is gone (threads) and cancel it (async)."""
-        log.info("cancelling %s: %s", self.describe(), reason)
+    def cancel(self, reason: str, *, lost: bool = False) -> None:
+        """Tell the handler its lease is gone (threads) and cancel it (async). ``lost``:
+        the lease is lost (an ERROR), not given up by a stop."""
+        if lost:
+            log.error("%s lost its lease, cancelling it: %s", self.describe(), reason)
+        else:
+            log.info("cancelling %s: %s", self.describe(), reason)
         self.lease_lost.set()
         self.scope.cancel()
 
@@ -156,7 +172,15 @@ class _Attempt(_Leased):
         return _attempts_for(self.job, self.slot_id)
 
     def describe(self) -> str:
-        return f"{self.job.name} slot {self.slot_id} attempt {self.run.attempt}"
+        return f"{self.job.name} {describe_slot(self.slot_id)} attempt {self.run.attempt}"
+
+    @property
+    def timeout_ms(self) -> int | None:
+        return self.job.timeout_ms
+
+    @property
+    def is_async(self) -> bool:
+        return self.job.is_async
 
     async def invoke(self) -> None:
         await self.job.invoke(self.run)
@@ -187,6 +211,10 @@ class _Firing(_Leased):
     def describe(self) -> str:
         return f"timer {self.kind.name} {self.run.key!r} attempt {self.run.attempt}"
 
+    @property
+    def is_async(self) -> bool:
+        return self.kind.is_async
+
     async def invoke(self) -> None:
         await self.kind.invoke(self.run)
 
@@ -214,6 +242,8 @@ class EngineContext:
     lease_ms: int
     heartbeat_ms: int
     retry_delay_ms: int
+    #: The backend's key prefix.
+    prefix: str = "cron:"
     #: Opened on start; None before.
     store: Store | None = None
     #: The task group every task of the scheduler runs in (from start on).
@@ -236,6 +266,9 @@ class EngineContext:
     #: How long an instance waits at most between two claims of a kind's due timers
     #: (a timer set elsewhere to fire sooner than it knew of is seen by then).
     timer_poll_ms: int = 1000
+    #: When each job first appeared in the store (server ms, from the registry at
+    #: start): catch-up never reaches back before it.
+    first_seen_ms: dict[str, int] = field(default_factory=dict)
     #: The server's clock minus this instance's, as the last claim of timers saw it
     #: (a recurring timer's next due time is reckoned on the server's clock).
     server_offset_ms: float = 0.0

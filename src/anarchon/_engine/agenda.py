@@ -23,7 +23,7 @@ import anyio
 import anyio.lowlevel
 
 from .._job import Job
-from .._schedule import from_epoch_ms
+from .._schedule import iso_ms
 from .._store import slot_ms_of
 from .._structures import Trigger
 from .._timer_store import TimerKeys
@@ -125,6 +125,24 @@ class Agenda:
         self.push(due)
         return due
 
+    def bring_forward(self, job: str, slot_id: str) -> None:
+        """Make this instance's follow-up claim of a slot now (a run given back), if it
+        has one."""
+        if (job, slot_id) not in self.pending:
+            return
+        now_ms = _now_ms()
+        for due in self._due:
+            if due.job == job and due.slot_id == slot_id and not due.first:
+                due.at_ms = min(due.at_ms, now_ms)
+        heapq.heapify(self._due)
+        self._wake.set()
+
+    def claim_now(self, job: Job, slot_id: str) -> None:
+        """Claim a run the fleet was asked for (stored as due) now, unless this instance
+        already has a claim of it on the agenda."""
+        if (job.name, slot_id) not in self.pending:
+            self.push_follow_up(job, slot_id, "manual", _now_ms())
+
     def push_again(self, due: _Due, at_ms: float) -> None:
         """Queue a claim again at ``at_ms``, with its token (its round trip failed)."""
         due.at_ms = at_ms
@@ -185,8 +203,12 @@ class Agenda:
             return None
 
     def schedule_first_slots(self, job: Job, now_ms: float) -> None:
-        """On start (or when added): slots in the catch-up window, then the next one."""
-        after = int(now_ms) - job.catch_up_ms - 1 if job.catch_up_ms else int(now_ms)
+        """On start (or when added): slots in the catch-up window (never before the job
+        first appeared in the store), then the next one."""
+        after = int(now_ms)
+        if job.catch_up_ms:
+            first_seen_ms = self._context.first_seen_ms.get(job.name, 0)
+            after = min(max(after - job.catch_up_ms, first_seen_ms) - 1, after)
         slot = self._next_slot(job, after)
         if slot is not None:
             self._schedule_slot(job, slot, "catch-up" if slot < now_ms else "schedule")
@@ -209,7 +231,7 @@ class Agenda:
             log.warning(
                 "%s: slots after %s were missed (no claim in time)",
                 job.name,
-                from_epoch_ms(after_slot_ms),
+                iso_ms(after_slot_ms),
             )
         if slot is None:
             self.next_slot_ms.pop(job.name, None)
@@ -297,8 +319,8 @@ class Agenda:
                 log.warning(
                     "%s: slot %s skipped: a newer slot (%s) is due too, after a gap",
                     due.job,
-                    from_epoch_ms(due.slot_ms),
-                    from_epoch_ms(latest.slot_ms),
+                    iso_ms(due.slot_ms),
+                    iso_ms(latest.slot_ms),
                 )
                 continue
             kept.append(due)
@@ -314,7 +336,7 @@ class Agenda:
             "%s: slot %s skipped: it waited %.0f ms behind an older run, longer than a "
             "waiting slot may (lateness or catch-up window plus a lease plus 30 s)",
             job.name,
-            from_epoch_ms(due.slot_ms),
+            iso_ms(due.slot_ms),
             age_ms,
         )
         return True
@@ -334,7 +356,7 @@ class Agenda:
         log.warning(
             "%s: slot %s missed: %.0f ms late, max_late_ms=%d and catch_up_ms=%d",
             job.name,
-            from_epoch_ms(due.slot_ms),
+            iso_ms(due.slot_ms),
             now_ms - due.slot_ms,
             job.max_late_ms,
             job.catch_up_ms,

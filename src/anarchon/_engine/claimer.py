@@ -19,8 +19,8 @@ import anyio
 
 from .._errors import AnarchonError, ConnectionFailedError, RunOverlapError
 from .._job import Job
-from .._schedule import from_epoch_ms
-from .._store import ClaimReply, ClaimRequest, Store
+from .._schedule import iso_ms
+from .._store import ClaimReply, ClaimRequest, Store, describe_slot
 from .._timer_store import TimerClaim
 from ..clients import ServerReplyError, is_transient
 from ._context import EngineContext, _attempts_for, _now_ms, firing_key
@@ -183,9 +183,9 @@ class Claimer:
             if isinstance(reply, ServerReplyError):
                 if is_transient(reply):
                     log.warning(
-                        "%s: the claim of slot %s was refused for now, retrying: %s",
+                        "%s: the claim of %s was refused for now, retrying: %s",
                         due.job,
-                        due.slot_id,
+                        describe_slot(due.slot_id),
                         reply,
                     )
                     again.append(due)
@@ -320,10 +320,10 @@ class Claimer:
                 # The reply came back after the lease it granted ran out (a starved
                 # machine): a backup may run this attempt already, so it is not started.
                 log.warning(
-                    "%s slot %s attempt %d: won, but the reply came after its lease ran "
-                    "out; not started (a backup takes it over)",
+                    "%s %s attempt %d: won, but the reply came after its lease ran out; not "
+                    "started (a backup takes it over)",
                     job.name,
-                    due.slot_id,
+                    describe_slot(due.slot_id),
                     reply.attempt,
                 )
                 return
@@ -336,6 +336,13 @@ class Claimer:
             else:
                 # Catch-up slots, retries and overlap="wait" wait their turn.
                 self._wait_behind_overlap(job, due, reply.wait_ms, now_ms)
+        elif reply.kind == "done" and reply.status == "paused":
+            log.info(
+                "%s: slot %s skipped (recorded in history): the job is paused",
+                job.name,
+                iso_ms(due.slot_ms),
+                extra={"job": job.name, "slot_ms": due.slot_ms},
+            )
         elif reply.kind == "done" and reply.status == "skipped" and due.failures > 0:
             # This instance's own skip whose reply was lost (or another's, which its
             # failed first claim missed): the warning is not lost with the reply.
@@ -347,7 +354,7 @@ class Claimer:
             "%s: slot %s skipped (recorded in history): an older run of the job is "
             "not settled yet, and overlap=%r",
             job.name,
-            from_epoch_ms(due.slot_ms),
+            iso_ms(due.slot_ms),
             job.overlap_policy,
         )
 

@@ -1,12 +1,21 @@
-"""Timer hints: an instance that fires a kind hears of a timer set elsewhere to fall due
-sooner than it would look.
+"""Hints: an instance hears of work that falls due sooner than it would look.
 
-``lua/timer_set.lua`` publishes a set that makes its key the first of the kind (bucket)
-to need attention, as ``<due_ms> <due key>``, on the prefix's hint channel. The
-listener here subscribes (on a connection of its own, where the client can) and brings
-the kind's claim forward to that due time. Hints are never relied on: a hint lost (no
-subscription yet, a dropped connection, a client that cannot subscribe) costs at most
-``timer_poll_ms`` of lateness, since every instance also claims at least that often.
+Two kinds of message come on the prefix's hint channel (``TimerKeys.hint_channel``):
+
+- ``<due_ms> <due key>``: ``lua/timer_set.lua`` publishes a set that makes its key the
+  first of the kind (bucket) to need attention; an instance that fires the kind brings
+  the kind's claim forward to that due time.
+- ``release <slot id> <job>``: a stopping instance gave a run back (it was cancelled
+  with attempts left); an instance that is a backup of that slot claims it now, instead
+  of when the lease it knew of would have run out.
+- ``run <slot id> <job>``: the fleet was asked to run the job now (``anarchon run-now``,
+  ``Inspector.run_now``); every instance that runs the job claims that manual slot, and
+  one of them wins it.
+
+The listener here subscribes (on a connection of its own, where the client can). Hints
+are never relied on: a hint lost (no subscription yet, a dropped connection, a client
+that cannot subscribe) costs at most ``timer_poll_ms`` of lateness for a timer, and a
+lease for a given-back run.
 """
 
 from __future__ import annotations
@@ -19,7 +28,7 @@ from .._timer_store import TimerKeys, kind_keys
 from ._context import EngineContext
 from .agenda import Agenda
 
-__all__ = ["TimerHints"]
+__all__ = ["RELEASED", "REQUESTED", "Hints"]
 
 log = logging.getLogger("anarchon")
 
@@ -31,7 +40,13 @@ _FIRST_PAUSE_SEC = 0.5
 _MAX_PAUSE_SEC = 5.0
 
 
-class TimerHints:
+#: The first word of a hint that a run was given back.
+RELEASED = "release"
+#: The first word of a hint that the fleet was asked to run a job now.
+REQUESTED = "run"
+
+
+class Hints:
     def __init__(self, context: EngineContext, agenda: Agenda, prefix: str) -> None:
         self._context = context
         self._agenda = agenda
@@ -67,17 +82,13 @@ class TimerHints:
                 with anyio.move_on_after(_RENEW_SEC) as renewal:
                     await store.conn.listen(channel, self.on_hint)
             except NotImplementedError as exc:
-                log.info(
-                    "timers set by other processes are seen within timer_poll_ms (%d ms): %s",
-                    self._context.timer_poll_ms, exc,
-                )  # fmt: skip
+                log.info("hints are off (%s): %s", exc, self._without_hints())
                 return
             except Exception as exc:
                 if not failing:
                     log.warning(
-                        "timer hints unavailable (%s); timers set by other processes are "
-                        "seen within timer_poll_ms (%d ms) until they are back",
-                        exc, self._context.timer_poll_ms,
+                        "hints unavailable (%s); until they are back, %s",
+                        exc, self._without_hints(),
                     )  # fmt: skip
                 failing = True
                 await anyio.sleep(pause)
@@ -86,18 +97,36 @@ class TimerHints:
             if renewal.cancelled_caught:
                 # The subscription lasted until its renewal: it worked.
                 if failing:
-                    log.info("timer hints are back")
+                    log.info("hints are back")
                 failing = False
                 pause = _FIRST_PAUSE_SEC
             else:  # a client whose subscription ended by itself: not too often
                 await anyio.sleep(pause)
 
+    def _without_hints(self) -> str:
+        return (
+            f"timers set by other processes are seen within timer_poll_ms "
+            f"({self._context.timer_poll_ms} ms), and a run given back by a stopping "
+            "instance is taken over when its lease would have run out"
+        )
+
     def on_hint(self, message: str) -> None:
         """``<due_ms> <due key>``: claim that kind (bucket) at the due time, if it fires
-        here and would be claimed later."""
+        here and would be claimed later. ``release <slot id> <job>``: claim the slot now,
+        if this instance is one of its backups."""
         if self._context.state != "running":
             return
         due_ms, _, due_key = message.partition(" ")
+        if due_ms == RELEASED:
+            slot_id, _, job = due_key.partition(" ")
+            self._agenda.bring_forward(job, slot_id)
+            return
+        if due_ms == REQUESTED:
+            slot_id, _, name = due_key.partition(" ")
+            asked = self._context.jobs.get(name)
+            if asked is not None and slot_id.startswith("m"):
+                self._agenda.claim_now(asked, slot_id)
+            return
         if not due_ms.isdigit():
             return
         for kind in self._context.timer_kinds.values():

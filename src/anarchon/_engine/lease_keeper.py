@@ -82,7 +82,8 @@ class LeaseKeeper:
         attempt.lost = True
         attempt.cancel(
             "no heartbeat got through before the lease would expire (the server does not "
-            "answer in time); a backup may take over"
+            "answer in time); a backup may take over",
+            lost=True,
         )
 
     async def _beat(self, attempts: list[_Leased]) -> list[bool | ServerReplyError]:
@@ -153,7 +154,8 @@ class LeaseKeeper:
                 attempt.cancel(
                     "the store refused its heartbeat: another attempt holds the run now, or "
                     "the run's state is gone (the store was wiped, or failed over to a "
-                    "replica that had not seen the claim)"
+                    "replica that had not seen the claim)",
+                    lost=True,
                 )
             elif now >= attempt.held_until:
                 self._give_up(attempt)

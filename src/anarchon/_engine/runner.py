@@ -112,7 +112,7 @@ class Runner:
                         # loop): a backup may run it already, so the handler must not.
                         raise LeaseLostError("the lease ran out before the handler began")
                     leased.began = True
-                    await leased.invoke()
+                    await self._invoke(leased)
                     # A handler that returns once its lease is gone (a plain function
                     # checking run.lease_lost, e.g. on stop) stopped early: its run is
                     # released for a retry, not recorded as done.
@@ -122,7 +122,7 @@ class Runner:
                 except Exception as exc:
                     outcome = "failed"
                     error = "".join(traceback.format_exception_only(exc)).strip()
-                    log.warning("%s failed: %s", leased.describe(), error, exc_info=exc)
+                    leased.failure = exc  # logged with the run's end, once recorded
             if leased.scope.cancelled_caught:
                 outcome = "cancelled"
         finally:
@@ -137,6 +137,43 @@ class Runner:
                         self._agenda.run_ended(leased.job)
                     if not self._context.attempts:
                         self._idle.set()
+
+    async def _invoke(self, leased: _Leased) -> None:
+        """Call the handler; past its ``timeout_ms`` an async one is cancelled, and a
+        plain function (which cannot be) sees ``lease_lost`` set; either way the attempt
+        then raises ``TimeoutError``, however the handler ended."""
+        timeout_ms = leased.timeout_ms
+        if timeout_ms is None:
+            await leased.invoke()
+            return
+        group = self._context.group
+        assert group is not None
+        with anyio.move_on_after(timeout_ms / 1000) as limit:
+            telling = anyio.CancelScope()
+            if not leased.is_async:
+                group.start_soon(self._tell_at_timeout, leased, limit.deadline, telling)
+            try:
+                await leased.invoke()
+            except Exception:
+                if anyio.current_time() < limit.deadline:
+                    raise  # it failed before its time was up
+            finally:
+                telling.cancel()
+        if limit.cancelled_caught or anyio.current_time() >= limit.deadline:
+            raise TimeoutError(f"the handler ran longer than timeout_ms ({timeout_ms} ms)")
+
+    @staticmethod
+    async def _tell_at_timeout(leased: _Leased, deadline: float, scope: anyio.CancelScope) -> None:
+        """A plain function past its timeout is told through ``run.lease_lost``."""
+        with scope:
+            await anyio.sleep_until(deadline)
+            log.warning(
+                "%s ran past its timeout_ms (%d ms): it runs in a worker thread and cannot be "
+                "interrupted; it sees run.lease_lost set, and is waited for",
+                leased.describe(),
+                leased.timeout_ms,
+            )
+            leased.lease_lost.set()
 
     async def wait_idle(self) -> None:
         """Return once no attempt runs here."""

@@ -17,13 +17,14 @@ from typing import TypeVar
 import anyio
 
 from .._job import Job
-from .._schedule import from_epoch_ms
-from .._store import AttemptEnd, ClaimReply, Outcome
+from .._schedule import iso_ms
+from .._store import AttemptEnd, ClaimReply, FinishReply, Outcome
 from .._timer import Recurrence, TimerKind
 from .._timer_store import TimerEnd, TimerFinishReply, TimerKeys, TimerOutcome, TimerWin
 from ..clients import is_transient
 from ._context import EngineContext, _Attempt, _attempts_for, _Firing, _Leased, _now_ms
 from .agenda import Agenda
+from .hints import RELEASED
 
 __all__ = ["Settler"]
 
@@ -59,11 +60,27 @@ class Settler:
             max_attempts=_attempts_for(job, slot_id),
             retry_delay_ms=0,
         )
+        reply = None
         with anyio.move_on_after(self._context.round_trip_sec):
             try:
-                await store.finish(end)
+                reply = await store.finish(end)
             except Exception as exc:
                 self._context.health.failed(f"releasing a claim of {job.name}", exc)
+        if reply is not None and reply.held and reply.status == "retry":
+            await self._announce_release(job, slot_id)
+
+    async def _announce_release(self, job: Job, slot_id: str) -> None:
+        """Tell the backups of a run given back by this stopping instance to claim it now
+        (``_engine/hints.py``); without the hint, they claim it when the lease they knew
+        of would have run out."""
+        store = self._context.store
+        assert store is not None
+        channel = TimerKeys.hint_channel(self._context.prefix)
+        with anyio.move_on_after(self._context.round_trip_sec):
+            try:
+                await store.conn.execute(("PUBLISH", channel, f"{RELEASED} {slot_id} {job.name}"))
+            except Exception as exc:
+                self._context.health.failed(f"announcing a run of {job.name} given back", exc)
 
     async def release_firing(self, kind: TimerKind, keys: TimerKeys, win: TimerWin) -> None:
         """Give back a firing won but never started (the scheduler is stopping): finished
@@ -100,18 +117,29 @@ class Settler:
             finished_ms=int(_now_ms()),
             outcome=outcome,
             error=error,
-            max_attempts=attempt.max_attempts,
-            retry_delay_ms=self._context.retry_delay_ms * 2 ** (run.attempt - 1),
+            # A failure retry_on does not name is the run's last attempt.
+            max_attempts=attempt.max_attempts
+            if outcome != "failed" or job.retries(attempt.failure)
+            else run.attempt,
+            retry_delay_ms=self._retry_delay_ms(job) * 2 ** (run.attempt - 1),
         )
         reply, _ = await self._send(job.name, lambda: store.finish(end))
         if reply is None:
             self._could_not_record(attempt)
-        elif not reply.held:
+            return
+        if not reply.held:
             self._lost(attempt, outcome)
-        elif reply.status == "retry" and self._context.state == "running":
+            return
+        _log_ended(attempt, end, reply)
+        if reply.status == "retry" and self._context.state == "running":
             self._agenda.push_follow_up(
                 job, attempt.slot_id, "retry", _now_ms() + reply.retry_in_ms
             )
+        elif reply.status == "retry" and reply.retry_in_ms == 0:
+            await self._announce_release(job, attempt.slot_id)  # given back by a stop
+
+    def _retry_delay_ms(self, job: Job) -> int:
+        return self._context.retry_delay_ms if job.retry_delay_ms is None else job.retry_delay_ms
 
     async def _settle_firing(self, firing: _Firing, outcome: Outcome) -> None:
         fire = firing.run
@@ -137,6 +165,8 @@ class Settler:
             firing.kind, firing.keys, fire.key, firing.token, timer_outcome, fire.attempt,
             next_at_ms, next_delay_ms,
         )  # fmt: skip
+        if reply[0] is not None and reply[0].held:
+            _log_fired(firing, outcome, reply[0])
         self._firing_settled(firing.kind, firing.keys, firing.describe(), outcome, reply)
 
     def _firing_settled(
@@ -184,7 +214,7 @@ class Settler:
         log.warning(
             "timer %s %r: its firing due at %s was interrupted %d time(s), as many as "
             "max_attempts; it recurs at its next due time",
-            kind.name, win.key, from_epoch_ms(win.due_ms), win.attempt,
+            kind.name, win.key, iso_ms(win.due_ms), win.attempt,
         )  # fmt: skip
         next_ms: int | None = None
         try:
@@ -254,7 +284,7 @@ class Settler:
 
     @staticmethod
     def _lost(leased: _Leased, outcome: str) -> None:
-        log.warning(
+        log.error(
             "%s ended after losing its lease; its result (%s) was not recorded",
             leased.describe(),
             outcome,
@@ -266,3 +296,81 @@ class Settler:
             "%s: could not record the result; the lease will expire and a backup will take over",
             leased.describe(),
         )
+
+
+def _log_ended(attempt: _Attempt, end: AttemptEnd, reply: FinishReply) -> None:
+    """One line per attempt, once recorded: INFO when it went well or was given back
+    for another attempt, WARNING for a failure that is retried, ERROR for a run that
+    ends failed or cancelled. The run's fields go in ``extra`` (the slot as epoch ms)."""
+    run = attempt.run
+    duration_ms = end.finished_ms - end.started_ms
+    extra = {
+        "job": run.job, "slot_ms": run.slot_ms, "attempt": run.attempt, "runner": run.runner,
+        "fence": run.fence, "trigger": run.trigger, "outcome": end.outcome,
+        "duration_ms": duration_ms,
+    }  # fmt: skip
+    what = attempt.describe()
+    seconds = duration_ms / 1000
+    last = reply.status != "retry"
+    if end.outcome == "ok":
+        log.info("%s: ok in %.3f s", what, seconds, extra=extra)
+    elif end.outcome == "failed" and not last:
+        log.warning(
+            "%s failed after %.3f s; attempt %d of %d, retried in %.1f s: %s",
+            what, seconds, run.attempt, end.max_attempts, reply.retry_in_ms / 1000, end.error,
+            exc_info=attempt.failure, extra=extra,
+        )  # fmt: skip
+    elif end.outcome == "failed" and end.max_attempts < attempt.max_attempts:
+        log.error(
+            "%s failed after %.3f s, not retried (retry_on does not name it): the run "
+            "failed: %s",
+            what, seconds, end.error, exc_info=attempt.failure, extra=extra,
+        )  # fmt: skip
+    elif end.outcome == "failed":
+        log.error(
+            "%s failed after %.3f s, its last attempt (%d of %d): the run failed: %s",
+            what, seconds, run.attempt, end.max_attempts, end.error,
+            exc_info=attempt.failure, extra=extra,
+        )  # fmt: skip
+    elif not last:
+        log.info(
+            "%s cancelled after %.3f s; given back for attempt %d",
+            what, seconds, run.attempt + 1, extra=extra,
+        )  # fmt: skip
+    else:
+        log.error(
+            "%s cancelled after %.3f s, its last attempt (%d of %d): the run is cancelled",
+            what, seconds, run.attempt, end.max_attempts, extra=extra,
+        )  # fmt: skip
+
+
+def _log_fired(firing: _Firing, outcome: Outcome, reply: TimerFinishReply) -> None:
+    """One line per firing, once recorded, at the levels of ``_log_ended``."""
+    fire = firing.run
+    duration_ms = int(_now_ms()) - firing.started_ms
+    extra = {
+        "timer_kind": fire.kind, "timer_key": fire.key, "due_ms": fire.due_ms,
+        "attempt": fire.attempt, "runner": fire.runner, "fence": fire.fence,
+        "outcome": outcome, "duration_ms": duration_ms,
+    }  # fmt: skip
+    what = firing.describe()
+    seconds = duration_ms / 1000
+    retried = reply.status == "retry"
+    if outcome == "ok":
+        log.info("%s: ok in %.3f s", what, seconds, extra=extra)
+    elif outcome == "failed" and retried:
+        log.warning(
+            "%s failed after %.3f s; attempt %d of %d, retried in %.1f s",
+            what, seconds, fire.attempt, firing.kind.max_attempts, reply.in_ms / 1000,
+            exc_info=firing.failure, extra=extra,
+        )  # fmt: skip
+    elif outcome == "failed":
+        log.error(
+            "%s failed after %.3f s, its last attempt (%d of %d)",
+            what, seconds, fire.attempt, firing.kind.max_attempts,
+            exc_info=firing.failure, extra=extra,
+        )  # fmt: skip
+    elif retried:
+        log.info("%s cancelled after %.3f s; given back", what, seconds, extra=extra)
+    else:
+        log.error("%s cancelled after %.3f s, with no attempt left", what, seconds, extra=extra)

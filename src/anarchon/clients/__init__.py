@@ -18,6 +18,8 @@ from ._protocol import (
     normalize_reply,
     stream_entries,
 )
+from .redis_py import RedisAsyncConnection, RedisSyncConnection
+from .sentinel import SentinelSpec, is_sentinel_url, open_sentinel
 
 __all__ = [
     "Arg",
@@ -48,6 +50,7 @@ _OPTION_KEYS = frozenset(
         "tls_ca_certs",
         "tls_certfile",
         "tls_keyfile",
+        "sentinel",
     }
 )
 _TRIO_CLIENTS = (
@@ -79,6 +82,8 @@ def validate_options(options: Mapping[str, Any]) -> None:
             f"unknown connection option(s) {sorted(unknown)}; the options mapping takes "
             f"{sorted(_OPTION_KEYS)}, or pass a URL such as 'redis://user:pass@host:6379/0'"
         )
+    if "sentinel" in options:
+        SentinelSpec.from_options(options)  # raises on a bad one
 
 
 # Connections anarchon opens speak RESP2: every server from Redis 5 on does, while
@@ -98,7 +103,21 @@ def _own_connection() -> dict[str, Any]:
     return {"protocol": 2, "lib_name": None, "lib_version": None}
 
 
+def _open_through_sentinels(spec: SentinelSpec) -> Connection:
+    client, sentinel = open_sentinel(spec, _own_connection(), running_under_asyncio())
+    connection: RedisAsyncConnection | RedisSyncConnection
+    if running_under_asyncio():
+        connection = RedisAsyncConnection(client, owned=True)
+    else:
+        connection = RedisSyncConnection(client, owned=True)
+    connection.sentinel = sentinel
+    connection.description = spec.describe()
+    return connection
+
+
 def _open_from_url(url: str) -> Connection:
+    if is_sentinel_url(url):
+        return _open_through_sentinels(SentinelSpec.from_url(url))
     if running_under_asyncio():
         import redis.asyncio
 
@@ -116,6 +135,8 @@ def _open_from_url(url: str) -> Connection:
 
 def _open_from_options(options: Mapping[str, Any]) -> Connection:
     validate_options(options)
+    if "sentinel" in options:
+        return _open_through_sentinels(SentinelSpec.from_options(options))
     kwargs: dict[str, Any] = {
         "host": options.get("host", "localhost"),
         "port": int(options.get("port", 6379)),

@@ -82,6 +82,9 @@ def redis_errors() -> ClientErrors:
 class RedisAsyncConnection(Connection):
     """An asyncio client of redis-py or valkey-py, standalone or cluster (asyncio only)."""
 
+    #: The Sentinel object a client was made through (closed with it), if any.
+    sentinel: Any = None
+
     def __init__(self, client: Any, *, owned: bool, errors: ClientErrors | None = None) -> None:
         self.client = client
         self.owned = owned
@@ -128,6 +131,9 @@ class RedisAsyncConnection(Connection):
 
     async def aclose(self) -> None:
         await self.client.aclose()
+        # A Sentinel-made client (clients/sentinel.py): its Sentinels' connections too.
+        for sentinel in getattr(self.sentinel, "sentinels", ()):
+            await sentinel.aclose()
 
 
 class RedisSyncConnection(Connection):
@@ -142,6 +148,7 @@ class RedisSyncConnection(Connection):
         errors: ClientErrors | None = None,
         max_threads: int = 8,
     ) -> None:
+        self.sentinel: Any = None
         self.client = client
         self.owned = owned
         self.errors = errors or redis_errors()
@@ -235,6 +242,8 @@ class RedisSyncConnection(Connection):
 
     async def aclose(self) -> None:
         await anyio.to_thread.run_sync(self.client.close, abandon_on_cancel=True)
+        for sentinel in getattr(self.sentinel, "sentinels", ()):
+            await anyio.to_thread.run_sync(sentinel.close, abandon_on_cancel=True)
 
 
 #: How long a new subscription waits for the last one's thread to end (that thread

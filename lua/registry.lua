@@ -1,0 +1,35 @@
+-- registry: an instance says it is alive, and what it runs (with lease_state.lua's
+-- definitions prepended: the server's clock).
+-- KEYS[1] instances (sorted set: instance id scored by when its registration expires)
+-- KEYS[2] this instance (a string: what it runs, as JSON; it expires with it)
+-- KEYS[3] jobs (hash: job name -> its definition, as JSON)
+-- KEYS[4] first seen (hash: job name -> when it first appeared in the store, server ms)
+-- KEYS[5] timer kinds (hash: kind -> its definition, as JSON)
+-- ARGV: instance id, ttl_ms, the instance's JSON, the number of jobs, then a name and a
+--       definition for each job, then a name and a definition for each timer kind
+-- Reply: {now_ms, first_seen_ms of each job, in order, 1 if it was seen now for the first time}
+local instances_key, instance_key, jobs_key, first_seen_key, kinds_key =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local id = ARGV[1]
+local ttl_ms = tonumber(ARGV[2])
+local job_count = tonumber(ARGV[4])
+
+local now = server_now_ms()
+
+-- Instances that stopped renewing are gone (bounded by the live ones).
+redis.call('ZREMRANGEBYSCORE', instances_key, '-inf', '(' .. int(now))
+redis.call('ZADD', instances_key, int(now + ttl_ms), id)
+redis.call('SET', instance_key, ARGV[3], 'PX', int(ttl_ms))
+
+local reply = {int(now)}
+for i = 0, job_count - 1 do
+  local name, definition = ARGV[5 + 2 * i], ARGV[6 + 2 * i]
+  redis.call('HSET', jobs_key, name, definition)
+  local new = redis.call('HSETNX', first_seen_key, name, int(now))
+  reply[#reply + 1] = redis.call('HGET', first_seen_key, name)
+  reply[#reply + 1] = new
+end
+for i = 5 + 2 * job_count, #ARGV, 2 do
+  redis.call('HSET', kinds_key, ARGV[i], ARGV[i + 1])
+end
+return reply

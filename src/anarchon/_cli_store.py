@@ -1,0 +1,283 @@
+"""The commands that read and operate a store from a shell: ``anarchon inspect``,
+``history``, ``leases``, ``pause``, ``resume`` and ``run-now``. Tables (``rich``) where a
+person reads, JSON (``--json``) where a program does."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+from typing import Any, TypeVar
+from zoneinfo import ZoneInfo
+
+import anyio
+from rich.console import Console
+from rich.table import Table
+
+from ._backend import RedisBackend
+from ._inspector import Inspector
+from ._structures import InstanceInfo, JobInfo, LeaseInfo, RunResult, TimerKindInfo
+
+__all__ = ["add_store_commands", "run_store_command"]
+
+#: The commands this module runs.
+COMMANDS = ("inspect", "history", "leases", "pause", "resume", "run-now")
+
+T = TypeVar("T")
+
+
+def add_store_commands(commands: Any) -> None:
+    """Add the store commands to the ``anarchon`` parser."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--redis", metavar="URL", default=os.environ.get("ANARCHON_REDIS_URL"),
+        help="the store's server (default: $ANARCHON_REDIS_URL, else redis://localhost:6379)",
+    )  # fmt: skip
+    common.add_argument("--prefix", default="cron:", help="the store's key prefix (default: cron:)")
+    common.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    inspect = commands.add_parser(
+        "inspect", parents=[common], help="show the jobs, runs in progress, instances and timers",
+        description="Reads the store (no scheduler needs to run here): each job with its "
+        "schedule, next fire time (UTC and the job's zone), pause flag and last result; the "
+        "runs in progress with their runner, attempt, fence and time left; the instances "
+        "alive; the timer kinds; the recent failures.",
+    )  # fmt: skip
+    inspect.add_argument("--failures", type=int, default=10, metavar="N", help="default: 10")
+    history = commands.add_parser(
+        "history", parents=[common], help="show a job's recorded attempts, newest first"
+    )
+    history.add_argument("job", metavar="JOB")
+    history.add_argument("--limit", type=int, default=20, metavar="N", help="default: 20")
+    leases = commands.add_parser(
+        "leases", parents=[common], help="show the runs in progress (of one job, or all)"
+    )
+    leases.add_argument("job", metavar="JOB", nargs="?")
+    for name, text in (
+        ("pause", "pause a job across the fleet (its slots are recorded as skipped)"),
+        ("resume", "resume a paused job"),
+        ("run-now", "ask the fleet to run a job now (any instance that runs it takes it)"),
+    ):
+        command = commands.add_parser(name, parents=[common], help=text, description=text)
+        command.add_argument("job", metavar="JOB")
+
+
+def run_store_command(args: argparse.Namespace) -> int:
+    backend = RedisBackend(redis=args.redis or "redis://localhost:6379", prefix=args.prefix)
+    out = Console(highlight=False, soft_wrap=False, width=_width())
+    handlers: dict[str, Callable[[Inspector], Awaitable[int]]] = {
+        "inspect": lambda i: _inspect(i, args, out),
+        "history": lambda i: _history(i, args, out),
+        "leases": lambda i: _leases(i, args, out),
+        "pause": lambda i: _operate(i, args, out),
+        "resume": lambda i: _operate(i, args, out),
+        "run-now": lambda i: _operate(i, args, out),
+    }
+
+    async def run() -> int:
+        async with Inspector(backend) as inspector:
+            return await handlers[args.command](inspector)
+
+    return anyio.run(run)
+
+
+def _width() -> int | None:
+    """Tables as wide as the terminal; 160 columns when the output is not one."""
+    return None if sys.stdout.isatty() else 160
+
+
+async def _inspect(inspector: Inspector, args: argparse.Namespace, out: Console) -> int:
+    jobs = await inspector.jobs()
+    leases = await inspector.leases()
+    instances = await inspector.instances()
+    timers = await inspector.timers()
+    failures = await inspector.failures(args.failures) if args.failures > 0 else []
+    if args.json:
+        _print_json(
+            {"jobs": jobs, "leases": leases, "instances": instances, "timers": timers,
+             "failures": failures}
+        )  # fmt: skip
+        return 0
+    out.print(f"store {inspector.backend.where()} prefix {args.prefix!r}")
+    out.print(_jobs_table(jobs))
+    out.print(_leases_table(leases))
+    out.print(_instances_table(instances))
+    if timers:
+        out.print(_timers_table(timers))
+    if failures:
+        out.print(_results_table(failures, "Recent failures", with_job=True))
+    return 0
+
+
+async def _history(inspector: Inspector, args: argparse.Namespace, out: Console) -> int:
+    results = await inspector.history(args.job, args.limit)
+    if args.json:
+        _print_json(results)
+    else:
+        out.print(_results_table(results, f"History of {args.job}", with_job=False))
+    return 0
+
+
+async def _leases(inspector: Inspector, args: argparse.Namespace, out: Console) -> int:
+    leases = await inspector.leases(args.job)
+    if args.json:
+        _print_json(leases)
+    else:
+        out.print(_leases_table(leases))
+    return 0
+
+
+async def _operate(inspector: Inspector, args: argparse.Namespace, out: Console) -> int:
+    job = args.job
+    if args.command == "pause":
+        changed = await inspector.pause(job)
+        said = f"{job}: paused" if changed else f"{job}: was paused already"
+        answer: dict[str, Any] = {"job": job, "paused": True, "changed": changed}
+    elif args.command == "resume":
+        changed = await inspector.resume(job)
+        said = f"{job}: resumed" if changed else f"{job}: was not paused"
+        answer = {"job": job, "paused": False, "changed": changed}
+    else:
+        slot_id = await inspector.run_now(job)
+        said = f"{job}: the fleet was asked to run it now (slot {slot_id})"
+        answer = {"job": job, "slot_id": slot_id}
+    if args.json:
+        _print_json(answer)
+    else:
+        out.print(said)
+    return 0
+
+
+# ------------------------------------------------------------------ tables
+
+
+def _jobs_table(jobs: list[JobInfo]) -> Table:
+    table = Table(title="Jobs", title_justify="left")
+    for column in ("job", "schedule", "next fire (UTC)", "in the job's zone", "paused", "last"):
+        table.add_column(column)
+    for job in jobs:
+        schedule = job.cron or (f"every {job.every_ms} ms" if job.every_ms else job.schedule)
+        zone = ""
+        if job.next_fire is not None and job.timezone != "UTC":
+            local = job.next_fire.astimezone(ZoneInfo(job.timezone))
+            zone = f"{local:%Y-%m-%d %H:%M:%S} {job.timezone}"
+        last = "-"
+        if job.last is not None:
+            last = f"{job.last.status} ({_when(job.last.slot)}, attempt {job.last.attempt})"
+        table.add_row(
+            job.name,
+            f"{schedule} ({job.strategy})" if job.strategy != "lease" else schedule,
+            _when(job.next_fire),
+            zone,
+            f"yes, by {job.paused_by}" if job.paused else "no",
+            last,
+        )
+    if not jobs:
+        table.add_row("(none: no instance has registered a job under this prefix)")
+    return table
+
+
+def _leases_table(leases: list[LeaseInfo]) -> Table:
+    table = Table(title="Runs in progress", title_justify="left")
+    for column in ("job", "slot", "status", "attempt", "runner", "fence", "left"):
+        table.add_column(column)
+    for lease in leases:
+        table.add_row(
+            lease.job, _slot(lease.slot_id, lease.slot), lease.status, str(lease.attempt),
+            lease.runner, str(lease.fence), f"{lease.left_ms / 1000:.1f} s",
+        )  # fmt: skip
+    if not leases:
+        table.add_row("(none)")
+    return table
+
+
+def _instances_table(instances: list[InstanceInfo]) -> Table:
+    table = Table(title="Instances alive", title_justify="left")
+    for column in ("instance", "host", "pid", "version", "started", "jobs", "running"):
+        table.add_column(column)
+    for instance in instances:
+        table.add_row(
+            instance.id, instance.host, str(instance.pid), instance.version,
+            _when(instance.started), ", ".join(instance.jobs) or "-", str(instance.running),
+        )  # fmt: skip
+    if not instances:
+        table.add_row("(none)")
+    return table
+
+
+def _timers_table(timers: list[TimerKindInfo]) -> Table:
+    table = Table(title="Timers", title_justify="left")
+    for column in ("kind", "buckets", "pending", "next due", "next key"):
+        table.add_column(column)
+    for kind in timers:
+        table.add_row(
+            kind.kind, str(kind.buckets), str(kind.pending), _when(kind.next_due),
+            kind.next_key or "-",
+        )  # fmt: skip
+    return table
+
+
+def _results_table(results: list[RunResult], title: str, *, with_job: bool) -> Table:
+    table = Table(title=title, title_justify="left")
+    columns = ["slot", "attempt", "trigger", "status", "runner", "took", "error"]
+    for column in ["job", *columns] if with_job else columns:
+        table.add_column(column)
+    for result in results:
+        took = (result.finished_at - result.started_at).total_seconds()
+        row = [
+            _when(result.slot), str(result.attempt), result.trigger, result.status,
+            result.runner, f"{took:.3f} s", result.error or "",
+        ]  # fmt: skip
+        table.add_row(*([result.job, *row] if with_job else row))
+    if not results:
+        table.add_row("(none)")
+    return table
+
+
+def _when(moment: datetime | None) -> str:
+    if moment is None:
+        return "-"
+    text = f"{moment:%Y-%m-%d %H:%M:%S}"
+    if moment.microsecond:
+        text += f".{moment.microsecond // 1000:03d}"
+    seconds = moment.timestamp() - time.time()
+    ago = f"in {_span(seconds)}" if seconds >= 0 else f"{_span(-seconds)} ago"
+    return f"{text}Z ({ago})"
+
+
+def _slot(slot_id: str, slot: datetime) -> str:
+    return _when(slot) + (" manual" if slot_id.startswith("m") else "")
+
+
+def _span(seconds: float) -> str:
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    if seconds < 3600:
+        return f"{seconds // 60:.0f} min {seconds % 60:.0f} s"
+    if seconds < 86400:
+        return f"{seconds // 3600:.0f} h {seconds % 3600 // 60:.0f} min"
+    return f"{seconds // 86400:.0f} d {seconds % 86400 // 3600:.0f} h"
+
+
+# -------------------------------------------------------------------- JSON
+
+
+def _print_json(value: object) -> None:
+    print(json.dumps(_plain(value), indent=2))
+
+
+def _plain(value: object) -> object:
+    """Dataclasses, datetimes and containers as JSON values (times in ISO 8601)."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, datetime):
+        return value.isoformat().replace("+00:00", "Z")
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value

@@ -1,0 +1,370 @@
+"""The read side of a store, without a running scheduler: what the fleet runs, the runs
+in progress, the instances alive, the history; and the fleet-wide operations (pause,
+resume, run now). ``anarchon inspect`` and its sibling commands print what this reads.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from datetime import datetime
+from types import TracebackType
+from typing import Any, cast
+
+import anyio
+
+from ._backend import RedisBackend
+from ._claim_only import ClaimOnlyKeys
+from ._errors import InvalidJobError, InvalidOptionError, SchedulerStateError
+from ._lease import PAUSED_FIELD, JobKeys
+from ._registry import RegistryKeys
+from ._schedule import CronSchedule, IntervalSchedule, Schedule, SlotClock, from_epoch_ms
+from ._scripts import ScriptCall, lease_script, run_scripts
+from ._store import manual_slot_id, read_history, slot_ms_of
+from ._structures import (
+    InstanceInfo,
+    JobInfo,
+    LeaseInfo,
+    RunResult,
+    TimerKindInfo,
+    Trigger,
+)
+from ._timer_store import TimerKeys, TimerStore
+from .clients import Connection, ServerReplyError
+
+__all__ = ["Inspector"]
+
+#: Each read is one or a few round trips, each with this deadline.
+_DEADLINE_SEC = 10.0
+#: The statuses of a recorded attempt that did not go well.
+_FAILED = ("failed", "interrupted", "cancelled")
+
+
+class Inspector:
+    """Reads a store (and pauses, resumes and runs its jobs) from any process, with no
+    scheduler running there: a dashboard, a script, ``anarchon inspect``::
+
+        async with Inspector(RedisBackend(redis="redis://localhost:6379")) as store:
+            for job in await store.jobs():
+                print(job.name, job.next_fire, job.paused, job.last)
+            await store.pause("report")
+
+    The jobs it knows are the ones the fleet's instances registered (each writes its
+    jobs' definitions when it starts and every 10 s while it runs); a job name it does
+    not know is an ``InvalidJobError``, not an empty answer.
+    """
+
+    def __init__(self, backend: RedisBackend[Any]) -> None:
+        if not isinstance(backend, RedisBackend):
+            raise InvalidOptionError(
+                f"Inspector reads a RedisBackend or ValkeyBackend, got {type(backend).__name__}"
+            )
+        self.backend = backend
+        self._keys = RegistryKeys.for_prefix(backend.prefix)
+        self._conn: Connection | None = None
+
+    async def __aenter__(self) -> Inspector:
+        self._conn = await self.backend.open_connection()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None and conn.owned:
+            with anyio.move_on_after(5, shield=True):
+                await conn.aclose()
+
+    # ------------------------------------------------------------------ reading
+
+    async def jobs(self) -> list[JobInfo]:
+        """Every job the fleet registered, by name."""
+        definitions = await self._definitions()
+        first_seen = _mapping(await self._execute(("HGETALL", self._keys.first_seen)))
+        now_ms = int(time.time() * 1000)
+        found = []
+        for name in sorted(definitions):
+            definition = definitions[name]
+            strategy = str(definition.get("strategy", "lease"))
+            paused_by = None
+            if strategy == "lease":
+                paused = await self._execute(("HGET", JobKeys.for_job(self._prefix, name).state,
+                                              PAUSED_FIELD))  # fmt: skip
+                paused_by = None if paused is None else str(paused)
+            last = await read_history(self._require(), self._results_key(name, strategy), name, 1)
+            seen = first_seen.get(name)
+            found.append(
+                JobInfo(
+                    name=name,
+                    schedule=str(definition.get("schedule")),
+                    cron=definition.get("cron"),
+                    every_ms=definition.get("every_ms"),
+                    timezone=str(definition.get("timezone") or "UTC"),
+                    strategy=strategy,
+                    next_fire=_next_fire(definition, now_ms),
+                    paused=paused_by is not None,
+                    paused_by=paused_by,
+                    last=last[0] if last else None,
+                    first_seen=None if seen is None else from_epoch_ms(int(seen)),
+                    options={
+                        key: value
+                        for key, value in definition.items()
+                        if key not in ("schedule", "cron", "every_ms", "timezone", "strategy")
+                    },
+                )
+            )
+        return found
+
+    async def leases(self, job: str | None = None) -> list[LeaseInfo]:
+        """The runs in progress (holding a live lease, or waiting for their next attempt),
+        of every lease-strategy job or of ``job``, oldest slot first."""
+        definitions = await self._definitions()
+        names = [self._check_job(job, definitions)] if job is not None else sorted(definitions)
+        found: list[LeaseInfo] = []
+        now_ms = await self._server_now_ms()
+        for name in names:
+            if definitions.get(name, {}).get("strategy", "lease") != "lease":
+                continue
+            keys = JobKeys.for_job(self._prefix, name)
+            active = sorted(str(slot) for slot in await self._execute(("SMEMBERS", keys.active)))
+            if not active:
+                continue
+            raws = await self._execute(("HMGET", keys.state, *active))
+            for slot_id, raw in zip(active, raws, strict=True):
+                lease = _lease(name, slot_id, raw, now_ms)
+                if lease is not None:
+                    found.append(lease)
+        return sorted(found, key=lambda lease: (lease.slot_ms, lease.job))
+
+    async def instances(self) -> list[InstanceInfo]:
+        """The instances alive (registered, and renewing), by id."""
+        now_ms = await self._server_now_ms()
+        scored = await self._execute(
+            ("ZRANGEBYSCORE", self._keys.instances, now_ms, "+inf", "WITHSCORES")
+        )
+        pairs = _score_pairs(scored)
+        if not pairs:
+            return []
+        bodies = await self._execute(("MGET", *(self._keys.instance(i) for i, _ in pairs)))
+        found = []
+        for (instance_id, expires_ms), body in zip(pairs, bodies, strict=True):
+            if body is None:
+                continue  # it withdrew as this was read
+            data = json.loads(str(body))
+            found.append(
+                InstanceInfo(
+                    id=instance_id,
+                    host=str(data.get("host", "")),
+                    pid=int(data.get("pid", 0)),
+                    version=str(data.get("version", "")),
+                    started=from_epoch_ms(int(data.get("started_ms", 0))),
+                    strategy=str(data.get("strategy", "lease")),
+                    jobs=tuple(data.get("jobs", ())),
+                    timer_kinds=tuple(data.get("timer_kinds", ())),
+                    running=int(data.get("running", 0)),
+                    expires_in_ms=max(int(expires_ms) - now_ms, 0),
+                )
+            )
+        return sorted(found, key=lambda instance: instance.id)
+
+    async def history(self, job: str, limit: int = 100) -> list[RunResult]:
+        """The newest ``limit`` recorded attempts of ``job`` (and its skipped slots),
+        newest first."""
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise InvalidOptionError(f"limit must be a whole number, 1 or more, got {limit!r}")
+        definitions = await self._definitions()
+        name = self._check_job(job, definitions)
+        strategy = str(definitions[name].get("strategy", "lease"))
+        return await read_history(self._require(), self._results_key(name, strategy), name, limit)
+
+    async def failures(self, limit: int = 20) -> list[RunResult]:
+        """The newest ``limit`` attempts, across the jobs, that failed, were interrupted
+        (their runner vanished) or were cancelled."""
+        found: list[RunResult] = []
+        definitions = await self._definitions()
+        for name, definition in definitions.items():
+            strategy = str(definition.get("strategy", "lease"))
+            recent = await read_history(
+                self._require(), self._results_key(name, strategy), name, max(limit * 5, 100)
+            )
+            found += [r for r in recent if r.status in _FAILED]
+        found.sort(key=lambda r: (r.finished_at, r.slot_ms, r.attempt), reverse=True)
+        return found[:limit]
+
+    async def timers(self) -> list[TimerKindInfo]:
+        """Each kind of timer the fleet fires: how many keys have one pending, and the
+        first to fall due."""
+        kinds = _mapping(await self._execute(("HGETALL", self._keys.timer_kinds)))
+        store = TimerStore(self._require(), prefix=self._prefix, runner="inspector")
+        found = []
+        for kind in sorted(kinds):
+            buckets = int(json.loads(kinds[kind]).get("buckets", 1))
+            with anyio.fail_after(_DEADLINE_SEC):
+                peek = await store.peek(kind, buckets, 1)
+            first = peek.first[0] if peek.first else None
+            found.append(
+                TimerKindInfo(
+                    kind=kind,
+                    buckets=buckets,
+                    pending=peek.count,
+                    next_due=None if first is None else from_epoch_ms(first[1]),
+                    next_key=None if first is None else first[0].key,
+                )
+            )
+        return found
+
+    # -------------------------------------------------------------- operating
+
+    async def pause(self, job: str) -> bool:
+        """Pause ``job`` across the fleet (see ``Scheduler.pause``); False if it was paused
+        already."""
+        state = await self._lease_state_key(job, "pause")
+        by = f"{self._who()} at {datetime.now().astimezone().isoformat(timespec='seconds')}"
+        return int(await self._execute(("HSETNX", state, PAUSED_FIELD, by))) == 1
+
+    async def resume(self, job: str) -> bool:
+        """Resume ``job``: its next slot runs; False if it was not paused."""
+        state = await self._lease_state_key(job, "resume")
+        return int(await self._execute(("HDEL", state, PAUSED_FIELD))) == 1
+
+    async def run_now(self, job: str) -> str:
+        """Ask the fleet to run ``job`` now, once: the run is stored as due, and the
+        instances that run the job hear of it on the hint channel (any one of them takes
+        it; without hints, the first to claim the job's next slot does). It is one
+        attempt, recorded with trigger ``"manual"``; overlap rules apply. Returns the
+        run's slot id (its history entries carry it)."""
+        state = await self._lease_state_key(job, "run-now")
+        keys = JobKeys.for_job(self._prefix, job)
+        requested_ms = int(time.time() * 1000)
+        slot_id = manual_slot_id(requested_ms, secrets.token_hex(4))
+        call = ScriptCall(
+            lease_script("request_run"),
+            (state, keys.active, keys.slots),
+            (slot_id, slot_ms_of(slot_id), self._who()),
+        )
+        with anyio.fail_after(_DEADLINE_SEC):
+            (reply,) = await run_scripts(self._require(), [call])
+        if isinstance(reply, ServerReplyError):
+            raise reply
+        channel = TimerKeys.hint_channel(self._prefix)
+        await self._execute(("PUBLISH", channel, f"run {slot_id} {job}"))
+        return slot_id
+
+    # ---------------------------------------------------------------- helpers
+
+    @property
+    def _prefix(self) -> str:
+        return self.backend.prefix
+
+    def _require(self) -> Connection:
+        if self._conn is None:
+            raise SchedulerStateError("an Inspector reads inside `async with Inspector(...)`")
+        return self._conn
+
+    async def _execute(self, command: tuple[Any, ...]) -> Any:
+        with anyio.fail_after(_DEADLINE_SEC):
+            return await self._require().execute(command)
+
+    async def _server_now_ms(self) -> int:
+        seconds, micros = await self._execute(("TIME",))
+        return int(seconds) * 1000 + int(micros) // 1000
+
+    async def _definitions(self) -> dict[str, dict[str, Any]]:
+        raw = _mapping(await self._execute(("HGETALL", self._keys.jobs)))
+        return {name: json.loads(body) for name, body in raw.items()}
+
+    def _check_job(self, job: str, definitions: dict[str, dict[str, Any]]) -> str:
+        if job not in definitions:
+            known = ", ".join(sorted(definitions)) or "none"
+            raise InvalidJobError(
+                f"no job named {job!r} in the store under prefix {self._prefix!r} (jobs: "
+                f"{known}); check the name and --prefix (a job appears once an instance "
+                "that runs it has started)"
+            )
+        return job
+
+    async def _lease_state_key(self, job: str, what: str) -> str:
+        definitions = await self._definitions()
+        self._check_job(job, definitions)
+        strategy = definitions[job].get("strategy", "lease")
+        if strategy != "lease":
+            raise InvalidOptionError(
+                f"{what} needs the 'lease' strategy; job {job!r} runs with {strategy!r}"
+            )
+        return JobKeys.for_job(self._prefix, job).state
+
+    def _results_key(self, job: str, strategy: str) -> str:
+        if strategy == "lease":
+            return JobKeys.for_job(self._prefix, job).results
+        return ClaimOnlyKeys.for_job(self._prefix, job).results
+
+    @staticmethod
+    def _who() -> str:
+        import os
+        import socket
+
+        return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _mapping(reply: Any) -> dict[str, str]:
+    """HGETALL's reply as a dict, whatever the client gave (a dict or a flat list)."""
+    if isinstance(reply, dict):
+        return {str(k): str(v) for k, v in reply.items()}
+    items = list(reply or [])
+    return {str(items[i]): str(items[i + 1]) for i in range(0, len(items), 2)}
+
+
+def _score_pairs(reply: Any) -> list[tuple[str, int]]:
+    """A WITHSCORES reply as ``[(member, score)]``: flat (RESP2), pairs (RESP3) or a dict."""
+    if isinstance(reply, dict):
+        return [(str(m), int(float(s))) for m, s in reply.items()]
+    items = list(reply or [])
+    if items and isinstance(items[0], list | tuple):
+        return [(str(m), int(float(s))) for m, s in items]
+    return [(str(items[i]), int(float(items[i + 1]))) for i in range(0, len(items), 2)]
+
+
+def _next_fire(definition: dict[str, Any], now_ms: int) -> datetime | None:
+    """The next slot after now, reckoned from a built-in schedule; a custom one reports
+    the next slot its instances last saw."""
+    schedule: Schedule | None = None
+    try:
+        if definition.get("cron"):
+            schedule = CronSchedule(str(definition["cron"]), str(definition.get("timezone")))
+        elif definition.get("every_ms"):
+            schedule = IntervalSchedule(int(definition["every_ms"]))
+    except Exception:
+        schedule = None
+    if schedule is not None:
+        slot_ms = SlotClock(schedule).next_slot_ms(now_ms)
+        return None if slot_ms is None else from_epoch_ms(slot_ms)
+    seen = definition.get("next_slot_ms")
+    return None if seen is None else from_epoch_ms(int(seen))
+
+
+def _lease(job: str, slot_id: str, raw: Any, now_ms: int) -> LeaseInfo | None:
+    """A run's state ``status|attempt|token|until_ms|fence|trigger|started_ms|runner``,
+    if it is in progress."""
+    if raw is None:
+        return None
+    parts = str(raw).split("|", 7)
+    if len(parts) != 8 or parts[0] not in ("running", "retry"):
+        return None
+    status, attempt, _, until_ms, fence, trigger, _, runner = parts
+    slot_ms = slot_ms_of(slot_id)
+    return LeaseInfo(
+        job=job,
+        slot=from_epoch_ms(slot_ms),
+        slot_ms=slot_ms,
+        slot_id=slot_id,
+        status=cast(Any, status),
+        attempt=int(attempt),
+        runner=runner,
+        fence=int(fence),
+        trigger=cast(Trigger, trigger),
+        left_ms=max(int(until_ms) - now_ms, 0),
+    )

@@ -1,0 +1,167 @@
+"""The registry: what the fleet runs, kept in the store for the read side (``Inspector``,
+``anarchon inspect``) without a running scheduler.
+
+Each instance registers itself (id, host, pid, version, jobs, timer kinds, when it
+started) with an expiry by the server's clock, and renews it every 10 s while it runs;
+one that stops withdraws, one that dies expires within 30 s. Each job's definition
+(schedule, time zone, options) is written by the instances that run it, and the store
+keeps when each job first appeared: catch-up never reaches back before it (a first
+deploy does not run the slots of the minutes before the fleet existed). The keys share
+one hash tag, ``{<prefix>}``, so that the registration is one script on one node.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+
+from ._job import Job
+from ._lease import JobKeys
+from ._schedule import CronSchedule, IntervalSchedule
+from ._scripts import ScriptCall, lease_script, run_scripts
+from ._timer import TimerKind
+from ._version import __version__
+from .clients import Connection, ServerReplyError
+
+__all__ = ["REGISTRATION_TTL_MS", "Registry", "RegistryKeys", "job_definition"]
+
+log = logging.getLogger("anarchon")
+
+#: How long a registration lasts without renewal; renewed every third of it.
+REGISTRATION_TTL_MS = 30_000
+
+
+@dataclass(frozen=True, slots=True)
+class RegistryKeys:
+    instances: str
+    jobs: str
+    first_seen: str
+    timer_kinds: str
+    tag: str
+
+    @classmethod
+    def for_prefix(cls, prefix: str) -> RegistryKeys:
+        tag = "{" + prefix + "}"
+        return cls(
+            instances=f"{tag}:instances",
+            jobs=f"{tag}:jobs",
+            first_seen=f"{tag}:first-seen",
+            timer_kinds=f"{tag}:timer-kinds",
+            tag=tag,
+        )
+
+    def instance(self, instance_id: str) -> str:
+        return f"{self.tag}:instance:{instance_id}"
+
+
+def job_definition(job: Job, strategy: str, next_slot_ms: int | None) -> dict[str, Any]:
+    """A job as the registry shows it (JSON-ready)."""
+    schedule = job.schedule
+    definition: dict[str, Any] = {
+        "schedule": repr(schedule),
+        "cron": schedule.expression if isinstance(schedule, CronSchedule) else None,
+        "every_ms": schedule.every_ms if isinstance(schedule, IntervalSchedule) else None,
+        "timezone": schedule.timezone if isinstance(schedule, CronSchedule) else "UTC",
+        "strategy": strategy,
+        "overlap": job.overlap_policy,
+        "max_attempts": job.max_attempts,
+        "catch_up_ms": job.catch_up_ms,
+        "jitter_ms": job.jitter_ms,
+        "max_late_ms": job.max_late_ms,
+        "timeout_ms": job.timeout_ms,
+        "retry_delay_ms": job.retry_delay_ms,
+        "retry_on": None if job.retry_on is None else [t.__qualname__ for t in job.retry_on],
+        "next_slot_ms": next_slot_ms,
+    }
+    return definition
+
+
+class Registry:
+    """One instance's registration: made at start, renewed while it runs, withdrawn on
+    stop."""
+
+    def __init__(self, prefix: str, instance_id: str, strategy: str) -> None:
+        self.keys = RegistryKeys.for_prefix(prefix)
+        self.instance_id = instance_id
+        self.strategy = strategy
+        self.leases = strategy == "lease"
+        self.prefix = prefix
+        self.started_ms = int(time.time() * 1000)
+
+    async def register(
+        self,
+        conn: Connection,
+        jobs: dict[str, Job],
+        kinds: dict[str, TimerKind],
+        next_slots: dict[str, int],
+        running: int,
+    ) -> dict[str, int]:
+        """Register (or renew): when each job first appeared in the store (server ms)."""
+        keys = self.keys
+        instance = {
+            "id": self.instance_id,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "version": __version__,
+            "started_ms": self.started_ms,
+            "strategy": self.strategy,
+            "jobs": list(jobs),
+            "timer_kinds": list(kinds),
+            "running": running,
+        }
+        args: list[str | int] = [
+            self.instance_id, REGISTRATION_TTL_MS, json.dumps(instance), len(jobs),
+        ]  # fmt: skip
+        for name, job in jobs.items():
+            definition = job_definition(job, self.strategy, next_slots.get(name))
+            args += [name, json.dumps(definition)]
+        for name, kind in kinds.items():
+            args += [name, json.dumps({"buckets": kind.buckets, "max_attempts": kind.max_attempts})]
+        call = ScriptCall(
+            lease_script("registry"),
+            (keys.instances, keys.instance(self.instance_id), keys.jobs, keys.first_seen,
+             keys.timer_kinds),
+            args,
+        )  # fmt: skip
+        (reply,) = await run_scripts(conn, [call])
+        if isinstance(reply, ServerReplyError):
+            raise reply
+        first_seen: dict[str, int] = {}
+        for index, name in enumerate(jobs):
+            seen_ms, new = int(reply[1 + 2 * index]), int(reply[2 + 2 * index])
+            if new and self.leases:
+                seen_ms = await self._history_began(conn, name, seen_ms)
+            first_seen[name] = seen_ms
+        return first_seen
+
+    async def _history_began(self, conn: Connection, job: str, seen_ms: int) -> int:
+        """A job new to the registry may be older than it (a store written before the
+        registry existed): its first appearance is then its oldest remembered slot."""
+        oldest = await conn.execute(
+            ("ZRANGE", JobKeys.for_job(self.prefix, job).slots, 0, 0, "WITHSCORES")
+        )
+        scores = list(oldest.values()) if isinstance(oldest, dict) else list(oldest or [])[1:2]
+        if isinstance(oldest, list) and oldest and isinstance(oldest[0], list | tuple):
+            scores = [oldest[0][1]]  # RESP3: [[member, score]]
+        if not scores:
+            return seen_ms
+        began_ms = min(int(float(scores[0])), seen_ms)
+        if began_ms < seen_ms:
+            await conn.execute(("HSET", self.keys.first_seen, job, began_ms))
+        return began_ms
+
+    async def withdraw(self, conn: Connection, deadline_sec: float) -> None:
+        """Leave the registry (a stopping instance); its expiry covers a failure here."""
+        with anyio.move_on_after(deadline_sec):
+            try:
+                await conn.execute(("ZREM", self.keys.instances, self.instance_id))
+                await conn.execute(("DEL", self.keys.instance(self.instance_id)))
+            except Exception as exc:
+                log.debug("leaving the registry failed (it expires instead): %s", exc)

@@ -1,0 +1,3 @@
+"""The version of anarchon (the one in pyproject.toml)."""
+
+__version__ = "0.1.0"

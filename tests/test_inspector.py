@@ -1,0 +1,190 @@
+"""The registry (instances and jobs in the store) and the read side that needs no running
+scheduler (``Inspector``): jobs with their next fire time, pause flag and last result,
+live leases, instances alive (and gone once stopped), history (an unknown job is an
+error), failures, timers; pause, resume and run-now asked of the fleet. And the
+registry's first-seen time, which bounds catch-up on a first deploy."""
+
+from __future__ import annotations
+
+import time
+from contextlib import AsyncExitStack
+from zoneinfo import ZoneInfo
+
+import anyio
+import pytest
+import redis
+
+from anarchon import (
+    Inspector,
+    InvalidJobError,
+    RedisBackend,
+    Run,
+    Scheduler,
+    TimerRun,
+)
+from anarchon._registry import REGISTRATION_TTL_MS, RegistryKeys
+from tests.helpers import OneShot, wait_until
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_the_inspector_sees_jobs_leases_instances_and_history_of_a_running_fleet(
+    server_url: str, prefix: str
+) -> None:
+    started = anyio.Event()
+    release = anyio.Event()
+    schedulers = []
+    for name in ("a", "b"):
+        scheduler = Scheduler(
+            RedisBackend(redis=server_url, prefix=prefix), instance_id=name, lease_ms=20_000
+        )
+
+        @scheduler.job(OneShot.in_ms(300), name="long")
+        async def long(run: Run) -> None:
+            started.set()
+            await release.wait()
+
+        @scheduler.job("0 3 * * *", name="report", timezone="Europe/Athens", max_attempts=5)
+        async def report() -> None:
+            pass
+
+        @scheduler.timer("remind")
+        async def remind(fire: TimerRun) -> None:
+            pass
+
+        schedulers.append(scheduler)
+    backend = RedisBackend(redis=server_url, prefix=prefix)
+    async with AsyncExitStack() as stack:
+        for scheduler in schedulers:
+            await stack.enter_async_context(scheduler)
+        await schedulers[0].set_timer("remind", "user:42", delay_ms=3_600_000)
+        with anyio.fail_after(20):
+            await started.wait()
+        async with Inspector(backend) as inspector:
+            jobs = {job.name: job for job in await inspector.jobs()}
+            leases = await inspector.leases()
+            instances = await inspector.instances()
+            timers = await inspector.timers()
+        release.set()
+
+    assert sorted(jobs) == ["long", "report"]
+    daily = jobs["report"]
+    assert (daily.cron, daily.timezone, daily.strategy) == (
+        "0 3 * * *",
+        "Europe/Athens",
+        "lease",
+    )
+    assert daily.options["max_attempts"] == 5 and not daily.paused and daily.last is None
+    assert daily.next_fire is not None and daily.next_fire.timestamp() > time.time()
+    local = daily.next_fire.astimezone(ZoneInfo("Europe/Athens"))
+    assert (local.hour, local.minute) == (3, 0)
+    assert daily.first_seen is not None
+
+    (lease,) = leases
+    assert (lease.job, lease.status, lease.attempt) == ("long", "running", 1)
+    assert lease.runner in ("a", "b") and lease.fence > 0
+    assert 0 < lease.left_ms <= 20_000
+
+    assert [i.id for i in instances] == ["a", "b"]
+    for instance in instances:
+        assert instance.jobs == ("long", "report") and instance.timer_kinds == ("remind",)
+        assert 0 < instance.expires_in_ms <= REGISTRATION_TTL_MS
+    (kind,) = timers
+    assert (kind.kind, kind.pending, kind.next_key) == ("remind", 1, "user:42")
+
+    async with Inspector(backend) as inspector:
+        assert await inspector.instances() == []  # both withdrew on stop
+        history = await inspector.history("long")
+        assert [(r.attempt, r.status) for r in history] == [(1, "ok")]
+        assert (await inspector.jobs())[0].last == history[0]
+        with pytest.raises(InvalidJobError, match="no job named 'typo'"):
+            await inspector.history("typo")
+        with pytest.raises(InvalidJobError, match="no job named 'typo'"):
+            await inspector.pause("typo")
+
+
+async def test_an_instance_that_dies_leaves_the_registry_when_its_entry_expires(
+    server_url: str, prefix: str, direct: redis.Redis
+) -> None:
+    keys = RegistryKeys.for_prefix(prefix)
+    direct.zadd(keys.instances, {"ghost": int(time.time() * 1000) - 1})
+    direct.set(keys.instance("ghost"), '{"host": "gone"}')
+    async with Inspector(RedisBackend(redis=server_url, prefix=prefix)) as inspector:
+        assert await inspector.instances() == []
+
+
+async def test_pause_resume_and_run_now_from_the_inspector_reach_every_instance(
+    server_url: str, prefix: str
+) -> None:
+    ran: list[tuple[str, str, int]] = []
+    schedulers = []
+    for name in ("a", "b"):
+        scheduler = Scheduler(RedisBackend(redis=server_url, prefix=prefix), instance_id=name)
+
+        @scheduler.job("* * * * * *", name="tick")
+        async def tick(run: Run) -> None:
+            ran.append((run.trigger, run.runner, run.slot_ms))
+
+        schedulers.append(scheduler)
+    backend = RedisBackend(redis=server_url, prefix=prefix)
+    async with AsyncExitStack() as stack:
+        for scheduler in schedulers:
+            await stack.enter_async_context(scheduler)
+        await wait_until(lambda: len(ran) >= 1, 20, "a first run")
+        async with Inspector(backend) as inspector:
+            assert await inspector.pause("tick") is True
+            paused_ms = time.time() * 1000
+            assert (await inspector.jobs())[0].paused
+            await anyio.sleep(2.2)
+            slot_id = await inspector.run_now("tick")  # a manual run goes on while paused
+            await wait_until(
+                lambda: any(t == "manual" for t, _, _ in ran), 10, "the fleet's manual run"
+            )
+            assert await inspector.resume("tick") is True
+            resumed_ms = time.time() * 1000
+            await wait_until(
+                lambda: any(s > resumed_ms and t != "manual" for t, _, s in ran), 20, "a run"
+            )
+            history = await inspector.history("tick", limit=100)
+
+    scheduled_while_paused = [
+        s for t, _, s in ran if t != "manual" and paused_ms < s <= resumed_ms - 50
+    ]
+    assert scheduled_while_paused == []
+    manual = [r for r in history if r.trigger == "manual"]
+    assert len(manual) == 1 and manual[0].status == "ok" and manual[0].attempt == 1
+    assert len([t for t, _, _ in ran if t == "manual"]) == 1
+    assert slot_id.startswith("m")
+    skipped = [r for r in history if r.status == "skipped"]
+    assert skipped and all(r.error == "paused: the job is paused" for r in skipped)
+
+
+async def test_a_first_deploy_catches_up_nothing_from_before_the_job_existed(
+    server_url: str, prefix: str
+) -> None:
+    """catch_up_ms of a minute, a job every second, a store that never saw the job: the
+    first start runs no slot from before it (the registry's first-seen time bounds
+    catch-up). A restart after a gap catches up the slots it missed."""
+    ran: list[tuple[int, str]] = []
+
+    def fleet() -> Scheduler:  # type: ignore[type-arg]
+        scheduler = Scheduler(RedisBackend(redis=server_url, prefix=prefix))
+
+        @scheduler.job("* * * * * *", name="tick", catch_up_ms=60_000)
+        async def tick(run: Run) -> None:
+            ran.append((run.slot_ms, run.trigger))
+
+        return scheduler
+
+    first_start_ms = time.time() * 1000
+    async with fleet():
+        await wait_until(lambda: len(ran) >= 2, 20, "runs")
+    assert all(slot >= first_start_ms - 1000 for slot, _ in ran), ran
+    assert all(trigger == "schedule" for _, trigger in ran), ran
+    stopped_ms = time.time() * 1000
+    await anyio.sleep(2.5)
+    ran.clear()
+    async with fleet():
+        await wait_until(lambda: any(t == "catch-up" for _, t in ran), 20, "a catch-up run")
+    caught_up = [slot for slot, trigger in ran if trigger == "catch-up"]
+    assert caught_up and all(slot > stopped_ms - 1000 for slot in caught_up), ran

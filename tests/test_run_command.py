@@ -1,0 +1,326 @@
+"""``anarchon run MODULE:ATTRIBUTE`` as a user runs it (a subprocess, a real server):
+graceful and immediate stops on signals, a server that is down at start, health probes,
+one-line errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+import redis
+
+from anarchon import ConnectionFailedError, RedisBackend, Scheduler, serve
+from anarchon._embedded import free_port
+from tests.faults import FaultProxy
+from tests.restartable_server import RestartableServer
+from tests.servers import ServerSpec
+
+ROOT = Path(__file__).resolve().parents[1]
+LEASE_MS = 30_000
+
+pytestmark = pytest.mark.slow
+
+
+class RunCommand:
+    """One ``anarchon run tests.run_app:make`` process, its output in a file."""
+
+    def __init__(self, tmp_path: Path, name: str, env: dict[str, str], *args: str) -> None:
+        self.name = name
+        self.health_file = tmp_path / f"{name}.health"
+        self.output = tmp_path / f"{name}.log"
+        full_env = dict(os.environ)
+        paths = [full_env.get("PYTHONPATH", ""), str(ROOT / "src"), str(ROOT)]
+        full_env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
+        full_env.update(env)
+        command = [
+            sys.executable, "-m", "anarchon", "run", "tests.run_app:make",
+            "--instance-id", name, "--health-file", str(self.health_file), *args,
+        ]  # fmt: skip
+        with open(self.output, "w") as out:
+            self.process = subprocess.Popen(
+                command, cwd=ROOT, env=full_env, stdout=out, stderr=subprocess.STDOUT, text=True
+            )
+
+    def health(self) -> dict[str, Any] | None:
+        try:
+            found: dict[str, Any] = json.loads(self.health_file.read_text())
+        except (FileNotFoundError, ValueError):
+            return None
+        return found
+
+    def wait_live(self, timeout_sec: float = 30) -> None:
+        wait_for(lambda: (self.health() or {}).get("live"), timeout_sec, f"{self.name} to run")
+
+    def signal(self, signum: int = signal.SIGTERM) -> None:
+        self.process.send_signal(signum)
+
+    def wait(self, timeout_sec: float) -> int:
+        try:
+            return self.process.wait(timeout_sec)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(
+                f"{self.name} still runs after {timeout_sec} s:\n{self.log()}"
+            ) from None
+
+    def log(self) -> str:
+        return self.output.read_text()
+
+    def end(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+
+def wait_for(condition, timeout_sec: float, what: str):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_sec
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout_sec} s waiting for {what}")
+
+
+@pytest.fixture
+def commands() -> Iterator[list[RunCommand]]:
+    started: list[RunCommand] = []
+    yield started
+    for command in started:
+        command.end()
+
+
+def app_env(url: str, prefix: str, **settings: object) -> dict[str, str]:
+    env = {"APP_URL": url, "APP_PREFIX": prefix, "APP_LEASE_MS": str(LEASE_MS)}
+    env.update({f"APP_{name.upper()}": str(value) for name, value in settings.items()})
+    return env
+
+
+def entries(direct: redis.Redis, prefix: str) -> list[list[str]]:
+    return [str(e).split("|") for e in direct.lrange(f"{prefix}log", 0, -1)]
+
+
+def history(url: str, prefix: str) -> list[tuple[int, str, str]]:
+    async def read() -> list[tuple[int, str, str]]:
+        async with Scheduler(RedisBackend(redis=url, prefix=prefix)) as reader:
+            return sorted((r.attempt, r.runner, r.status) for r in await reader.history("work"))
+
+    return anyio.run(read)
+
+
+@pytest.mark.parametrize("event_loop", ["asyncio", "trio"])
+def test_sigterm_mid_run_gives_the_lease_back_and_a_backup_runs_attempt_2_at_once(
+    server_url: str, prefix: str, direct: redis.Redis, tmp_path: Path, commands: list[RunCommand],
+    event_loop: str,
+) -> None:  # fmt: skip
+    slot_ms = (int(time.time()) + 6) * 1000
+    env = app_env(server_url, prefix, slot_ms=slot_ms)
+    for name in ("one", "two"):
+        commands.append(RunCommand(tmp_path, name, env, "--event-loop", event_loop))
+    for command in commands:
+        command.wait_live()
+    first = wait_for(lambda: entries(direct, prefix), 20, "attempt 1 to start")[0]
+    assert first[0] == "start" and first[2] == "1", first
+    runner = next(c for c in commands if c.name == first[1])
+    backup = next(c for c in commands if c is not runner)
+    seconds, micros = direct.time()
+    signalled_ms = seconds * 1000 + micros // 1000
+    runner.signal(signal.SIGTERM)
+    assert runner.wait(20) == 0, runner.log()
+
+    second = wait_for(
+        lambda: [e for e in entries(direct, prefix) if e[0] == "start" and e[2] == "2"],
+        LEASE_MS / 1000,
+        "attempt 2 to start",
+    )[0]
+    assert second[1] == backup.name
+    assert int(second[3]) > int(first[3]), (first, second)  # a higher fence
+    # Given back, not expired: the backup began long before the lease would have run out.
+    assert int(second[4]) - signalled_ms < LEASE_MS / 2, (signalled_ms, second)
+    assert "SIGTERM: stopping" in runner.log()
+    assert "Traceback" not in runner.log()
+    backup.signal(signal.SIGTERM)
+    assert backup.wait(20) == 0, backup.log()
+    assert history(server_url, prefix) == [
+        (1, runner.name, "cancelled"),
+        (2, backup.name, "cancelled"),
+    ]
+
+
+def test_a_second_sigterm_stops_at_once_without_waiting_out_the_grace_period(
+    server_url: str, prefix: str, direct: redis.Redis, tmp_path: Path, commands: list[RunCommand]
+) -> None:
+    slot_ms = (int(time.time()) + 3) * 1000
+    env = app_env(server_url, prefix, slot_ms=slot_ms, stop_grace_ms=120_000)
+    command = RunCommand(tmp_path, "one", env)
+    commands.append(command)
+    command.wait_live()
+    wait_for(lambda: entries(direct, prefix), 20, "the run to start")
+    command.signal(signal.SIGTERM)
+    wait_for(lambda: "SIGTERM: stopping" in command.log(), 10, "the first SIGTERM to be heard")
+    time.sleep(0.5)
+    assert command.process.poll() is None, "it stopped before its grace period ended"
+    command.signal(signal.SIGTERM)
+    assert command.wait(20) == 0, command.log()
+    assert "SIGTERM again: stopping at once" in command.log()
+    assert history(server_url, prefix) == [(1, "one", "cancelled")]
+    assert [e[0] for e in entries(direct, prefix)] == ["start"]
+
+
+def test_a_server_down_at_start_is_waited_for_and_then_the_jobs_run(
+    server: ServerSpec, prefix: str, tmp_path: Path, commands: list[RunCommand]
+) -> None:
+    late = RestartableServer(server.binary, tmp_path, appendonly=False)
+    late.port = free_port()
+    command = RunCommand(tmp_path, "one", app_env(late.url, prefix, work_sec=0))
+    commands.append(command)
+    try:
+        wait_for(lambda: "waiting for the server" in command.log(), 20, "it to say it waits")
+        assert command.process.poll() is None, command.log()
+        late.start()
+        command.wait_live()
+        direct = redis.Redis.from_url(late.url, decode_responses=True, protocol=2)
+        wait_for(lambda: len(entries(direct, prefix)) >= 2, 20, "the job to run")
+        direct.close()
+        command.signal(signal.SIGTERM)
+        assert command.wait(20) == 0, command.log()
+        log = command.log()
+        assert log.count("waiting for the server") == 1, log
+        assert "the server answers, after" in log
+    finally:
+        late.kill()
+
+
+def test_a_server_that_never_answers_ends_it_with_one_line_and_exit_1(
+    prefix: str, tmp_path: Path
+) -> None:
+    env = app_env(f"redis://127.0.0.1:{free_port()}", prefix)
+    for wait, lines in (("0", 1), ("1.5", 2)):
+        command = RunCommand(tmp_path, "one", env, "--wait-for-server", wait)
+        assert command.wait(30) == 1, command.log()
+        out = command.log().strip().splitlines()
+        assert len(out) == lines, out  # with a wait: the WARNING that it waits, then the error
+        assert (
+            out[-1].startswith("anarchon: ANARCHON_CONNECTION: ") and "--wait-for-server" in out[-1]
+        ), out
+        assert ("waited" in out[-1]) == (wait != "0"), out
+
+
+def test_a_signal_while_it_waits_for_the_server_ends_it_at_once(
+    prefix: str, tmp_path: Path
+) -> None:
+    env = app_env(f"redis://127.0.0.1:{free_port()}", prefix)
+    command = RunCommand(tmp_path, "one", env, "--wait-for-server", "600")
+    wait_for(lambda: "waiting for the server" in command.log(), 20, "it to say it waits")
+    command.signal(signal.SIGTERM)
+    assert command.wait(10) == 0, command.log()
+
+
+def http_get(url: str) -> tuple[int, dict[str, Any]]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as reply:
+            return reply.status, json.loads(reply.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+def test_health_probes_say_live_and_ready_and_not_ready_while_the_server_is_down(
+    server: ServerSpec, prefix: str, tmp_path: Path, commands: list[RunCommand]
+) -> None:
+    store = RestartableServer(server.binary, tmp_path, appendonly=False)
+    store.start()
+    port = free_port()
+    env = app_env(store.url, prefix, work_sec=0, lease_ms=3000)
+    command = RunCommand(tmp_path, "one", env, "--health-port", str(port))
+    commands.append(command)
+    try:
+        command.wait_live()
+        base = f"http://127.0.0.1:{port}"
+        assert http_get(f"{base}/live")[0] == 200
+        status, body = http_get(f"{base}/ready")
+        assert status == 200 and body["instance"] == "one" and body["jobs"] == ["work"], body
+        assert http_get(f"{base}/other")[0] == 404
+        checked = health_command(command.health_file)
+        assert checked.returncode == 0 and checked.stdout.strip() == "ok", checked
+
+        store.kill()
+        wait_for(lambda: http_get(f"{base}/ready")[0] == 503, 30, "/ready to answer 503")
+        assert http_get(f"{base}/live")[0] == 200  # the process itself is fine
+        wait_for(
+            lambda: health_command(command.health_file, "--ready").returncode == 1,
+            30,
+            "anarchon health --ready to fail",
+        )
+        assert health_command(command.health_file).returncode == 0
+        store.start()
+        wait_for(lambda: http_get(f"{base}/ready")[0] == 200, 30, "/ready to answer 200 again")
+
+        command.signal(signal.SIGTERM)
+        assert command.wait(20) == 0, command.log()
+        gone = health_command(command.health_file)
+        assert gone.returncode == 1 and "does not exist" in gone.stderr, gone
+    finally:
+        store.kill()
+
+
+def health_command(path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "anarchon", "health", str(path), *args],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+
+
+def test_a_stale_health_file_fails_the_check(tmp_path: Path) -> None:
+    path = tmp_path / "health.json"
+    written = time.time() * 1000 - 120_000
+    path.write_text(json.dumps({"live": True, "ready": True, "at_ms": written}))
+    stale = health_command(path)
+    assert stale.returncode == 1 and "last written 120 s ago" in stale.stderr, stale
+    assert health_command(path, "--max-age", "600").returncode == 0
+    path.write_text("not json")
+    assert health_command(path).returncode == 1
+
+
+@pytest.mark.parametrize(
+    ("target", "says"),
+    [
+        ("tests.run_app", "is not MODULE:ATTRIBUTE"),
+        ("tests.no_such_module:make", "no module named 'tests.no_such_module'"),
+        ("tests.run_app:nothing", "has no attribute 'nothing'"),
+        ("tests.run_app:not_a_scheduler", "is an object of type int, not a Scheduler"),
+    ],
+)
+def test_a_bad_target_is_one_line_and_exit_2(target: str, says: str) -> None:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]))
+    done = subprocess.run(
+        [sys.executable, "-m", "anarchon", "run", target],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2, done
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("anarchon run: ") and says in lines[0], lines
+
+
+@pytest.mark.anyio
+async def test_a_server_frozen_at_start_is_a_connection_failure_within_the_start_deadline(
+    server_url: str, prefix: str
+) -> None:
+    """The server accepts the connection and never answers: the start's checks have a
+    deadline (10 s; the client's own timeout may come first), so ``serve`` fails (with no
+    wait) instead of hanging, with the error itself (not inside an exception group)."""
+    with FaultProxy(server_url) as proxy:
+        proxy.pause()
+        scheduler = Scheduler(RedisBackend(redis=proxy.url, prefix=prefix))
+        with anyio.fail_after(30), pytest.raises(ConnectionFailedError):
+            await serve(scheduler, wait_for_server_sec=0, stop_signals=())
+        proxy.resume()

@@ -1,0 +1,122 @@
+"""``anarchon inspect``, ``history``, ``leases``, ``pause``, ``resume`` and ``run-now`` as a
+user runs them from another shell, against a fleet of two ``anarchon run`` processes on
+a real server: tables for a person, JSON for a program, one-line errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.test_run_command import ROOT, RunCommand, app_env, wait_for
+
+pytestmark = pytest.mark.slow
+
+
+def anarchon(url: str, prefix: str, *args: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, COLUMNS="200")
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(ROOT)])
+    return subprocess.run(
+        [sys.executable, "-m", "anarchon", *args, "--redis", url, "--prefix", prefix],
+        capture_output=True, text=True, timeout=60, env=env,
+    )  # fmt: skip
+
+
+def as_json(done: subprocess.CompletedProcess[str]) -> object:
+    assert done.returncode == 0, done
+    return json.loads(done.stdout)
+
+
+def test_a_running_fleet_is_seen_paused_resumed_and_asked_to_run_from_another_shell(
+    server_url: str, prefix: str, tmp_path: Path
+) -> None:
+    env = app_env(server_url, prefix, work_sec=0.2)
+    fleet = [RunCommand(tmp_path, name, env) for name in ("one", "two")]
+    try:
+        for command in fleet:
+            command.wait_live()
+        wait_for(
+            lambda: as_json(anarchon(server_url, prefix, "history", "work", "--json")),
+            20,
+            "a first run",
+        )
+
+        table = anarchon(server_url, prefix, "inspect")
+        assert table.returncode == 0, table
+        for seen in ("Jobs", "work", "* * * * * *", "Instances alive", "one", "two"):
+            assert seen in table.stdout, (seen, table.stdout)
+        state = as_json(anarchon(server_url, prefix, "inspect", "--json"))
+        assert isinstance(state, dict)
+        assert [job["name"] for job in state["jobs"]] == ["work"]
+        assert [i["id"] for i in state["instances"]] == ["one", "two"]
+        assert state["jobs"][0]["paused"] is False
+
+        paused = anarchon(server_url, prefix, "pause", "work")
+        assert (paused.returncode, paused.stdout.strip()) == (0, "work: paused"), paused
+        paused_ms = time.time() * 1000
+        again = as_json(anarchon(server_url, prefix, "pause", "work", "--json"))
+        assert again == {"job": "work", "paused": True, "changed": False}
+        assert "yes, by" in anarchon(server_url, prefix, "inspect").stdout
+        time.sleep(2.2)
+        asked = as_json(anarchon(server_url, prefix, "run-now", "work", "--json"))
+        assert isinstance(asked, dict) and str(asked["slot_id"]).startswith("m")
+
+        def history() -> list[dict[str, object]]:
+            found = as_json(anarchon(server_url, prefix, "history", "work", "--limit", "50",
+                                     "--json"))  # fmt: skip
+            assert isinstance(found, list)
+            return found
+
+        wait_for(
+            lambda: [r for r in history() if r["trigger"] == "manual" and r["status"] == "ok"],
+            20,
+            "the fleet's manual run",
+        )
+        resumed = anarchon(server_url, prefix, "resume", "work")
+        assert (resumed.returncode, resumed.stdout.strip()) == (0, "work: resumed"), resumed
+        resumed_ms = time.time() * 1000
+        wait_for(lambda: [r for r in history() if int(str(r["slot_ms"])) > resumed_ms], 20, "a run")
+        results = history()
+        during = [
+            r for r in results
+            if paused_ms < int(str(r["slot_ms"])) < resumed_ms - 1000 and r["trigger"] != "manual"
+        ]  # fmt: skip
+        assert during and all(r["status"] == "skipped" for r in during), during
+        assert len([r for r in results if r["trigger"] == "manual"]) == 1
+
+        leases = anarchon(server_url, prefix, "leases")
+        assert leases.returncode == 0 and "Runs in progress" in leases.stdout, leases
+
+        for command in fleet:
+            command.signal(signal.SIGTERM)
+        for command in fleet:
+            assert command.wait(20) == 0, command.log()
+        gone = as_json(anarchon(server_url, prefix, "inspect", "--json"))
+        assert isinstance(gone, dict) and gone["instances"] == []
+    finally:
+        for command in fleet:
+            command.end()
+
+
+@pytest.mark.parametrize("command", ["history", "pause", "resume", "run-now", "leases"])
+def test_an_unknown_job_is_a_one_line_error_not_an_empty_answer(
+    server_url: str, prefix: str, command: str
+) -> None:
+    done = anarchon(server_url, prefix, command, "typo")
+    assert done.returncode == 1, done
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "no job named 'typo'" in lines[0], lines
+    assert done.stdout == ""
+
+
+def test_a_store_command_against_a_server_it_cannot_reach_says_so_in_one_line() -> None:
+    done = anarchon("redis://127.0.0.1:1", "cron:", "inspect")
+    assert done.returncode == 1, done
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "cannot reach the server" in lines[0] and "--redis" in lines[0]
