@@ -302,6 +302,8 @@ class RedisBackend(Generic[K]):
         if isinstance(spec, str):
             place = re.sub(r"//([^:@/]*):[^@/]*@", r"//\1:***@", spec)
             place = re.sub(r"([?&]password=)[^&]*", r"\1***", place)
+        elif isinstance(spec, Mapping) and "sentinel" in spec:
+            place = SentinelSpec.from_options(spec).describe()
         elif isinstance(spec, Mapping):
             place = f"{spec.get('host', 'localhost')}:{spec.get('port', 6379)}"
         else:
