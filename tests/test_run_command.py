@@ -25,6 +25,7 @@ from anarchon._embedded import free_port
 from tests.faults import FaultProxy
 from tests.restartable_server import RestartableServer
 from tests.servers import ServerSpec
+from tests.test_takeover import wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 LEASE_MS = 30_000
@@ -80,16 +81,6 @@ class RunCommand:
         if self.process.poll() is None:
             self.process.kill()
             self.process.wait()
-
-
-def wait_for(condition, timeout_sec: float, what: str):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_sec
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout_sec} s waiting for {what}")
 
 
 @pytest.fixture
