@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import re
+import signal
 import subprocess
 import sys
+import time
 import zipfile
 from collections import Counter
 from pathlib import Path
@@ -139,3 +141,37 @@ def test_the_demo_against_a_server_it_cannot_reach_says_so_in_one_line_and_exits
     assert len(lines) == 1, done.stderr
     assert lines[0].startswith("anarchon: ") and "cannot reach the server" in lines[0], lines
     assert "--redis" in lines[0], lines
+
+
+@pytest.mark.slow
+def test_ctrl_c_ends_the_demo_quietly_and_leaves_no_instance_running() -> None:
+    """SIGINT (Ctrl-C) to the demo under trio: exit code 130, no traceback (trio hands
+    KeyboardInterrupt out in an exception group), and none of its instance processes
+    outlives it."""
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "anarchon", "demo", "--seconds", "120", "--event-loop", "trio"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        # As from a terminal: a runner started in the background may ignore SIGINT, and
+        # its children would inherit that.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )  # fmt: skip
+    try:
+        assert demo.stdout is not None
+        header = ""
+        deadline = time.monotonic() + 60
+        while "ran on instance-" not in (line := demo.stdout.readline()):
+            assert time.monotonic() < deadline and line, "the demo's runs never showed"
+            header += line
+        (prefix,) = re.findall(r" prefix '([^']+)'$", header, re.MULTILINE)
+        demo.send_signal(signal.SIGINT)
+        _, stderr = demo.communicate(timeout=30)
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+            demo.wait()
+    assert demo.returncode == 130, stderr
+    assert "Traceback" not in stderr, stderr
+    time.sleep(0.5)
+    left = subprocess.run(["pgrep", "-f", f"anarchon._demo instance .* {prefix} "],
+                          capture_output=True, text=True)  # fmt: skip
+    assert left.stdout.strip() == "", f"instances left running: {left.stdout}"

@@ -191,35 +191,58 @@ async def _run(
     )
     env = dict(os.environ)
     processes: dict[str, Process] = {}
-    stopping_ms = time.time() * 1000
-    async with anyio.create_task_group() as group:
-        for name in names:
-            command = [
-                sys.executable, "-m", "anarchon._demo", "instance", url, prefix, name,
-                str(jobs), str(started_ms), event_loop, "1" if verbose else "0",
-            ]  # fmt: skip
-            process = await anyio.open_process(command, env=env, stderr=None)
-            processes[name] = process
-            group.start_soon(_read_events, process, name, watch, processes, group)
-        await _timer_scene(url, prefix, started_ms)
-        end_ms = started_ms + seconds * 1000
-        with anyio.move_on_after(max(end_ms / 1000 - time.time(), 0)):
-            await anyio.sleep_forever()
-        if instances > 1:
-            with anyio.move_on_after(20):  # the takeover, if it is not over yet
-                await watch.slow_settled.wait()
-        stopping_ms = time.time() * 1000
-        for name, process in processes.items():
-            if name not in watch.killed and process.returncode is None:
-                process.send_signal(signal.SIGTERM)
-        with anyio.move_on_after(15):
+    stopping_ms = 0.0
+    try:
+        async with anyio.create_task_group() as group:
+            for name in names:
+                command = [
+                    sys.executable, "-m", "anarchon._demo", "instance", url, prefix, name,
+                    str(jobs), str(started_ms), event_loop, "1" if verbose else "0",
+                ]  # fmt: skip
+                process = await anyio.open_process(command, env=env, stderr=None)
+                processes[name] = process
+                group.start_soon(_read_events, process, name, watch, processes, group)
+            stopping_ms = await _scenes(url, prefix, seconds, instances, watch, processes)
+            group.cancel_scope.cancel()
+    finally:
+        # Ctrl-C or an error: no instance outlives the demo.
+        with anyio.CancelScope(shield=True), anyio.move_on_after(10):
             for process in processes.values():
-                await process.wait()
-        for process in processes.values():
-            if process.returncode is None:
-                process.kill()
-        group.cancel_scope.cancel()
+                if process.returncode is None:
+                    process.kill()
+                await process.aclose()
     return _summary(watch, jobs, stopping_ms)
+
+
+async def _scenes(
+    url: str,
+    prefix: str,
+    seconds: float,
+    instances: int,
+    watch: _Watch,
+    processes: dict[str, Process],
+) -> float:
+    """The timer's scene, the run (the kill comes with the slow job's start), then the
+    stop of the instances still alive; when the stop began (epoch ms)."""
+    started_ms = watch.started_ms
+    await _timer_scene(url, prefix, started_ms)
+    end_ms = started_ms + seconds * 1000
+    with anyio.move_on_after(max(end_ms / 1000 - time.time(), 0)):
+        await anyio.sleep_forever()
+    if instances > 1:
+        with anyio.move_on_after(20):  # the takeover, if it is not over yet
+            await watch.slow_settled.wait()
+    stopping_ms = time.time() * 1000
+    for name, process in processes.items():
+        if name not in watch.killed and process.returncode is None:
+            process.send_signal(signal.SIGTERM)
+    with anyio.move_on_after(15):
+        for process in processes.values():
+            await process.wait()
+    for process in processes.values():
+        if process.returncode is None:
+            process.kill()
+    return stopping_ms
 
 
 async def _timer_scene(url: str, prefix: str, started_ms: int) -> None:
