@@ -28,3 +28,11 @@ async def exclusive(run: Run) -> None:
 
 
 leased.add_job(poll, every_ms=5_000, name="side-by-side", overlap="allow")
+
+
+@leased.job("*/5 * * * *", timeout_ms=60_000, retry_delay_ms=5_000, retry_on=(ConnectionError,))
+async def bounded(run: Run) -> None: ...
+
+
+claim_only.add_job(poll, every_ms=60_000, name="bounded-poll", timeout_ms=10_000)
+leased.add_job(poll, every_ms=60_000, name="narrow", retry_on=TimeoutError)
