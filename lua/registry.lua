@@ -5,9 +5,11 @@
 -- KEYS[3] jobs (hash: job name -> its definition, as JSON)
 -- KEYS[4] first seen (hash: job name -> when it first appeared in the store, server ms)
 -- KEYS[5] timer kinds (hash: kind -> its definition, as JSON)
--- ARGV: instance id, ttl_ms, the instance's JSON, the number of jobs, then a name and a
---       definition for each job, then a name and a definition for each timer kind
--- Reply: {now_ms, first_seen_ms of each job, in order, 1 if it was seen now for the first time}
+-- ARGV: instance id, ttl_ms, the instance's JSON, the number of jobs, then for each job a
+--       name, a definition and its oldest remembered slot ('' if none: a store written
+--       before the registry existed has slots older than the job's entry here), then a
+--       name and a definition for each timer kind
+-- Reply: {now_ms, then each job's first-seen time (ms), in order}
 local instances_key, instance_key, jobs_key, first_seen_key, kinds_key =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local id = ARGV[1]
@@ -23,13 +25,14 @@ redis.call('SET', instance_key, ARGV[3], 'PX', int(ttl_ms))
 
 local reply = {int(now)}
 for i = 0, job_count - 1 do
-  local name, definition = ARGV[5 + 2 * i], ARGV[6 + 2 * i]
+  local name, definition, oldest = ARGV[5 + 3 * i], ARGV[6 + 3 * i], tonumber(ARGV[7 + 3 * i])
   redis.call('HSET', jobs_key, name, definition)
-  local new = redis.call('HSETNX', first_seen_key, name, int(now))
+  local seen = now
+  if oldest and oldest < now then seen = oldest end
+  redis.call('HSETNX', first_seen_key, name, int(seen))
   reply[#reply + 1] = redis.call('HGET', first_seen_key, name)
-  reply[#reply + 1] = new
 end
-for i = 5 + 2 * job_count, #ARGV, 2 do
+for i = 5 + 3 * job_count, #ARGV, 2 do
   redis.call('HSET', kinds_key, ARGV[i], ARGV[i + 1])
 end
 return reply

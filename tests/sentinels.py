@@ -78,6 +78,11 @@ class SentinelGroup:
             _, port = sentinel.sentinel_get_master_addr_by_name(MASTER)
         return int(port)
 
+    def subscribers(self, channel: str) -> int:
+        """How many clients of the primary subscribe to ``channel``."""
+        with redis.Redis(port=self.primary_port(), decode_responses=True) as primary:
+            return int(dict(primary.pubsub_numsub(channel)).get(channel, 0))
+
     def failover(self) -> int:
         """Promote the replica; return the new primary's port once the Sentinels say so
         and it takes writes."""

@@ -15,6 +15,7 @@ import pytest
 import redis
 
 from anarchon import (
+    ConnectionFailedError,
     Inspector,
     InvalidJobError,
     RedisBackend,
@@ -23,6 +24,7 @@ from anarchon import (
     TimerRun,
 )
 from anarchon._registry import REGISTRATION_TTL_MS, RegistryKeys
+from tests.faults import FaultProxy
 from tests.helpers import OneShot, wait_until
 
 pytestmark = pytest.mark.anyio
@@ -188,3 +190,99 @@ async def test_a_first_deploy_catches_up_nothing_from_before_the_job_existed(
         await wait_until(lambda: any(t == "catch-up" for _, t in ran), 20, "a catch-up run")
     caught_up = [slot for slot, trigger in ran if trigger == "catch-up"]
     assert caught_up and all(slot > stopped_ms - 1000 for slot in caught_up), ran
+
+
+async def test_a_fleet_run_given_back_by_a_stopping_instance_is_run_by_another(
+    server_url: str, prefix: str
+) -> None:
+    """A run the fleet was asked for keeps the job's attempts: the instance running it
+    stops (and gives it back), and another one runs attempt 2 at once."""
+    starts: list[tuple[str, int, str]] = []
+    schedulers = []
+    for name in ("a", "b"):
+        scheduler = Scheduler(
+            RedisBackend(redis=server_url, prefix=prefix), instance_id=name, stop_grace_ms=0
+        )
+
+        @scheduler.job("0 0 1 1 *", name="long")
+        async def long(run: Run) -> None:
+            starts.append((run.runner, run.attempt, run.trigger))
+            await anyio.sleep(60)
+
+        schedulers.append(scheduler)
+    async with AsyncExitStack() as stack:
+        for scheduler in schedulers:
+            await stack.enter_async_context(scheduler)
+        async with Inspector(RedisBackend(redis=server_url, prefix=prefix)) as inspector:
+            await inspector.run_now("long")
+            await wait_until(lambda: bool(starts), 10, "the fleet's run")
+            runner = next(s for s in schedulers if s.instance_id == starts[0][0])
+            await runner.stop()
+            await wait_until(lambda: len(starts) == 2, 10, "another instance to take it")
+    assert starts[0][1:] == (1, "manual")
+    assert starts[1][0] != starts[0][0] and starts[1][1] == 2
+
+
+async def test_run_now_of_a_job_no_instance_alive_runs_is_refused(
+    server_url: str, prefix: str
+) -> None:
+    scheduler = Scheduler(RedisBackend(redis=server_url, prefix=prefix))
+
+    @scheduler.job("0 0 1 1 *", name="gone")
+    async def gone() -> None:
+        pass
+
+    async with scheduler:
+        pass  # registered, then withdrawn
+    async with Inspector(RedisBackend(redis=server_url, prefix=prefix)) as inspector:
+        with pytest.raises(InvalidJobError, match="no instance alive runs 'gone'"):
+            await inspector.run_now("gone")
+        assert await inspector.leases() == []
+
+
+async def test_a_store_written_before_the_registry_still_catches_up_after_a_gap(
+    server_url: str, prefix: str, direct: redis.Redis
+) -> None:
+    """The job has history but no first-seen time (an older anarchon wrote the store):
+    its first-seen time is its oldest remembered slot, so a restart after a gap catches
+    up the slots it missed."""
+    ran: list[tuple[int, str]] = []
+
+    def fleet() -> Scheduler:  # type: ignore[type-arg]
+        scheduler = Scheduler(RedisBackend(redis=server_url, prefix=prefix))
+
+        @scheduler.job("* * * * * *", name="tick", catch_up_ms=60_000)
+        async def tick(run: Run) -> None:
+            ran.append((run.slot_ms, run.trigger))
+
+        return scheduler
+
+    async with fleet():
+        await wait_until(lambda: len(ran) >= 2, 20, "runs")
+    stopped_ms = time.time() * 1000
+    direct.delete(RegistryKeys.for_prefix(prefix).first_seen)
+    await anyio.sleep(2.5)
+    ran.clear()
+    async with fleet():
+        await wait_until(lambda: any(t == "catch-up" for _, t in ran), 20, "a catch-up run")
+    assert all(slot > stopped_ms - 1000 for slot, t in ran if t == "catch-up"), ran
+
+
+async def test_the_inspector_against_a_frozen_server_fails_within_its_deadline(
+    server_url: str, prefix: str
+) -> None:
+    with FaultProxy(server_url) as proxy:
+        async with Inspector(RedisBackend(redis=proxy.url, prefix=prefix)) as inspector:
+            proxy.pause()
+            with anyio.fail_after(30), pytest.raises(ConnectionFailedError):
+                await inspector.jobs()
+            proxy.resume()
+
+
+def test_the_logged_server_name_hides_every_password() -> None:
+    for url in (
+        "redis://user:secret@h:6379/0",
+        "redis://h:6379/0?password=secret",
+        "redis+sentinel://u:secret@h1,h2/m?sentinel_username=s&sentinel_password=secret",
+    ):
+        assert "secret" not in RedisBackend(redis=url).where(), url

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -22,6 +23,7 @@ import redis
 
 from anarchon import ConnectionFailedError, RedisBackend, Scheduler, serve
 from anarchon._embedded import free_port
+from anarchon._registry import RegistryKeys
 from tests.faults import FaultProxy
 from tests.restartable_server import RestartableServer
 from tests.servers import ServerSpec
@@ -315,3 +317,24 @@ async def test_a_server_frozen_at_start_is_a_connection_failure_within_the_start
         with anyio.fail_after(30), pytest.raises(ConnectionFailedError):
             await serve(scheduler, wait_for_server_sec=0, stop_signals=())
         proxy.resume()
+
+
+def test_a_health_port_that_is_taken_fails_before_the_start_in_one_line(
+    server_url: str, prefix: str, tmp_path: Path
+) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        command = RunCommand(
+            tmp_path, "one", app_env(server_url, prefix), "--health-port", str(port),
+            "--health-host", "127.0.0.1",
+        )  # fmt: skip
+        assert command.wait(30) == 1, command.log()
+    lines = command.log().strip().splitlines()
+    assert len(lines) == 1 and f"127.0.0.1:{port}" in lines[0], lines
+    assert lines[0].startswith("anarchon: ") and "choose a free port" in lines[0]
+    registered = RegistryKeys.for_prefix(prefix).instances
+    direct = redis.Redis.from_url(server_url, decode_responses=True, protocol=2)
+    assert direct.zcard(registered) == 0  # it never started
+    direct.close()

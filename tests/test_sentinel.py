@@ -39,6 +39,9 @@ async def test_jobs_run_through_sentinels_and_go_on_after_a_promotion(
 
         async with scheduler:
             await wait_until(lambda: len(ran) >= 2, 20, "runs before the promotion")
+            # Hints come through the Sentinels too: a subscription on the primary.
+            channel = f"{prefix}timer-hints"
+            await wait_until(lambda: group.subscribers(channel) == 1, 10, "the subscription")
             began_ms = time.time() * 1000
             old = group.primary_port()
             new = await anyio.to_thread.run_sync(group.failover)

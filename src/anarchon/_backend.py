@@ -299,9 +299,11 @@ class RedisBackend(Generic[K]):
         """The server as the logs name it: the URL without its password, host:port, or
         the client's type; with the server's name and version once connected."""
         spec = self._connection_spec
-        if isinstance(spec, str):
+        if isinstance(spec, str) and is_sentinel_url(spec):
+            place = SentinelSpec.from_url(spec).describe()
+        elif isinstance(spec, str):
             place = re.sub(r"//([^:@/]*):[^@/]*@", r"//\1:***@", spec)
-            place = re.sub(r"([?&]password=)[^&]*", r"\1***", place)
+            place = re.sub(r"([?&][a-z_]*password=)[^&]*", r"\1***", place)
         elif isinstance(spec, Mapping) and "sentinel" in spec:
             place = SentinelSpec.from_options(spec).describe()
         elif isinstance(spec, Mapping):

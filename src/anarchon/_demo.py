@@ -15,6 +15,7 @@ import json
 import math
 import os
 import signal
+import subprocess
 import sys
 import time
 from collections import Counter, defaultdict
@@ -156,9 +157,19 @@ def _instance_main(argv: list[str]) -> None:
 
     async def main() -> None:
         _emit("ready", runner=name)
-        await serve(scheduler, wait_for_server_sec=10)
+        async with anyio.create_task_group() as group:
+            group.start_soon(_stop_when_the_parent_is_gone, scheduler)
+            await serve(scheduler, wait_for_server_sec=10)
+            group.cancel_scope.cancel()
 
     anyio.run(main, backend=event_loop)
+
+
+async def _stop_when_the_parent_is_gone(scheduler: Scheduler[Any]) -> None:
+    """The parent holds this instance's stdin open and never writes: its end (the parent
+    exited, however it died) stops the instance, so none outlives the demo."""
+    await anyio.to_thread.run_sync(sys.stdin.buffer.read, abandon_on_cancel=True)
+    await scheduler.stop(0)
 
 
 # ------------------------------------------------------------------ the parent
@@ -199,7 +210,9 @@ async def _run(
                     sys.executable, "-m", "anarchon._demo", "instance", url, prefix, name,
                     str(jobs), str(started_ms), event_loop, "1" if verbose else "0",
                 ]  # fmt: skip
-                process = await anyio.open_process(command, env=env, stderr=None)
+                process = await anyio.open_process(
+                    command, env=env, stdin=subprocess.PIPE, stderr=None
+                )
                 processes[name] = process
                 group.start_soon(_read_events, process, name, watch, processes, group)
             stopping_ms = await _scenes(url, prefix, seconds, instances, watch, processes)
@@ -376,6 +389,9 @@ def run_demo(
     verbose: bool = False,
 ) -> DemoSummary:
     """Start an embedded Valkey unless ``redis_url`` is given, run the demo, print a summary."""
+    # SIGTERM (a timeout, a CI job cancelled) ends the demo as Ctrl-C does: its embedded
+    # server and its instances stop with it.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     with ExitStack() as stack:
         url = redis_url
         if url is None:

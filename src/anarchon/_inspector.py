@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import secrets
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime
 from types import TracebackType
 from typing import Any, cast
@@ -16,12 +18,17 @@ import anyio
 
 from ._backend import RedisBackend
 from ._claim_only import ClaimOnlyKeys
-from ._errors import InvalidJobError, InvalidOptionError, SchedulerStateError
+from ._errors import (
+    ConnectionFailedError,
+    InvalidJobError,
+    InvalidOptionError,
+    SchedulerStateError,
+)
 from ._lease import PAUSED_FIELD, JobKeys
 from ._registry import RegistryKeys
 from ._schedule import CronSchedule, IntervalSchedule, Schedule, SlotClock, from_epoch_ms
 from ._scripts import ScriptCall, lease_script, run_scripts
-from ._store import manual_slot_id, read_history, slot_ms_of
+from ._store import fleet_slot_id, read_history, slot_ms_of
 from ._structures import (
     InstanceInfo,
     JobInfo,
@@ -31,7 +38,7 @@ from ._structures import (
     Trigger,
 )
 from ._timer_store import TimerKeys, TimerStore
-from .clients import Connection, ServerReplyError
+from .clients import Connection, ServerReplyError, TransportError
 
 __all__ = ["Inspector"]
 
@@ -95,7 +102,7 @@ class Inspector:
                 paused = await self._execute(("HGET", JobKeys.for_job(self._prefix, name).state,
                                               PAUSED_FIELD))  # fmt: skip
                 paused_by = None if paused is None else str(paused)
-            last = await read_history(self._require(), self._results_key(name, strategy), name, 1)
+            last = await self._read_history(name, strategy, 1)
             seen = first_seen.get(name)
             found.append(
                 JobInfo(
@@ -179,7 +186,7 @@ class Inspector:
         definitions = await self._definitions()
         name = self._check_job(job, definitions)
         strategy = str(definitions[name].get("strategy", "lease"))
-        return await read_history(self._require(), self._results_key(name, strategy), name, limit)
+        return await self._read_history(name, strategy, limit)
 
     async def failures(self, limit: int = 20) -> list[RunResult]:
         """The newest ``limit`` attempts, across the jobs, that failed, were interrupted
@@ -188,9 +195,7 @@ class Inspector:
         definitions = await self._definitions()
         for name, definition in definitions.items():
             strategy = str(definition.get("strategy", "lease"))
-            recent = await read_history(
-                self._require(), self._results_key(name, strategy), name, max(limit * 5, 100)
-            )
+            recent = await self._read_history(name, strategy, max(limit * 5, 100))
             found += [r for r in recent if r.status in _FAILED]
         found.sort(key=lambda r: (r.finished_at, r.slot_ms, r.attempt), reverse=True)
         return found[:limit]
@@ -203,7 +208,7 @@ class Inspector:
         found = []
         for kind in sorted(kinds):
             buckets = int(json.loads(kinds[kind]).get("buckets", 1))
-            with anyio.fail_after(_DEADLINE_SEC):
+            with _answered_in_time():
                 peek = await store.peek(kind, buckets, 1)
             first = peek.first[0] if peek.first else None
             found.append(
@@ -238,15 +243,20 @@ class Inspector:
         attempt, recorded with trigger ``"manual"``; overlap rules apply. Returns the
         run's slot id (its history entries carry it)."""
         state = await self._lease_state_key(job, "run-now")
+        if not any(job in instance.jobs for instance in await self.instances()):
+            raise InvalidJobError(
+                f"no instance alive runs {job!r}: a run asked for now would wait until one "
+                "starts; start one, then ask again"
+            )
         keys = JobKeys.for_job(self._prefix, job)
         requested_ms = int(time.time() * 1000)
-        slot_id = manual_slot_id(requested_ms, secrets.token_hex(4))
+        slot_id = fleet_slot_id(requested_ms, secrets.token_hex(4))
         call = ScriptCall(
             lease_script("request_run"),
             (state, keys.active, keys.slots),
             (slot_id, slot_ms_of(slot_id), self._who()),
         )
-        with anyio.fail_after(_DEADLINE_SEC):
+        with _answered_in_time():
             (reply,) = await run_scripts(self._require(), [call])
         if isinstance(reply, ServerReplyError):
             raise reply
@@ -266,7 +276,7 @@ class Inspector:
         return self._conn
 
     async def _execute(self, command: tuple[Any, ...]) -> Any:
-        with anyio.fail_after(_DEADLINE_SEC):
+        with _answered_in_time():
             return await self._require().execute(command)
 
     async def _server_now_ms(self) -> int:
@@ -297,6 +307,10 @@ class Inspector:
             )
         return JobKeys.for_job(self._prefix, job).state
 
+    async def _read_history(self, job: str, strategy: str, limit: int) -> list[RunResult]:
+        with _answered_in_time():
+            return await read_history(self._require(), self._results_key(job, strategy), job, limit)
+
     def _results_key(self, job: str, strategy: str) -> str:
         if strategy == "lease":
             return JobKeys.for_job(self._prefix, job).results
@@ -308,6 +322,22 @@ class Inspector:
         import socket
 
         return f"{socket.gethostname()}:{os.getpid()}"
+
+
+@contextmanager
+def _answered_in_time() -> Iterator[None]:
+    """A read's round trips: within their deadline, and an error that says so (a frozen
+    server, a dropped connection) instead of a timeout's traceback."""
+    try:
+        with anyio.fail_after(_DEADLINE_SEC):
+            yield
+    except TimeoutError:
+        raise ConnectionFailedError(
+            f"the server did not answer within {_DEADLINE_SEC:g} s; check that it is not "
+            "frozen or overloaded"
+        ) from None
+    except TransportError as exc:
+        raise ConnectionFailedError(f"lost the connection to the server: {exc}") from exc
 
 
 def _mapping(reply: Any) -> dict[str, str]:

@@ -22,13 +22,15 @@ from typing import Any
 
 import anyio
 
+from ._claim_only import ClaimOnlyKeys
+from ._coalesce import pipeline
 from ._job import Job
 from ._lease import JobKeys
 from ._schedule import CronSchedule, IntervalSchedule
 from ._scripts import ScriptCall, lease_script, run_scripts
 from ._timer import TimerKind
 from ._version import __version__
-from .clients import Connection, ServerReplyError
+from .clients import Command, Connection, ServerReplyError
 
 __all__ = ["REGISTRATION_TTL_MS", "Registry", "RegistryKeys", "job_definition"]
 
@@ -94,6 +96,8 @@ class Registry:
         self.leases = strategy == "lease"
         self.prefix = prefix
         self.started_ms = int(time.time() * 1000)
+        #: The jobs whose first-seen time the store told this instance.
+        self._seen: dict[str, int] = {}
 
     async def register(
         self,
@@ -119,9 +123,10 @@ class Registry:
         args: list[str | int] = [
             self.instance_id, REGISTRATION_TTL_MS, json.dumps(instance), len(jobs),
         ]  # fmt: skip
+        oldest = await self._oldest_slots(conn, [name for name in jobs if name not in self._seen])
         for name, job in jobs.items():
             definition = job_definition(job, self.strategy, next_slots.get(name))
-            args += [name, json.dumps(definition)]
+            args += [name, json.dumps(definition), oldest.get(name, "")]
         for name, kind in kinds.items():
             args += [name, json.dumps({"buckets": kind.buckets, "max_attempts": kind.max_attempts})]
         call = ScriptCall(
@@ -133,29 +138,38 @@ class Registry:
         (reply,) = await run_scripts(conn, [call])
         if isinstance(reply, ServerReplyError):
             raise reply
-        first_seen: dict[str, int] = {}
-        for index, name in enumerate(jobs):
-            seen_ms, new = int(reply[1 + 2 * index]), int(reply[2 + 2 * index])
-            if new and self.leases:
-                seen_ms = await self._history_began(conn, name, seen_ms)
-            first_seen[name] = seen_ms
+        first_seen = {name: int(reply[1 + index]) for index, name in enumerate(jobs)}
+        self._seen.update(first_seen)
         return first_seen
 
-    async def _history_began(self, conn: Connection, job: str, seen_ms: int) -> int:
-        """A job new to the registry may be older than it (a store written before the
-        registry existed): its first appearance is then its oldest remembered slot."""
-        oldest = await conn.execute(
-            ("ZRANGE", JobKeys.for_job(self.prefix, job).slots, 0, 0, "WITHSCORES")
-        )
-        scores = list(oldest.values()) if isinstance(oldest, dict) else list(oldest or [])[1:2]
-        if isinstance(oldest, list) and oldest and isinstance(oldest[0], list | tuple):
-            scores = [oldest[0][1]]  # RESP3: [[member, score]]
-        if not scores:
-            return seen_ms
-        began_ms = min(int(float(scores[0])), seen_ms)
-        if began_ms < seen_ms:
-            await conn.execute(("HSET", self.keys.first_seen, job, began_ms))
-        return began_ms
+    async def _oldest_slots(self, conn: Connection, jobs: list[str]) -> dict[str, int]:
+        """Of ``jobs`` without a first-seen time in the store: the oldest slot their
+        history remembers (a store written before the registry existed, or a
+        registration whose reply was lost). One round trip, or two."""
+        if not jobs:
+            return {}
+        known = await conn.execute(("HMGET", self.keys.first_seen, *jobs))
+        missing = [name for name, seen in zip(jobs, known, strict=True) if seen is None]
+        if not missing:
+            return {}
+        commands: list[Command] = [
+            ("ZRANGE", self._history_key(name), 0, 0, "WITHSCORES") for name in missing
+        ]
+        replies = await pipeline(conn, commands)
+        oldest: dict[str, int] = {}
+        for name, reply in zip(missing, replies, strict=True):
+            if isinstance(reply, ServerReplyError):
+                raise reply
+            score = _first_score(reply)
+            if score is not None:
+                oldest[name] = score
+        return oldest
+
+    def _history_key(self, job: str) -> str:
+        """The key a job's remembered slots are scored in, by their instants."""
+        if self.leases:
+            return JobKeys.for_job(self.prefix, job).slots
+        return ClaimOnlyKeys.for_job(self.prefix, job).results
 
     async def withdraw(self, conn: Connection, deadline_sec: float) -> None:
         """Leave the registry (a stopping instance); its expiry covers a failure here."""
@@ -165,3 +179,17 @@ class Registry:
                 await conn.execute(("DEL", self.keys.instance(self.instance_id)))
             except Exception as exc:
                 log.debug("leaving the registry failed (it expires instead): %s", exc)
+
+
+def _first_score(reply: Any) -> int | None:
+    """The score in a one-member ``ZRANGE ... WITHSCORES`` reply (RESP2 flat, RESP3
+    pairs, or a mapping), or None if it is empty."""
+    if isinstance(reply, dict):
+        values = list(reply.values())
+        return int(float(values[0])) if values else None
+    items = list(reply or [])
+    if not items:
+        return None
+    if isinstance(items[0], list | tuple):
+        return int(float(items[0][1]))
+    return int(float(items[1]))

@@ -224,8 +224,11 @@ class Scheduler(Generic[K]):
         self._stopped = anyio.Event()
         #: The number of buckets of kinds without a handler here, as the store said.
         self._stored_buckets: dict[str, int] = {}
-        #: This instance's registration in the store (from start on).
+        #: This instance's registration in the store (from start on), its renewals (which
+        #: the stop cancels) and their end.
         self._registry: Registry | None = None
+        self._renewing: anyio.CancelScope | None = None
+        self._renewed: anyio.Event | None = None
         #: The grace period of a stop in progress (None until stop() is first called).
         self._grace: anyio.CancelScope | None = None
 
@@ -807,6 +810,7 @@ class Scheduler(Generic[K]):
         for kind in self._context.timer_kinds.values():
             self._claim_timers_now(kind)
         group.start_soon(self._claimer.claim_loop)
+        self._renewing, self._renewed = anyio.CancelScope(), anyio.Event()
         group.start_soon(self._keep_registered, registry)
         if store.leases:
             group.start_soon(self._lease_keeper.keep_leases)
@@ -828,7 +832,16 @@ class Scheduler(Generic[K]):
         return self
 
     async def _keep_registered(self, registry: Registry) -> None:
-        """Renew this instance's registration (``_registry.py``) until the stop."""
+        """Renew this instance's registration (``_registry.py``) until the stop, which
+        ends this (a renewal in flight too) before it withdraws the registration."""
+        assert self._renewing is not None and self._renewed is not None
+        try:
+            with self._renewing:
+                await self._renew_until_stopped(registry)
+        finally:
+            self._renewed.set()
+
+    async def _renew_until_stopped(self, registry: Registry) -> None:
         context = self._context
         while context.state == "running":
             with anyio.move_on_after(REGISTRATION_TTL_MS / 3000):
@@ -940,6 +953,9 @@ class Scheduler(Generic[K]):
                 self._runner.cancel_all("the scheduler is stopping")
                 await self._runner.wait_idle()
                 store = self._store
+                if self._renewing is not None and self._renewed is not None:
+                    self._renewing.cancel()
+                    await self._renewed.wait()
                 if store is not None and self._registry is not None:
                     await self._registry.withdraw(store.conn, context.round_trip_sec)
                 if store is not None and store.conn.owned:

@@ -126,21 +126,49 @@ async def _serve_started(
     health_port: int | None,
     health_host: str,
 ) -> None:
-    await _start_waiting_for_server(scheduler, wait_for_server_sec, stop.asked)
-    if scheduler._context.state != "running":
-        return  # a signal came while it waited for the server
+    listener = None
+    if health_port is not None:
+        # Bound before the start: a port that is taken fails before anything runs.
+        try:
+            listener = await anyio.create_tcp_listener(
+                local_host=health_host, local_port=health_port
+            )
+        except OSError as exc:
+            raise InvalidOptionError(
+                f"cannot answer health probes on {health_host}:{health_port} ({exc}): choose "
+                "a free port"
+            ) from exc
+    async with AsyncExitStack() as stack:
+        if listener is not None:
+            await stack.enter_async_context(listener)
+        await _start_waiting_for_server(scheduler, wait_for_server_sec, stop.asked)
+        if scheduler._context.state != "running":
+            return  # a signal came while it waited for the server
+        await _serve_running(
+            scheduler, stop, outer, health_file, listener, f"{health_host}:{health_port}"
+        )
+
+
+async def _serve_running(
+    scheduler: Scheduler[Any],
+    stop: _StopRequests,
+    outer: TaskGroup,
+    health_file: str | os.PathLike[str] | None,
+    listener: anyio.abc.Listener[SocketStream] | None,
+    health_where: str,
+) -> None:
     async with AsyncExitStack() as stack:
         # Leaving it stops the scheduler (shielded: the stop completes, whatever ended
         # this call) and exits its task group.
         stack.push_async_exit(scheduler)
         stop.group = outer
-        if stop.asked.is_set():
-            outer.start_soon(scheduler.stop)  # a signal came while it started
+        if stop.asked.is_set():  # a signal came while it started
+            outer.start_soon(scheduler.stop, 0 if stop.at_once else None)
         async with anyio.create_task_group() as probes:
             if health_file is not None:
                 probes.start_soon(_keep_health_file, scheduler, Path(health_file))
-            if health_port is not None:
-                await probes.start(_serve_health_port, scheduler, health_host, health_port)
+            if listener is not None:
+                probes.start_soon(_serve_health_port, scheduler, listener, health_where)
             await scheduler._stopped.wait()
             probes.cancel_scope.cancel()
 
@@ -152,6 +180,8 @@ class _StopRequests:
         self.scheduler = scheduler
         #: Set by the first signal (it ends a wait for the server at start).
         self.asked = anyio.Event()
+        #: A second signal came: the stop has no grace period.
+        self.at_once = False
         #: Where stops are started, once the scheduler runs.
         self.group: TaskGroup | None = None
 
@@ -182,13 +212,15 @@ class _StopRequests:
                 scheduler.stop_grace_ms / 1000,
             )
             self.group.start_soon(scheduler.stop)
-        elif heard == 2 and self.group is not None:
+        elif heard == 2:
+            self.at_once = True
             log.warning(
                 "%s again: stopping at once (running handlers are cancelled and their "
                 "leases given back)",
                 name,
             )
-            self.group.start_soon(scheduler.stop, 0)
+            if self.group is not None:
+                self.group.start_soon(scheduler.stop, 0)
         else:
             log.warning(
                 "%s: still stopping, waiting for %d handler(s); a handler that is a plain "
@@ -291,14 +323,11 @@ def check_health_file(path: Path, *, max_age_sec: float, ready: bool) -> str | N
 
 
 async def _serve_health_port(
-    scheduler: Scheduler[Any],
-    host: str,
-    port: int,
-    *,
-    task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+    scheduler: Scheduler[Any], listener: anyio.abc.Listener[SocketStream], where: str
 ) -> None:
-    listener = await anyio.create_tcp_listener(local_host=host, local_port=port, reuse_port=False)
-    log.info("health probes on http://%s:%d/live and /ready", host, port)
+    """Answer ``GET /live`` and ``GET /ready``; a failure to accept a connection (out of
+    file descriptors) is logged and the port goes on."""
+    log.info("health probes on http://%s/live and /ready", where)
 
     async def answer(stream: SocketStream) -> None:
         async with stream:
@@ -321,6 +350,9 @@ async def _serve_health_port(
                 )
                 await stream.send(head.encode() + body)
 
-    async with listener:
-        task_status.started()
-        await listener.serve(answer)
+    while True:
+        try:
+            await listener.serve(answer)
+        except OSError as exc:
+            log.warning("the health port could not take a connection: %s", exc)
+            await anyio.sleep(1)

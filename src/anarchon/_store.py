@@ -138,6 +138,21 @@ def manual_slot_id(requested_ms: int, nonce: str) -> str:
     return f"m{requested_ms}-{nonce}"
 
 
+#: The nonce of a run the fleet was asked for (``Inspector.run_now``) starts so.
+_FLEET_NONCE = "fleet"
+
+
+def fleet_slot_id(requested_ms: int, nonce: str) -> str:
+    """The slot id of a run the fleet was asked for: a manual one that keeps the job's
+    attempts (a stop that gives it back, a runner that dies, hands it to another
+    instance), since nobody waits on it to try again."""
+    return manual_slot_id(requested_ms, _FLEET_NONCE + nonce)
+
+
+def is_fleet_request(slot_id: str) -> bool:
+    return slot_id.startswith("m") and slot_id.partition("-")[2].startswith(_FLEET_NONCE)
+
+
 def is_manual(slot_id: str) -> bool:
     """Whether a slot id is a manual run's (``run_now``: one attempt, even when a backup
     takes it over)."""

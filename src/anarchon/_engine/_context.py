@@ -17,7 +17,7 @@ import anyio
 from anyio.abc import TaskGroup
 
 from .._job import Job
-from .._store import Store, describe_slot, is_manual
+from .._store import Store, describe_slot, is_fleet_request, is_manual
 from .._structures import Run, TimerRun
 from .._timer import Recurrence, TimerKind
 from .._timer_store import TimerKeys, TimerStore
@@ -78,8 +78,9 @@ def _now_ms() -> float:
 
 
 def _attempts_for(job: Job, slot_id: str) -> int:
-    """A manual run has one attempt, whoever claims it; a scheduled one the job's."""
-    return 1 if is_manual(slot_id) else job.max_attempts
+    """A manual run (``run_now``) has one attempt, whoever claims it; a scheduled one,
+    and one the fleet was asked for (``Inspector.run_now``), the job's."""
+    return 1 if is_manual(slot_id) and not is_fleet_request(slot_id) else job.max_attempts
 
 
 @dataclass(slots=True, kw_only=True)
@@ -97,6 +98,8 @@ class _Leased:
     #: The handler has returned (or raised): its finish is on the way, so a heartbeat
     #: refused from now on says nothing about a lost lease.
     ended: bool = False
+    #: A plain function's handler was told that its timeout_ms passed.
+    timed_out: bool = False
     #: What the handler raised (None if it did not); logged with the run's end.
     failure: BaseException | None = None
     #: Set once the attempt has ended and its result is recorded (or given up).

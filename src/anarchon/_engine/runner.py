@@ -139,15 +139,17 @@ class Runner:
                         self._idle.set()
 
     async def _invoke(self, leased: _Leased) -> None:
-        """Call the handler; past its ``timeout_ms`` an async one is cancelled, and a
-        plain function (which cannot be) sees ``lease_lost`` set; either way the attempt
-        then raises ``TimeoutError``, however the handler ended."""
+        """Call the handler; at its ``timeout_ms`` an async one is cancelled, and a plain
+        function (which cannot be) is told through ``lease_lost``. Then the attempt
+        raises ``TimeoutError``, however the handler ended; a handler that returned
+        before either happened is done, even if the loop noticed late."""
         timeout_ms = leased.timeout_ms
         if timeout_ms is None:
             await leased.invoke()
             return
         group = self._context.group
         assert group is not None
+        timed_out = False
         with anyio.move_on_after(timeout_ms / 1000) as limit:
             telling = anyio.CancelScope()
             if not leased.is_async:
@@ -155,11 +157,12 @@ class Runner:
             try:
                 await leased.invoke()
             except Exception:
-                if anyio.current_time() < limit.deadline:
+                if not (limit.cancel_called or leased.timed_out):
                     raise  # it failed before its time was up
+                timed_out = True  # what it raised on its way out, once cancelled or told
             finally:
                 telling.cancel()
-        if limit.cancelled_caught or anyio.current_time() >= limit.deadline:
+        if timed_out or limit.cancelled_caught or leased.timed_out:
             raise TimeoutError(f"the handler ran longer than timeout_ms ({timeout_ms} ms)")
 
     @staticmethod
@@ -173,6 +176,7 @@ class Runner:
                 leased.describe(),
                 leased.timeout_ms,
             )
+            leased.timed_out = True
             leased.lease_lost.set()
 
     async def wait_idle(self) -> None:
