@@ -19,6 +19,11 @@ __all__ = ["SentinelGroup"]
 MASTER = "anarchon-test"
 
 
+def _client(port: int) -> redis.Redis:
+    """A probe of one server or Sentinel: RESP2, which Redis 5 (and its Sentinels) speak."""
+    return redis.Redis(port=port, decode_responses=True, protocol=2)
+
+
 class SentinelGroup:
     def __init__(self, binary: Path, directory: Path, sentinels: int = 2) -> None:
         self.binary = binary
@@ -74,38 +79,38 @@ class SentinelGroup:
         raise RuntimeError(f"{self.binary} did not start: {log.read_text()[-2000:]}")
 
     def primary_port(self) -> int:
-        with redis.Redis(port=self.sentinel_ports[0], decode_responses=True) as sentinel:
+        with _client(self.sentinel_ports[0]) as sentinel:
             _, port = sentinel.sentinel_get_master_addr_by_name(MASTER)
         return int(port)
 
     def subscribers(self, channel: str) -> int:
         """How many clients of the primary subscribe to ``channel``."""
-        with redis.Redis(port=self.primary_port(), decode_responses=True) as primary:
+        with _client(self.primary_port()) as primary:
             return int(dict(primary.pubsub_numsub(channel)).get(channel, 0))
 
     def failover(self) -> int:
         """Promote the replica; return the new primary's port once the Sentinels say so
         and it takes writes."""
         before = self.primary_port()
-        with redis.Redis(port=self.sentinel_ports[0], decode_responses=True) as sentinel:
+        with _client(self.sentinel_ports[0]) as sentinel:
             sentinel.execute_command("SENTINEL", "FAILOVER", MASTER)
         self._wait(lambda: self.primary_port() != before, "the Sentinels to name a new primary")
         after = self.primary_port()
 
         def takes_writes() -> bool:
-            with redis.Redis(port=after, decode_responses=True) as new:
+            with _client(after) as new:
                 return bool(new.info("replication")["role"] == "master")
 
         self._wait(takes_writes, "the new primary to take writes")
         return after
 
     def _linked(self) -> bool:
-        with redis.Redis(port=self.server_ports[1], decode_responses=True) as replica:
+        with _client(self.server_ports[1]) as replica:
             return bool(replica.info("replication").get("master_link_status") == "up")
 
     def _replica_known(self) -> bool:
         for port in self.sentinel_ports:
-            with redis.Redis(port=port, decode_responses=True) as sentinel:
+            with _client(port) as sentinel:
                 replicas = sentinel.execute_command("SENTINEL", "REPLICAS", MASTER)
                 if not replicas:
                     return False
