@@ -123,10 +123,10 @@ class RedisAsyncConnection(Connection):
             except self.errors.base as exc:
                 raise self.errors.convert(exc) from exc
             finally:
-                with anyio.move_on_after(1, shield=True):
+                with anyio.move_on_after(_CLOSE_SEC, shield=True):
                     await pubsub.aclose()
         finally:
-            with anyio.move_on_after(1, shield=True):
+            with anyio.move_on_after(_CLOSE_SEC, shield=True):
                 await own.aclose(close_connection_pool=True)
 
     async def aclose(self) -> None:
@@ -245,6 +245,11 @@ class RedisSyncConnection(Connection):
         for sentinel in getattr(self.sentinel, "sentinels", ()):
             await anyio.to_thread.run_sync(sentinel.close, abandon_on_cancel=True)
 
+
+#: How long closing a subscription's connection may take: a local close, quick unless
+#: the event loop is starved (a second was not always enough under load, and the
+#: connection then stayed open after the stop).
+_CLOSE_SEC = 5.0
 
 #: How long a new subscription waits for the last one's thread to end (that thread
 #: looks for its stop every half second).
