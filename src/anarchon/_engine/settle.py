@@ -16,12 +16,13 @@ from typing import TypeVar
 
 import anyio
 
+from .._coalesce import pipeline
 from .._job import Job
 from .._schedule import iso_ms
 from .._store import AttemptEnd, ClaimReply, FinishReply, Outcome
 from .._timer import Recurrence, TimerKind
 from .._timer_store import TimerEnd, TimerFinishReply, TimerKeys, TimerOutcome, TimerWin
-from ..clients import is_transient
+from ..clients import ServerReplyError, is_transient
 from ._context import EngineContext, _Attempt, _attempts_for, _Firing, _Leased, _now_ms
 from .agenda import Agenda
 from .hints import RELEASED
@@ -78,7 +79,12 @@ class Settler:
         channel = TimerKeys.hint_channel(self._context.prefix)
         with anyio.move_on_after(self._context.round_trip_sec):
             try:
-                await store.conn.execute(("PUBLISH", channel, f"{RELEASED} {slot_id} {job.name}"))
+                # Through the coalescer: the runs a stop gives back together share a trip.
+                (reply,) = await pipeline(
+                    store.conn, [("PUBLISH", channel, f"{RELEASED} {slot_id} {job.name}")]
+                )
+                if isinstance(reply, ServerReplyError):
+                    raise reply
             except Exception as exc:
                 self._context.health.failed(f"announcing a run of {job.name} given back", exc)
 
