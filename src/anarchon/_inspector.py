@@ -24,11 +24,11 @@ from ._errors import (
     InvalidOptionError,
     SchedulerStateError,
 )
-from ._lease import PAUSED_FIELD, JobKeys
+from ._lease import PAUSED_FIELD, JobKeys, set_paused
 from ._registry import RegistryKeys
 from ._schedule import CronSchedule, IntervalSchedule, Schedule, SlotClock, from_epoch_ms
 from ._scripts import ScriptCall, lease_script, run_scripts
-from ._store import fleet_slot_id, read_history, slot_ms_of
+from ._store import fleet_slot_id, parse_result, read_history, slot_ms_of
 from ._structures import (
     InstanceInfo,
     JobInfo,
@@ -38,7 +38,7 @@ from ._structures import (
     Trigger,
 )
 from ._timer_store import TimerKeys, TimerStore
-from .clients import Connection, ServerReplyError, TransportError
+from .clients import Command, Connection, ServerReplyError, TransportError
 
 __all__ = ["Inspector"]
 
@@ -93,16 +93,30 @@ class Inspector:
         definitions = await self._definitions()
         first_seen = _mapping(await self._execute(("HGETALL", self._keys.first_seen)))
         now_ms = int(time.time() * 1000)
+        names = sorted(definitions)
+        strategies = {name: str(definitions[name].get("strategy", "lease")) for name in names}
+        leased = [name for name in names if strategies[name] == "lease"]
+        # One round trip: each job's newest result, and each lease job's pause flag.
+        commands: list[Command] = [
+            ("ZREVRANGE", self._results_key(name, strategies[name]), 0, 0) for name in names
+        ]
+        commands += [
+            ("HGET", JobKeys.for_job(self._prefix, name).state, PAUSED_FIELD) for name in leased
+        ]
+        with _answered_in_time():
+            replies = await self._require().pipeline(commands) if commands else []
+        for reply in replies:
+            if isinstance(reply, ServerReplyError):
+                raise reply
+        newest = dict(zip(names, replies[: len(names)], strict=True))
+        paused = dict(zip(leased, replies[len(names) :], strict=True))
         found = []
-        for name in sorted(definitions):
+        for name in names:
             definition = definitions[name]
-            strategy = str(definition.get("strategy", "lease"))
-            paused_by = None
-            if strategy == "lease":
-                paused = await self._execute(("HGET", JobKeys.for_job(self._prefix, name).state,
-                                              PAUSED_FIELD))  # fmt: skip
-                paused_by = None if paused is None else str(paused)
-            last = await self._read_history(name, strategy, 1)
+            strategy = strategies[name]
+            paused_by = None if paused.get(name) is None else str(paused[name])
+            members = list(newest[name] or [])
+            last = parse_result(name, str(members[0])) if members else None
             seen = first_seen.get(name)
             found.append(
                 JobInfo(
@@ -115,7 +129,7 @@ class Inspector:
                     next_fire=_next_fire(definition, now_ms),
                     paused=paused_by is not None,
                     paused_by=paused_by,
-                    last=last[0] if last else None,
+                    last=last,
                     first_seen=None if seen is None else from_epoch_ms(int(seen)),
                     options={
                         key: value
@@ -229,12 +243,14 @@ class Inspector:
         already."""
         state = await self._lease_state_key(job, "pause")
         by = f"{self._who()} at {datetime.now().astimezone().isoformat(timespec='seconds')}"
-        return int(await self._execute(("HSETNX", state, PAUSED_FIELD, by))) == 1
+        with _answered_in_time():
+            return await set_paused(self._require(), state, by)
 
     async def resume(self, job: str) -> bool:
         """Resume ``job``: its next slot runs; False if it was not paused."""
         state = await self._lease_state_key(job, "resume")
-        return int(await self._execute(("HDEL", state, PAUSED_FIELD))) == 1
+        with _answered_in_time():
+            return await set_paused(self._require(), state, None)
 
     async def run_now(self, job: str) -> str:
         """Ask the fleet to run ``job`` now, once: the run is stored as due, and the

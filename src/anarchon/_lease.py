@@ -21,11 +21,20 @@ from ._store import (
 from ._structures import RunResult, Trigger
 from .clients import Connection, ServerReplyError
 
-__all__ = ["PAUSED_FIELD", "JobKeys", "LeaseStore"]
+__all__ = ["PAUSED_FIELD", "JobKeys", "LeaseStore", "set_paused"]
 
 
 #: The state hash's field that pauses a job (see lua/lease_state.lua).
 PAUSED_FIELD = "paused"
+
+
+async def set_paused(conn: Connection, state: str, paused_by: str | None) -> bool:
+    """Pause a job (``paused_by``: who, and when, as text) or resume it (None): the flag
+    in its ``state`` hash that the claim script reads (``PAUSED_FIELD``). Whether it
+    changed anything."""
+    if paused_by is None:
+        return int(await conn.execute(("HDEL", state, PAUSED_FIELD))) == 1
+    return int(await conn.execute(("HSETNX", state, PAUSED_FIELD, paused_by))) == 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,18 +204,8 @@ class LeaseStore:
         return await read_result(self.conn, self.keys(job).results, job, slot_id, attempt)
 
     async def set_paused(self, job: str, paused_by: str | None) -> bool:
-        """Pause the job (``paused_by``: who, and when, as text) or resume it (None):
-        the flag the claim script reads (``PAUSED_FIELD`` in lua/lease_state.lua).
-        Whether it changed anything."""
-        state = self.keys(job).state
-        if paused_by is None:
-            return int(await self.conn.execute(("HDEL", state, PAUSED_FIELD))) == 1
-        return int(await self.conn.execute(("HSETNX", state, PAUSED_FIELD, paused_by))) == 1
-
-    async def paused_by(self, job: str) -> str | None:
-        """Who paused the job, and when (None: it is not paused)."""
-        found = await self.conn.execute(("HGET", self.keys(job).state, PAUSED_FIELD))
-        return None if found is None else str(found)
+        """Pause the job or resume it (see ``set_paused``)."""
+        return await set_paused(self.conn, self.keys(job).state, paused_by)
 
     async def history(self, job: str, limit: int) -> list[RunResult]:
         return await read_history(self.conn, self.keys(job).results, job, limit)
