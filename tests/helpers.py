@@ -9,7 +9,9 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -17,7 +19,7 @@ import anyio
 import redis
 import redis.asyncio
 
-from anarchon import RedisBackend, Run
+from anarchon import RedisBackend, Run, Scheduler
 from anarchon._lease import JobKeys
 from anarchon._store import ClaimReply, ClaimRequest
 from anarchon.clients import ServerReplyError
@@ -159,6 +161,45 @@ async def wait_until(condition: Callable[[], bool], timeout_sec: float, what: st
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_sec}s waiting for {what}")
         await anyio.sleep(0.01)
+
+
+@dataclass
+class LongJobFleet:
+    """Two instances of one fleet, "a" and "b", that both run the job "long"."""
+
+    schedulers: list[Scheduler[Any]]
+    #: Each attempt of "long" as it started, in order.
+    starts: list[Run] = field(default_factory=list)
+
+    def runner_of(self, start: int) -> Scheduler[Any]:
+        """The instance that ran ``starts[start]``."""
+        return next(s for s in self.schedulers if s.instance_id == self.starts[start].runner)
+
+
+@asynccontextmanager
+async def long_job_fleet(
+    server_url: str, prefix: str, schedule: Any, **options: Any
+) -> AsyncIterator[LongJobFleet]:
+    """Two running instances (``options`` go to each Scheduler) of a fleet whose job
+    "long" (on ``schedule``) records its run and then takes a minute: a stop of its
+    runner gives it back mid-run."""
+    fleet = LongJobFleet(
+        [
+            Scheduler(RedisBackend(redis=server_url, prefix=prefix), instance_id=name, **options)
+            for name in ("a", "b")
+        ]
+    )
+    for scheduler in fleet.schedulers:
+
+        @scheduler.job(schedule, name="long")
+        async def long(run: Run) -> None:
+            fleet.starts.append(run)
+            await anyio.sleep(60)
+
+    async with AsyncExitStack() as stack:
+        for scheduler in fleet.schedulers:
+            await stack.enter_async_context(scheduler)
+        yield fleet
 
 
 class CommandLog:

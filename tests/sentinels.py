@@ -134,7 +134,11 @@ class SentinelGroup:
             process.wait()
 
     def __enter__(self) -> SentinelGroup:
-        return self.start()
+        try:
+            return self.start()
+        except BaseException:
+            self.stop()  # the servers started before the failure
+            raise
 
     def __exit__(
         self,

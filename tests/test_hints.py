@@ -9,7 +9,6 @@ instance on a real server behind a proxy that refuses its connections."""
 from __future__ import annotations
 
 import logging
-from contextlib import AsyncExitStack
 from types import SimpleNamespace
 
 import anyio
@@ -17,14 +16,14 @@ import pytest
 import redis
 
 import anarchon._engine.hints as hints_module
-from anarchon import RedisBackend, Run, Scheduler, TimerRun
+from anarchon import RedisBackend, Scheduler, TimerRun
 from anarchon._engine._context import EngineContext, _now_ms
 from anarchon._engine.agenda import Agenda
 from anarchon._engine.hints import Hints
 from anarchon._timer import TimerKind
 from anarchon._timer_store import TimerKeys
 from tests.faults import FaultProxy
-from tests.helpers import OneShot, wait_until
+from tests.helpers import OneShot, long_job_fleet, wait_until
 from tests.test_timers import set_until_fired, subscribers
 
 PREFIX = "hints-test:"
@@ -259,27 +258,13 @@ async def test_a_run_given_back_by_a_stopping_instance_is_taken_over_at_once(
     """Two instances, a 30 s lease: the runner stops mid-run and gives its lease back;
     its backup, told on the hint channel, runs attempt 2 (with a higher fence) long
     before the lease it knew of would have run out."""
-    starts: list[tuple[str, int, int]] = []
-    schedulers = []
-    for name in ("a", "b"):
-        scheduler = Scheduler(
-            RedisBackend(redis=server_url, prefix=prefix),
-            instance_id=name, lease_ms=30_000, stop_grace_ms=0,
-        )  # fmt: skip
-
-        @scheduler.job(OneShot.in_ms(1500), name="long")
-        async def long(run: Run) -> None:
-            starts.append((run.runner, run.attempt, run.fence))
-            await anyio.sleep(60)
-
-        schedulers.append(scheduler)
-    async with AsyncExitStack() as stack:
-        for scheduler in schedulers:
-            await stack.enter_async_context(scheduler)
-        await wait_until(lambda: bool(starts), 20, "attempt 1 to start")
-        runner = next(s for s in schedulers if s.instance_id == starts[0][0])
-        backup = next(s for s in schedulers if s is not runner)
+    async with long_job_fleet(
+        server_url, prefix, OneShot.in_ms(1500), lease_ms=30_000, stop_grace_ms=0
+    ) as fleet:
+        await wait_until(lambda: bool(fleet.starts), 20, "attempt 1 to start")
+        runner = fleet.runner_of(0)
         await runner.stop()
-        await wait_until(lambda: len(starts) == 2, 10, "the backup to take over")
-        assert starts[1][:2] == (backup.instance_id, 2)
-        assert starts[1][2] > starts[0][2]
+        await wait_until(lambda: len(fleet.starts) == 2, 10, "the backup to take over")
+        first, second = fleet.starts
+        assert second.runner != runner.instance_id and second.attempt == 2
+        assert second.fence > first.fence

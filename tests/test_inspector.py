@@ -25,7 +25,7 @@ from anarchon import (
 )
 from anarchon._registry import REGISTRATION_TTL_MS, RegistryKeys
 from tests.faults import FaultProxy
-from tests.helpers import OneShot, wait_until
+from tests.helpers import OneShot, long_job_fleet, wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -161,6 +161,18 @@ async def test_pause_resume_and_run_now_from_the_inspector_reach_every_instance(
     assert skipped and all(r.error == "paused: the job is paused" for r in skipped)
 
 
+def _ticking(server_url: str, prefix: str, ran: list[tuple[int, str]]) -> Scheduler:  # type: ignore[type-arg]
+    """An instance of a fleet with one job every second that catches up a minute; each
+    run appends its slot and trigger to ``ran``."""
+    scheduler = Scheduler(RedisBackend(redis=server_url, prefix=prefix))
+
+    @scheduler.job("* * * * * *", name="tick", catch_up_ms=60_000)
+    async def tick(run: Run) -> None:
+        ran.append((run.slot_ms, run.trigger))
+
+    return scheduler
+
+
 async def test_a_first_deploy_catches_up_nothing_from_before_the_job_existed(
     server_url: str, prefix: str
 ) -> None:
@@ -169,24 +181,15 @@ async def test_a_first_deploy_catches_up_nothing_from_before_the_job_existed(
     catch-up). A restart after a gap catches up the slots it missed."""
     ran: list[tuple[int, str]] = []
 
-    def fleet() -> Scheduler:  # type: ignore[type-arg]
-        scheduler = Scheduler(RedisBackend(redis=server_url, prefix=prefix))
-
-        @scheduler.job("* * * * * *", name="tick", catch_up_ms=60_000)
-        async def tick(run: Run) -> None:
-            ran.append((run.slot_ms, run.trigger))
-
-        return scheduler
-
     first_start_ms = time.time() * 1000
-    async with fleet():
+    async with _ticking(server_url, prefix, ran):
         await wait_until(lambda: len(ran) >= 2, 20, "runs")
     assert all(slot >= first_start_ms - 1000 for slot, _ in ran), ran
     assert all(trigger == "schedule" for _, trigger in ran), ran
     stopped_ms = time.time() * 1000
     await anyio.sleep(2.5)
     ran.clear()
-    async with fleet():
+    async with _ticking(server_url, prefix, ran):
         await wait_until(lambda: any(t == "catch-up" for _, t in ran), 20, "a catch-up run")
     caught_up = [slot for slot, trigger in ran if trigger == "catch-up"]
     assert caught_up and all(slot > stopped_ms - 1000 for slot in caught_up), ran
@@ -197,30 +200,17 @@ async def test_a_fleet_run_given_back_by_a_stopping_instance_is_run_by_another(
 ) -> None:
     """A run the fleet was asked for keeps the job's attempts: the instance running it
     stops (and gives it back), and another one runs attempt 2 at once."""
-    starts: list[tuple[str, int, str]] = []
-    schedulers = []
-    for name in ("a", "b"):
-        scheduler = Scheduler(
-            RedisBackend(redis=server_url, prefix=prefix), instance_id=name, stop_grace_ms=0
-        )
-
-        @scheduler.job("0 0 1 1 *", name="long")
-        async def long(run: Run) -> None:
-            starts.append((run.runner, run.attempt, run.trigger))
-            await anyio.sleep(60)
-
-        schedulers.append(scheduler)
-    async with AsyncExitStack() as stack:
-        for scheduler in schedulers:
-            await stack.enter_async_context(scheduler)
-        async with Inspector(RedisBackend(redis=server_url, prefix=prefix)) as inspector:
-            await inspector.run_now("long")
-            await wait_until(lambda: bool(starts), 10, "the fleet's run")
-            runner = next(s for s in schedulers if s.instance_id == starts[0][0])
-            await runner.stop()
-            await wait_until(lambda: len(starts) == 2, 10, "another instance to take it")
-    assert starts[0][1:] == (1, "manual")
-    assert starts[1][0] != starts[0][0] and starts[1][1] == 2
+    async with (
+        long_job_fleet(server_url, prefix, "0 0 1 1 *", stop_grace_ms=0) as fleet,
+        Inspector(RedisBackend(redis=server_url, prefix=prefix)) as inspector,
+    ):
+        await inspector.run_now("long")
+        await wait_until(lambda: bool(fleet.starts), 10, "the fleet's run")
+        await fleet.runner_of(0).stop()
+        await wait_until(lambda: len(fleet.starts) == 2, 10, "another instance to take it")
+    first, second = fleet.starts
+    assert (first.attempt, first.trigger) == (1, "manual")
+    assert second.runner != first.runner and second.attempt == 2
 
 
 async def test_run_now_of_a_job_no_instance_alive_runs_is_refused(
@@ -248,22 +238,13 @@ async def test_a_store_written_before_the_registry_still_catches_up_after_a_gap(
     up the slots it missed."""
     ran: list[tuple[int, str]] = []
 
-    def fleet() -> Scheduler:  # type: ignore[type-arg]
-        scheduler = Scheduler(RedisBackend(redis=server_url, prefix=prefix))
-
-        @scheduler.job("* * * * * *", name="tick", catch_up_ms=60_000)
-        async def tick(run: Run) -> None:
-            ran.append((run.slot_ms, run.trigger))
-
-        return scheduler
-
-    async with fleet():
+    async with _ticking(server_url, prefix, ran):
         await wait_until(lambda: len(ran) >= 2, 20, "runs")
     stopped_ms = time.time() * 1000
     direct.delete(RegistryKeys.for_prefix(prefix).first_seen)
     await anyio.sleep(2.5)
     ran.clear()
-    async with fleet():
+    async with _ticking(server_url, prefix, ran):
         await wait_until(lambda: any(t == "catch-up" for _, t in ran), 20, "a catch-up run")
     assert all(slot > stopped_ms - 1000 for slot, t in ran if t == "catch-up"), ran
 

@@ -94,3 +94,21 @@ async def test_the_sentinel_options_form_connects(
 def test_a_bad_sentinel_spec_is_refused_at_construction(spec: object, says: str) -> None:
     with pytest.raises(InvalidOptionError, match=says):
         RedisBackend(redis=spec)
+
+
+def test_a_group_that_fails_to_start_leaves_no_server_running(
+    server: ServerSpec, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The harness itself: a replica that never syncs fails the start, and the servers
+    started before it are stopped, not left running for the rest of the suite."""
+    group = group_of(server, tmp_path)
+    monkeypatch.setattr(group, "_linked", lambda: False)
+    monkeypatch.setattr(SentinelGroup, "_wait", staticmethod(_fail_at_once))
+    with pytest.raises(AssertionError, match="the replica to sync"), group:
+        pass
+    assert len(group.processes) == 2
+    assert all(process.poll() is not None for process in group.processes)
+
+
+def _fail_at_once(condition: Any, what: str, timeout_sec: float = 30) -> None:
+    raise AssertionError(f"timed out waiting for {what}")
