@@ -177,6 +177,7 @@ class InstanceConfig:
     strategy: str = "lease"
     lease_ms: int | None = None
     heartbeat_ms: int | None = None
+    stop_grace_ms: int | None = None
     history_size: int = 1000
     #: How long each handler runs (ms); -1: until the process is killed.
     handler_ms: float = 0
@@ -455,10 +456,13 @@ def server_ceiling(url: str, requests: int, clients: int = 4) -> dict[str, Any]:
     }
 
 
-def kill_the_runner(fleet: Fleet, heartbeat_ms: int, lease_ms: int) -> Result:
-    """Once an instance prints that it started attempt 1, SIGKILL it at a random moment
-    between heartbeats (a heartbeat or more in); the time from the kill to attempt 2
-    starting on another instance (None if it did not within the wait)."""
+def kill_the_runner(
+    fleet: Fleet, heartbeat_ms: int, lease_ms: int, how: signal.Signals = signal.SIGKILL
+) -> Result:
+    """Once an instance prints that it started attempt 1, send it ``how`` (SIGKILL: it
+    dies; SIGTERM: it stops gracefully) at a random moment between heartbeats (a
+    heartbeat or more in); the time from the signal to attempt 2 starting on another
+    instance (None if it did not within the wait)."""
     killed_at = None
     delay = (heartbeat_ms + random.uniform(0, heartbeat_ms)) / 1000
     for index, event in fleet.events(30 + 3 * lease_ms / 1000):
@@ -467,7 +471,10 @@ def kill_the_runner(fleet: Fleet, heartbeat_ms: int, lease_ms: int) -> Result:
         if killed_at is None and event["attempt"] == 1:
             time.sleep(delay)
             killed_at = time.time()
-            fleet.kill(index)
+            if how == signal.SIGKILL:
+                fleet.kill(index)
+            else:
+                fleet.procs[index].send_signal(how)
         elif killed_at is not None and event["attempt"] == 2:
             return {"takeover_ms": (event["t"] - killed_at) * 1000}
     return {"takeover_ms": None}

@@ -12,6 +12,7 @@ Registers the jobs, prints ``{"ready": true}``, reads ``{"start_at": t, "end_at"
 from __future__ import annotations
 
 import json
+import signal
 import sys
 import time
 from datetime import UTC, datetime
@@ -90,7 +91,7 @@ def main() -> None:
     schedule = schedule_for(config["period_ms"], config["phase_ms"])
     options: dict[str, Any] = {"instance_id": config["name"]}
     options["history_size"] = config["history_size"]
-    for name in ("lease_ms", "heartbeat_ms"):
+    for name in ("lease_ms", "heartbeat_ms", "stop_grace_ms"):
         if config[name] is not None:
             options[name] = config[name]
     job_names = [f"job{index:05d}" for index in range(config["jobs"])]
@@ -115,8 +116,12 @@ def main() -> None:
         await anyio.sleep(window["start_at"] - time.time())
         async with anyio.create_task_group() as group:
             group.start_soon(sample_cpu)
-            async with scheduler:
-                await anyio.sleep(window["end_at"] - time.time())
+            # SIGTERM: a graceful stop before end_at (leases given back, as on a deploy).
+            with anyio.open_signal_receiver(signal.SIGTERM) as signals:
+                async with scheduler:
+                    with anyio.move_on_after(window["end_at"] - time.time()):
+                        async for _ in signals:
+                            break
             samples.append((time.time(), time.process_time()))
             group.cancel_scope.cancel()
         if close is not None:

@@ -97,10 +97,11 @@ def latency(result: Result, out: Path) -> list[Path]:
 def takeover(result: Result, out: Path) -> list[Path]:
     fig, axes = _figure()
     ax = axes[0][0]
-    for row in result["rows"]:
+    killed = [row for row in result["rows"] if row.get("stop", "SIGKILL") == "SIGKILL"]
+    for row in killed:
         ax.scatter([row["lease_ms"]] * len(row["times_ms"]), row["times_ms"], color="C0")
-    leases = [r["lease_ms"] for r in result["rows"]]
-    ax.plot(leases, [r["bound_ms"] for r in result["rows"]], "k--",
+    leases = [r["lease_ms"] for r in killed]
+    ax.plot(leases, [r["bound_ms"] for r in killed], "k--",
             label="target: lease_ms + heartbeat_ms + 100")  # fmt: skip
     ax.plot(leases, leases, color="grey", linewidth=0.8, label="lease_ms")
     ax.set_xlabel("lease_ms (heartbeat_ms = lease_ms / 4)")
