@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+import redis
 
 from tests.test_run_command import ROOT, RunCommand, app_env, wait_for
 
@@ -120,3 +121,18 @@ def test_a_store_command_against_a_server_it_cannot_reach_says_so_in_one_line() 
     assert done.returncode == 1, done
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "cannot reach the server" in lines[0] and "--redis" in lines[0]
+
+
+def test_an_error_reply_from_the_server_is_a_one_line_error(
+    server_url: str, prefix: str, direct: redis.Redis
+) -> None:
+    """A key under the prefix that anarchon did not write (here, the registry's jobs hash
+    as a string): the server answers WRONGTYPE, and the command says so in one line,
+    with exit 1 and no traceback; the key is left as it was."""
+    jobs_key = "{" + prefix + "}:jobs"
+    direct.set(jobs_key, "not a hash")
+    done = anarchon(server_url, prefix, "inspect")
+    assert done.returncode == 1, done
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "WRONGTYPE" in lines[0], lines
+    assert direct.get(jobs_key) == "not a hash"

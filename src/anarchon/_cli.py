@@ -129,6 +129,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     from ._errors import AnarchonError, ConnectionFailedError
+    from .clients import ServerReplyError
 
     try:
         if args.command == "demo":
@@ -163,6 +164,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.command == "run":
                 hint = " (start the server, or wait longer with --wait-for-server)"
         print(f"anarchon: {exc}{hint}", file=sys.stderr)
+        return 1
+    except ServerReplyError as exc:
+        print(
+            f"anarchon: the server refused a command: {exc} (check the --prefix: its keys "
+            "are anarchon's alone; check the server's state and the user's permissions)",
+            file=sys.stderr,
+        )
         return 1
     except BaseException as exc:
         if _only_interrupts(exc):
