@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import psutil
 import pytest
 import redis
 from redis.crc import key_slot
@@ -286,12 +287,27 @@ async def test_rediss_with_a_wrong_ca_fails_with_a_clear_error(
 # ------------------------------------------------- connections anarchon opens
 
 
-def client_count(port: int) -> int:
-    probe = redis.Redis(port=port, protocol=2)
+def client_ids(port: int) -> set[str]:
+    """The ids of the server's clients, not counting the probe that asks."""
+    probe = redis.Redis(port=port, protocol=2, decode_responses=True)
     try:
-        return len(probe.client_list()) - 1  # not counting the probe itself
+        own = str(probe.client_id())
+        return {str(client["id"]) for client in probe.client_list()} - {own}
     finally:
         probe.close()
+
+
+def sockets_to(port: int) -> set[tuple[int, Any]]:
+    """This process's open sockets (file descriptor, local address) to loopback ``port``."""
+    return {
+        (c.fd, c.laddr)
+        for c in psutil.Process().net_connections("tcp")
+        if c.raddr and c.raddr.port == port and c.status == psutil.CONN_ESTABLISHED
+    }
+
+
+async def server_sees_no_new_client(port: int, before: set[str]) -> None:
+    await wait_until(lambda: not client_ids(port) - before, 5, "the server to see the close")
 
 
 async def test_a_unix_socket_url_works_and_is_closed_on_stop(tmp_path: Path, prefix: str) -> None:
@@ -300,10 +316,10 @@ async def test_a_unix_socket_url_works_and_is_closed_on_stop(tmp_path: Path, pre
     socket_path = tmp_path / "server.sock"
     server = EmbeddedServer(binary, ["--unixsocket", str(socket_path), "--unixsocketperm", "700"])
     with server:
-        before = client_count(server.port)
+        before = client_ids(server.port)
         backend = RedisBackend(redis=f"unix://{socket_path}?db=0", prefix=prefix)
         assert [r.job for r in await run_one(backend)] == ["once"]
-        await wait_until(lambda: client_count(server.port) == before, 5, "the connection to close")
+        await server_sees_no_new_client(server.port, before)
 
 
 async def test_user_password_and_db_in_the_url_are_used(standalone: Target, prefix: str) -> None:
@@ -330,9 +346,13 @@ async def test_user_password_and_db_in_the_url_are_used(standalone: Target, pref
 async def test_a_connection_anarchon_opened_is_closed_on_stop_and_a_passed_one_is_not(
     standalone: Target, prefix: str
 ) -> None:
-    before = client_count(standalone.port)
+    clients_before, sockets_before = client_ids(standalone.port), sockets_to(standalone.port)
     await run_one(RedisBackend(redis=standalone.url or "", prefix=prefix))
-    await wait_until(lambda: client_count(standalone.port) == before, 5, "the connection to close")
+    # Closed before the stop returned (a socket of this process), then seen closed by
+    # the server once it has read the close.
+    left = sockets_to(standalone.port) - sockets_before
+    assert not left, f"a connection anarchon opened outlived its stop: {left}"
+    await server_sees_no_new_client(standalone.port, clients_before)
     passed = redis.Redis(port=standalone.port, protocol=2)
     pinned = PinnedConnection.of(passed)
     await run_one(RedisBackend(redis=passed, prefix=prefix))

@@ -187,14 +187,14 @@ class RedisSyncConnection(Connection):
         return [self.errors.batch_reply(item) for item in replies]
 
     async def listen(self, channel: str, on_message: Callable[[str], None]) -> None:
-        # The last subscription's thread ends within half a second of its caller's
-        # cancellation (a renewal): wait that long for it. One that does not end is
-        # stuck on a server that does not answer: one thread at a time.
+        # The last subscription's thread has ended, unless it was stuck on a server
+        # that did not answer: wait a little for it, then refuse (one thread at a time).
         with anyio.move_on_after(_LAST_SUBSCRIPTION_ENDS_SEC):
             while self._receiving is not None:  # noqa: ASYNC110 - cleared by a thread
                 await anyio.sleep(0.02)
         stop = threading.Event()
         began = threading.Event()
+        ended = threading.Event()
         with self._receiving_lock:
             if self._receiving is not None:
                 raise TransportError("the last subscription has not ended yet")
@@ -202,8 +202,8 @@ class RedisSyncConnection(Connection):
 
         def receive() -> None:
             # A thread of its own (not one of the connection's), on a connection outside
-            # the user's pool: it waits for messages half a second at a time, and ends
-            # soon after the caller is cancelled (or once a stuck call returns).
+            # the user's pool: it waits for messages a little at a time, and ends soon
+            # after the caller is cancelled (or once a stuck call returns).
             began.set()
             try:
                 if stop.is_set():
@@ -213,7 +213,7 @@ class RedisSyncConnection(Connection):
                 try:
                     pubsub.subscribe(channel)
                     while not stop.is_set():
-                        message = pubsub.get_message(timeout=0.5)
+                        message = pubsub.get_message(timeout=_LOOK_FOR_STOP_SEC)
                         if message is not None and message.get("type") == "message":
                             text = _text(message["data"])
                             if not stop.is_set():
@@ -226,6 +226,7 @@ class RedisSyncConnection(Connection):
                 with self._receiving_lock:
                     if self._receiving is stop:
                         self._receiving = None
+                ended.set()
 
         try:
             await anyio.to_thread.run_sync(
@@ -235,7 +236,14 @@ class RedisSyncConnection(Connection):
             raise self.errors.convert(exc) from exc
         finally:
             stop.set()
-            if not began.is_set():  # cancelled before the thread ran: it may never
+            if began.is_set():
+                # The subscription's connection is closed before the caller goes on (a
+                # stop returns with nothing left open), unless the thread is stuck on a
+                # server that does not answer: it is then left to end on its own.
+                with anyio.move_on_after(_CLOSE_SEC, shield=True):
+                    while not ended.is_set():  # noqa: ASYNC110 - set by a thread
+                        await anyio.sleep(0.01)
+            else:  # cancelled before the thread ran: it may never
                 with self._receiving_lock:
                     if self._receiving is stop:
                         self._receiving = None
@@ -251,8 +259,12 @@ class RedisSyncConnection(Connection):
 #: connection then stayed open after the stop).
 _CLOSE_SEC = 5.0
 
-#: How long a new subscription waits for the last one's thread to end (that thread
-#: looks for its stop every half second).
+#: How often a subscription's thread looks for its stop between messages: a stop waits
+#: up to this long for the thread to close its connection.
+_LOOK_FOR_STOP_SEC = 0.1
+
+#: How long a new subscription waits for the last one's thread to end, when that thread
+#: did not end within its caller's stop (stuck on a server that does not answer).
 _LAST_SUBSCRIPTION_ENDS_SEC = 1.5
 
 
