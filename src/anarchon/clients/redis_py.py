@@ -240,7 +240,7 @@ class RedisSyncConnection(Connection):
                 # The subscription's connection is closed before the caller goes on (a
                 # stop returns with nothing left open), unless the thread is stuck on a
                 # server that does not answer: it is then left to end on its own.
-                with anyio.move_on_after(_CLOSE_SEC, shield=True):
+                with anyio.move_on_after(_THREAD_ENDS_SEC, shield=True):
                     while not ended.is_set():  # noqa: ASYNC110 - set by a thread
                         await anyio.sleep(0.01)
             else:  # cancelled before the thread ran: it may never
@@ -259,9 +259,13 @@ class RedisSyncConnection(Connection):
 #: connection then stayed open after the stop).
 _CLOSE_SEC = 5.0
 
-#: How often a subscription's thread looks for its stop between messages: a stop waits
-#: up to this long for the thread to close its connection.
+#: How often a subscription's thread looks for its stop between messages.
 _LOOK_FOR_STOP_SEC = 0.1
+
+#: How long a stop waits for a subscription's thread to close its connection: it looks
+#: for the stop every _LOOK_FOR_STOP_SEC, later on a loaded machine. One stuck on a
+#: server that does not answer (subscribing) is left to end on its own.
+_THREAD_ENDS_SEC = 2.0
 
 #: How long a new subscription waits for the last one's thread to end, when that thread
 #: did not end within its caller's stop (stuck on a server that does not answer).
