@@ -1073,10 +1073,15 @@ class EngineMachine(RuleBasedStateMachine):
         if earlier.outcome == "raised" and ended_ms is not None and ended_ms <= later.started_ms:
             event("second start: a retry after a failure")
             return True
-        if not self._healthy(earlier.runner, earlier.started_ms, later.started_ms):
+        # The earlier lease began at its win, not when its handler started: a loaded loop
+        # can start the handler most of a lease later, and heartbeats that failed before
+        # then lose the lease all the same. The fence is the server's clock at the win
+        # (in microseconds), unless an older fence was higher.
+        won_ms = min(earlier.started_ms, earlier.fence / 1000)
+        if not self._healthy(earlier.runner, won_ms, later.started_ms):
             event("second start: its earlier runner was dead, stalled, stopping or cut off")
             return True
-        if not self._healthy("server", earlier.started_ms, later.started_ms):
+        if not self._healthy("server", won_ms, later.started_ms):
             event("second start: the server failed meanwhile")
             return True
         return False

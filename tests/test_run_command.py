@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -278,7 +279,10 @@ def test_a_stale_health_file_fails_the_check(tmp_path: Path) -> None:
     written = time.time() * 1000 - 120_000
     path.write_text(json.dumps({"live": True, "ready": True, "at_ms": written}))
     stale = health_command(path)
-    assert stale.returncode == 1 and "last written 120 s ago" in stale.stderr, stale
+    assert stale.returncode == 1, stale
+    # 120 s, or more by the time a loaded machine has started the check.
+    (age,) = re.findall(r"last written (\d+) s ago \(more than 30 s\)", stale.stderr)
+    assert 120 <= int(age) < 180, stale.stderr
     assert health_command(path, "--max-age", "600").returncode == 0
     path.write_text("not json")
     assert health_command(path).returncode == 1
