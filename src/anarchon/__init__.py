@@ -29,6 +29,21 @@ from ._errors import (
     UnsupportedClientError,
     UnsupportedServerError,
 )
+from ._events import (
+    ClaimAnswered,
+    Event,
+    EventStream,
+    LeaseLost,
+    RunFinished,
+    RunRetried,
+    RunStarted,
+    ServerBack,
+    ServerUnreachable,
+    SlotSkipped,
+    TimerCancelled,
+    TimerFired,
+    TimerSet,
+)
 from ._inspector import Inspector
 from ._logging import JsonLogFormatter
 from ._schedule import CronSchedule, IntervalSchedule, Schedule
@@ -92,5 +107,18 @@ __all__ = [
     "UnsupportedClientError",
     "UnsupportedServerError",
     "ValkeyBackend",
+    "ClaimAnswered",
+    "Event",
+    "EventStream",
+    "LeaseLost",
+    "RunFinished",
+    "RunRetried",
+    "RunStarted",
+    "ServerBack",
+    "ServerUnreachable",
+    "SlotSkipped",
+    "TimerCancelled",
+    "TimerFired",
+    "TimerSet",
     "serve",
 ]

@@ -30,6 +30,7 @@ from ._engine.lease_keeper import LeaseKeeper
 from ._engine.runner import Runner
 from ._engine.settle import Settler
 from ._errors import AnarchonError, InvalidJobError, InvalidOptionError, SchedulerStateError
+from ._events import Event, EventStream, TimerCancelled, TimerSet
 from ._job import (
     Handler,
     Job,
@@ -702,6 +703,13 @@ class Scheduler(Generic[K]):
                         raise reply
                     generation, due_ms = reply
                     generations.append(generation)
+                    if self._context.events.on:
+                        self._context.events.emit(
+                            TimerSet(
+                                instance=self.instance_id, kind=name, key=timer_key,
+                                generation=generation, due_ms=due_ms,
+                            )
+                        )  # fmt: skip
                     if fired_here:
                         # Due sooner than this instance would look: it looks then.
                         wake_ms = _now_ms() + delay if delay is not None else float(due_ms)
@@ -737,7 +745,12 @@ class Scheduler(Generic[K]):
         async with self._timers() as timers:
             with anyio.fail_after(self._context.round_trip_sec * 3):
                 bucket_count = await self._buckets_of(timers, name, buckets)
-                return await timers.cancel(name, timer_key, bucket_count)
+                found = await timers.cancel(name, timer_key, bucket_count)
+        if self._context.events.on:
+            self._context.events.emit(
+                TimerCancelled(instance=self.instance_id, kind=name, key=timer_key, found=found)
+            )
+        return found
 
     async def get_timer(
         self, kind: str, key: str, *, buckets: int | None = None
@@ -923,6 +936,7 @@ class Scheduler(Generic[K]):
         context = self._context
         if context.state == "new":
             context.state = "stopped"
+            context.events.close()
             self._stopped.set()
             return
         grace_sec = (self.stop_grace_ms if grace_ms is None else grace_ms) / 1000
@@ -968,6 +982,39 @@ class Scheduler(Generic[K]):
                 self._lease_keeper.wake()  # the lease keeper ends
                 self._stopped.set()
                 log.info("instance %s stopped", self.instance_id)
+                context.events.close()
+
+    # ---------------------------------------------------------------- events
+
+    def events(self, *, buffer: int = 1000) -> EventStream:
+        """The events of this instance from now until it stops (then the iteration ends),
+        or until the stream is closed; open it before the start to see the start too::
+
+            async with scheduler.events() as events:
+                async for event in events:
+                    ...
+
+        Up to ``buffer`` events wait for the consumer; when it falls that far behind,
+        the oldest are dropped (``stream.dropped`` counts them): a consumer never slows
+        the scheduler. Nothing is made while no stream is open and no hook is set."""
+        if isinstance(buffer, bool) or not isinstance(buffer, int) or buffer < 1:
+            raise InvalidOptionError(f"buffer must be a whole number, 1 or more, got {buffer!r}")
+        return self._context.events.open(buffer)
+
+    def on_event(self, hook: Callable[[Event], object]) -> Callable[[Event], object]:
+        """Call ``hook`` with each event of this instance, in the event loop, as it
+        happens; usable as a decorator. It must be quick and must not block (it runs
+        inside the scheduler); what it raises is logged once and does not stop it::
+
+            @scheduler.on_event
+            def count(event: anarchon.Event) -> None:
+                if isinstance(event, anarchon.RunFinished):
+                    outcomes[event.outcome] += 1
+        """
+        if not callable(hook):
+            raise InvalidOptionError(f"on_event needs a function, got {hook!r}")
+        self._context.events.hooks.append(hook)
+        return hook
 
     # --------------------------------------------------------------- reading
 

@@ -16,6 +16,7 @@ from typing import Literal
 import anyio
 from anyio.abc import TaskGroup
 
+from .._events import EventHub, ServerBack, ServerUnreachable, SkipReason, SlotSkipped
 from .._job import Job
 from .._store import Store, describe_slot, is_fleet_request, is_manual
 from .._structures import Run, TimerRun
@@ -50,24 +51,34 @@ def round_trip_deadline_sec(lease_ms: int) -> float:
 
 class ServerHealth:
     """Whether the server answers, as this instance last saw it. An outage is logged
-    once when it starts (WARNING) and once when it ends (INFO, with how long it
-    lasted), not once per failed round trip; a failure while the server is known to
-    be unreachable is logged at DEBUG only."""
+    (and told as an event) once when it starts (WARNING) and once when it ends (INFO,
+    with how long it lasted), not once per failed round trip; a failure while the server
+    is known to be unreachable is logged at DEBUG only."""
 
-    def __init__(self) -> None:
+    def __init__(self, context: EngineContext) -> None:
+        self._context = context
         self.down_since: float | None = None
 
     def failed(self, what: str, exc: BaseException | str) -> None:
         if self.down_since is None:
             self.down_since = time.monotonic()
             log.warning("the server does not answer (%s: %s); retrying until it does", what, exc)
+            if self._context.events.on:
+                self._context.events.emit(
+                    ServerUnreachable(instance=self._context.instance_id, what=what, error=str(exc))
+                )
         else:
             log.debug("still no answer (%s: %s)", what, exc)
 
     def answered(self) -> None:
         if self.down_since is not None:
-            log.info("the server answers again, after %.1f s", time.monotonic() - self.down_since)
+            down_sec = time.monotonic() - self.down_since
+            log.info("the server answers again, after %.1f s", down_sec)
             self.down_since = None
+            if self._context.events.on:
+                self._context.events.emit(
+                    ServerBack(instance=self._context.instance_id, down_sec=down_sec)
+                )
 
 
 State = Literal["new", "running", "stopping", "stopped"]
@@ -258,7 +269,10 @@ class EngineContext:
     #: The attempts and firings this instance runs, by their ``registry_key``; only the
     #: runner adds and removes them.
     attempts: dict[tuple[str, str], _Leased] = field(default_factory=dict)
-    health: ServerHealth = field(default_factory=ServerHealth)
+    health: ServerHealth = field(init=False)
+    #: Where events go (``Scheduler.events``, ``on_event``): ask ``events.on`` before
+    #: making one.
+    events: EventHub = field(default_factory=EventHub)
     #: Jobs that no longer claim slots, with the reason (their schedule raised, or the
     #: server answered their claims with a permanent error).
     disabled: dict[str, str] = field(default_factory=dict)
@@ -276,6 +290,9 @@ class EngineContext:
     #: (a recurring timer's next due time is reckoned on the server's clock).
     server_offset_ms: float = 0.0
 
+    def __post_init__(self) -> None:
+        self.health = ServerHealth(self)
+
     @property
     def round_trip_sec(self) -> float:
         return round_trip_deadline_sec(self.lease_ms)
@@ -283,6 +300,13 @@ class EngineContext:
     def begin_stopping(self) -> None:
         self.state = "stopping"
         self.stopping.set()
+
+    def skipped(self, job: str, slot_ms: int, reason: SkipReason) -> None:
+        """Tell the listeners a scheduled slot of ``job`` does not run (logged already)."""
+        if self.events.on:
+            self.events.emit(
+                SlotSkipped(instance=self.instance_id, job=job, slot_ms=slot_ms, reason=reason)
+            )
 
     def disable(self, job: str, reason: str) -> None:
         """Stop claiming slots of ``job``, loudly; the other jobs go on."""

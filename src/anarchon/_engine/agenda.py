@@ -285,11 +285,13 @@ class Agenda:
             if due.first and not self._in_time(job, due, now_ms):
                 if due.failures == 0:
                     self._log_missed(job, due, now_ms)
+                    self._context.skipped(job.name, due.slot_ms, "late")
                     continue
                 # Too late to start now, but its lost reply may have won: ask only that.
                 due.first = False
                 due.may_start = False
             if not due.first and due.may_start and self._waited_too_long(job, due, now_ms):
+                self._context.skipped(job.name, due.slot_ms, "late")
                 continue
             batch.append(due)
         return self._without_stale_backlog(batch)
@@ -322,6 +324,7 @@ class Agenda:
                     iso_ms(due.slot_ms),
                     iso_ms(latest.slot_ms),
                 )
+                self._context.skipped(due.job, due.slot_ms, "late")
                 continue
             kept.append(due)
         return kept

@@ -18,6 +18,7 @@ from dataclasses import replace
 import anyio
 
 from .._errors import AnarchonError, ConnectionFailedError, RunOverlapError
+from .._events import ClaimAnswer, ClaimAnswered
 from .._job import Job
 from .._schedule import iso_ms
 from .._store import ClaimReply, ClaimRequest, Store, describe_slot
@@ -179,7 +180,18 @@ class Claimer:
         context.health.answered()
         now_ms = _now_ms()
         again = []
+        events = context.events
         for due, request, reply in zip(batch, requests, replies, strict=True):
+            if events.on:
+                answer: ClaimAnswer = (
+                    "refused" if isinstance(reply, ServerReplyError) else reply.kind
+                )
+                events.emit(
+                    ClaimAnswered(
+                        instance=context.instance_id, job=due.job, slot_ms=due.slot_ms,
+                        answer=answer,
+                    )
+                )  # fmt: skip
             if isinstance(reply, ServerReplyError):
                 if is_transient(reply):
                     log.warning(
@@ -343,13 +355,13 @@ class Claimer:
                 iso_ms(due.slot_ms),
                 extra={"job": job.name, "slot_ms": due.slot_ms},
             )
+            self._context.skipped(job.name, due.slot_ms, "paused")
         elif reply.kind == "done" and reply.status == "skipped" and due.failures > 0:
             # This instance's own skip whose reply was lost (or another's, which its
             # failed first claim missed): the warning is not lost with the reply.
             self._log_skipped(job, due)
 
-    @staticmethod
-    def _log_skipped(job: Job, due: _Due) -> None:
+    def _log_skipped(self, job: Job, due: _Due) -> None:
         log.warning(
             "%s: slot %s skipped (recorded in history): an older run of the job is "
             "not settled yet, and overlap=%r",
@@ -357,6 +369,7 @@ class Claimer:
             iso_ms(due.slot_ms),
             job.overlap_policy,
         )
+        self._context.skipped(job.name, due.slot_ms, "overlap")
 
     def _back_up(self, job: Job, due: _Due, wait_ms: int, now_ms: float) -> None:
         """Become a backup of a run in progress: ask again when its lease (or retry delay)

@@ -14,6 +14,7 @@ import time
 
 import anyio
 
+from .._events import LeaseLost
 from .._store import HeartbeatRequest
 from ..clients import ServerReplyError
 from ._context import EngineContext, _Attempt, _Firing, _Leased
@@ -77,14 +78,35 @@ class LeaseKeeper:
             if self._wake.is_set():
                 self._wake = anyio.Event()
 
-    @staticmethod
-    def _give_up(attempt: _Leased) -> None:
-        attempt.lost = True
-        attempt.cancel(
+    def _give_up(self, attempt: _Leased) -> None:
+        self._lose(
+            attempt,
             "no heartbeat got through before the lease would expire (the server does not "
             "answer in time); a backup may take over",
-            lost=True,
         )
+
+    def _lose(self, attempt: _Leased, reason: str) -> None:
+        """The attempt (or firing) no longer holds its lease: its handler is cancelled
+        (or told), loudly."""
+        attempt.lost = True
+        attempt.cancel(reason, lost=True)
+        events = self._context.events
+        if events.on:
+            instance = self._context.instance_id
+            if isinstance(attempt, _Firing):
+                fire = attempt.run
+                lost = LeaseLost(
+                    instance=instance, job=fire.kind, slot_ms=fire.due_ms, attempt=fire.attempt,
+                    reason=reason, timer_key=fire.key,
+                )  # fmt: skip
+            else:
+                assert isinstance(attempt, _Attempt)
+                run = attempt.run
+                lost = LeaseLost(
+                    instance=instance, job=run.job, slot_ms=run.slot_ms, attempt=run.attempt,
+                    reason=reason,
+                )  # fmt: skip
+            events.emit(lost)
 
     async def _beat(self, attempts: list[_Leased]) -> list[bool | ServerReplyError]:
         """One heartbeat per attempt (jobs') and firing (timers'), in one round trip;
@@ -150,12 +172,11 @@ class LeaseKeeper:
             if reply is True:
                 attempt.held_until = sent + lease_ms / 1000
             elif reply is False:
-                attempt.lost = True
-                attempt.cancel(
+                self._lose(
+                    attempt,
                     "the store refused its heartbeat: another attempt holds the run now, or "
                     "the run's state is gone (the store was wiped, or failed over to a "
                     "replica that had not seen the claim)",
-                    lost=True,
                 )
             elif now >= attempt.held_until:
                 self._give_up(attempt)

@@ -16,13 +16,14 @@ import traceback
 import anyio
 
 from .._errors import LeaseLostError
+from .._events import RunStarted
 from .._job import Job
 from .._schedule import from_epoch_ms
 from .._store import ClaimReply, Outcome, slot_ms_of
 from .._structures import Run, TimerRun
 from .._timer import Recurrence, TimerKind
 from .._timer_store import TimerKeys, TimerWin, decode_payload
-from ._context import EngineContext, _Attempt, _Firing, _Leased, current_attempt
+from ._context import EngineContext, _Attempt, _Firing, _Leased, _now_ms, current_attempt
 from .agenda import Agenda
 from .lease_keeper import LeaseKeeper
 from .settle import Settler
@@ -112,6 +113,11 @@ class Runner:
                         # loop): a backup may run it already, so the handler must not.
                         raise LeaseLostError("the lease ran out before the handler began")
                     leased.began = True
+                    events = self._context.events
+                    if events.on and isinstance(leased, _Attempt):
+                        run = leased.run
+                        late_ms = _now_ms() - run.slot_ms
+                        events.emit(RunStarted(instance=run.runner, run=run, late_ms=late_ms))
                     await self._invoke(leased)
                     # A handler that returns once its lease is gone (a plain function
                     # checking run.lease_lost, e.g. on stop) stopped early: its run is

@@ -17,6 +17,7 @@ from typing import TypeVar
 import anyio
 
 from .._coalesce import pipeline
+from .._events import RunFinished, RunRetried, TimerFired
 from .._job import Job
 from .._schedule import iso_ms
 from .._store import AttemptEnd, ClaimReply, FinishReply, Outcome
@@ -137,6 +138,22 @@ class Settler:
             self._lost(attempt, outcome)
             return
         _log_ended(attempt, end, reply)
+        events = self._context.events
+        if events.on:
+            retried = reply.status == "retry"
+            events.emit(
+                RunFinished(
+                    instance=run.runner, run=run, outcome=outcome, error=error, retried=retried,
+                    duration_ms=end.finished_ms - end.started_ms,
+                )
+            )  # fmt: skip
+            if retried:
+                events.emit(
+                    RunRetried(
+                        instance=run.runner, job=job.name, slot_ms=run.slot_ms,
+                        attempt=run.attempt, in_ms=reply.retry_in_ms,
+                    )
+                )  # fmt: skip
         if reply.status == "retry" and self._context.state == "running":
             self._agenda.push_follow_up(
                 job, attempt.slot_id, "retry", _now_ms() + reply.retry_in_ms
@@ -173,6 +190,15 @@ class Settler:
         )  # fmt: skip
         if reply[0] is not None and reply[0].held:
             _log_fired(firing, outcome, reply[0])
+            events = self._context.events
+            if events.on:
+                events.emit(
+                    TimerFired(
+                        instance=fire.runner, run=fire, outcome=outcome,
+                        duration_ms=_now_ms() - firing.started_ms,
+                        retried=reply[0].status == "retry",
+                    )
+                )  # fmt: skip
         self._firing_settled(firing.kind, firing.keys, firing.describe(), outcome, reply)
 
     def _firing_settled(

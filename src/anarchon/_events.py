@@ -1,0 +1,280 @@
+"""What a scheduler decides and sees, as typed events: an async iterator for programs
+(``Scheduler.events()``) and hooks for the common case (``Scheduler.on_event``).
+
+Events cost nothing while nobody listens: the engine asks ``EventHub.on`` before it
+makes one. A listener never slows the engine: each stream has a bounded buffer, and a
+consumer that falls behind loses the oldest events (counted in ``EventStream.dropped``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from types import TracebackType
+from typing import Literal
+
+import anyio
+
+from ._store import Outcome
+from ._structures import Run, TimerRun
+
+__all__ = [
+    "ClaimAnswered",
+    "Event",
+    "EventHub",
+    "EventStream",
+    "LeaseLost",
+    "RunFinished",
+    "RunRetried",
+    "RunStarted",
+    "ServerBack",
+    "ServerUnreachable",
+    "SlotSkipped",
+    "TimerCancelled",
+    "TimerFired",
+    "TimerSet",
+]
+
+log = logging.getLogger("anarchon")
+
+#: How a claim of a slot was answered: this instance runs it ("won"), another runs it
+#: ("running": this one backs it up), an older run of the job is not settled
+#: ("overlap"), it is settled already ("done"), or the server refused the claim
+#: ("refused").
+ClaimAnswer = Literal["won", "running", "overlap", "done", "refused"]
+#: Why a scheduled slot did not run: an older run was not settled and the job does not
+#: allow overlap ("overlap"), it was found too late ("late"), or the job is paused.
+SkipReason = Literal["overlap", "late", "paused"]
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Event:
+    """Something a scheduler decided or saw: ``instance`` (its id) at ``at`` (UTC)."""
+
+    instance: str
+    at: datetime = field(default_factory=_now)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClaimAnswered(Event):
+    """The store answered this instance's claim of a job's slot."""
+
+    job: str
+    slot_ms: int
+    answer: ClaimAnswer
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunStarted(Event):
+    """An attempt's handler started here. ``late_ms``: from the slot's instant (the
+    request, for a manual run) to the start, a retry's delays included."""
+
+    run: Run
+    late_ms: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunFinished(Event):
+    """An attempt ended and its result is recorded. ``retried``: another attempt of the
+    slot follows (a failure or cancellation with attempts left)."""
+
+    run: Run
+    outcome: Outcome
+    duration_ms: float
+    error: str | None
+    retried: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunRetried(Event):
+    """A slot's attempt ``attempt`` ended without success; the next is due in
+    ``in_ms`` (on whichever instance claims it)."""
+
+    job: str
+    slot_ms: int
+    attempt: int
+    in_ms: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LeaseLost(Event):
+    """An attempt (or a timer's firing) this instance ran lost its lease: its handler
+    was cancelled or told, and a backup may run the slot. ``job`` is the timer's kind
+    for a firing, with ``timer_key`` set."""
+
+    job: str
+    slot_ms: int
+    attempt: int
+    reason: str
+    timer_key: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SlotSkipped(Event):
+    """A scheduled slot does not run, for ``reason``."""
+
+    job: str
+    slot_ms: int
+    reason: SkipReason
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TimerSet(Event):
+    """A key's timer was set (replacing what was set before), through this scheduler."""
+
+    kind: str
+    key: str
+    generation: int
+    due_ms: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TimerCancelled(Event):
+    """A key's timer was cancelled through this scheduler (``found``: one was set)."""
+
+    kind: str
+    key: str
+    found: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TimerFired(Event):
+    """A firing of a key's timer ended here and is recorded (``retried``: it is due
+    again for another attempt)."""
+
+    run: TimerRun
+    outcome: Outcome
+    duration_ms: float
+    retried: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServerUnreachable(Event):
+    """The server stopped answering (``what``: the round trip that failed first)."""
+
+    what: str
+    error: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServerBack(Event):
+    """The server answers again, after ``down_sec``."""
+
+    down_sec: float
+
+
+class EventStream:
+    """Events as they happen, from when the stream was opened until the scheduler stops
+    (then the iteration ends) or the stream is closed::
+
+        async with scheduler.events() as events:
+            async for event in events:
+                if isinstance(event, anarchon.RunFinished) and event.outcome == "failed":
+                    alert(event.run.job, event.error)
+
+    It holds up to ``buffer`` events a consumer has not taken yet; when full, the oldest
+    is dropped to make room (``dropped`` counts them), so a slow consumer never slows
+    the scheduler."""
+
+    def __init__(self, hub: EventHub, buffer: int) -> None:
+        self._hub = hub
+        self._queue: deque[Event] = deque(maxlen=buffer)
+        #: Events dropped because the buffer was full.
+        self.dropped = 0
+        self._ended = False
+        self._ready: anyio.Event | None = None
+
+    def _put(self, event: Event) -> None:
+        if len(self._queue) == self._queue.maxlen:
+            self.dropped += 1
+        self._queue.append(event)
+        self._wake()
+
+    def _end(self) -> None:
+        self._ended = True
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._ready is not None:
+            self._ready.set()
+            self._ready = None
+
+    def __aiter__(self) -> EventStream:
+        return self
+
+    async def __anext__(self) -> Event:
+        while not self._queue:
+            if self._ended:
+                raise StopAsyncIteration
+            self._ready = anyio.Event()
+            await self._ready.wait()
+        return self._queue.popleft()
+
+    def close(self) -> None:
+        """Stop receiving events (the ones buffered can still be taken)."""
+        self._hub.streams.discard(self)
+        self._end()
+
+    async def __aenter__(self) -> EventStream:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+class EventHub:
+    """Where a scheduler's events go: its open streams and its hooks."""
+
+    def __init__(self) -> None:
+        self.streams: set[EventStream] = set()
+        self.hooks: list[Callable[[Event], object]] = []
+        #: Hooks that raised, logged once each.
+        self._failed_hooks: set[int] = set()
+        self._closed = False
+
+    @property
+    def on(self) -> bool:
+        """Whether anyone listens (an event is made only then)."""
+        return bool(self.streams or self.hooks)
+
+    def open(self, buffer: int) -> EventStream:
+        stream = EventStream(self, buffer)
+        if self._closed:
+            stream._end()
+        else:
+            self.streams.add(stream)
+        return stream
+
+    def emit(self, event: Event) -> None:
+        for hook in self.hooks:
+            try:
+                hook(event)
+            except Exception:
+                if id(hook) not in self._failed_hooks:
+                    self._failed_hooks.add(id(hook))
+                    log.exception(
+                        "an on_event hook (%r) raised; it keeps being called, and this is "
+                        "logged once",
+                        hook,
+                    )
+        for stream in self.streams:
+            stream._put(event)
+
+    def close(self) -> None:
+        """The scheduler stopped: every stream ends once its buffer is taken."""
+        self._closed = True
+        for stream in list(self.streams):
+            stream._end()
+        self.streams.clear()
