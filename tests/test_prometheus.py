@@ -3,7 +3,11 @@ on real servers."""
 
 from __future__ import annotations
 
+import signal
+import socket
+import urllib.request
 from contextlib import AsyncExitStack
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -11,8 +15,12 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from anarchon import RedisBackend, Run, RunResult, Scheduler
+from anarchon._embedded import free_port
 from anarchon.prometheus import instrument
 from tests.helpers import OneShot, Seconds
+from tests.test_run_command import RunCommand, app_env, commands, history, wait_for
+
+__all__ = ["commands"]  # a fixture
 
 pytestmark = pytest.mark.anyio
 
@@ -75,3 +83,57 @@ async def test_the_counters_and_histograms_match_the_recorded_runs(
     skipped = [r for r in history["held"] if r.status == "skipped"]
     assert value("anarchon_skipped_slots_total", job="held", reason="paused") == len(skipped)
     assert value("anarchon_runs_total", job="held", outcome="ok") == 0
+
+
+def scrape(port: int) -> dict[str, float]:
+    """The samples ``GET /metrics`` on ``port`` serves, by name and labels as written."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
+        text = reply.read().decode()
+    samples = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            samples[name] = float(value)
+    return samples
+
+
+def test_anarchon_run_serves_its_metrics_on_the_metrics_port(
+    server_url: str, prefix: str, tmp_path: Path, commands: list[RunCommand]
+) -> None:
+    port = free_port()
+    command = RunCommand(
+        tmp_path, "one", app_env(server_url, prefix, work_sec=0),
+        "--metrics-port", str(port), "--metrics-host", "127.0.0.1",
+    )  # fmt: skip
+    commands.append(command)
+    command.wait_live()
+    ok = 'anarchon_runs_total{job="work",outcome="ok"}'
+    wait_for(lambda: scrape(port).get(ok, 0) >= 2, 30, "two runs counted")
+    before = sum(1 for _, _, status in history(server_url, prefix) if status == "ok")
+    counted = scrape(port)[ok]
+    after = sum(1 for _, _, status in history(server_url, prefix) if status == "ok")
+    # A run is counted once its result is recorded (at most one is in between).
+    assert before - 1 <= counted <= after, (before, counted, after)
+    samples = scrape(port)
+    assert samples['anarchon_fire_lateness_seconds_count{job="work"}'] >= counted
+    assert samples['anarchon_claims_total{answer="won",job="work"}'] >= counted
+    command.signal(signal.SIGTERM)
+    assert command.wait(30) == 0, command.log()
+
+
+def test_a_metrics_port_that_is_taken_fails_before_the_start_in_one_line(
+    server_url: str, prefix: str, tmp_path: Path
+) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        command = RunCommand(
+            tmp_path, "one", app_env(server_url, prefix), "--metrics-port", str(port),
+            "--metrics-host", "127.0.0.1",
+        )  # fmt: skip
+        assert command.wait(30) == 1, command.log()
+    lines = command.log().strip().splitlines()
+    assert len(lines) == 1 and f"127.0.0.1:{port}" in lines[0], lines
+    assert lines[0].startswith("anarchon: ") and "choose a free port" in lines[0]
+    assert history(server_url, prefix) == []  # it never ran

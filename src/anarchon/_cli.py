@@ -8,7 +8,8 @@ import inspect
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import AsyncExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ import anyio
 
 from ._cli_store import COMMANDS as STORE_COMMANDS
 from ._cli_store import add_store_commands, run_store_command
+from ._errors import InvalidOptionError
 from ._serve import WAIT_FOR_SERVER_SEC
 
 __all__ = ["main"]
@@ -107,6 +109,11 @@ def _run_parser(commands: Any) -> None:
         help="answer GET /live and /ready on this port (200 or 503, with a JSON body)",
     )  # fmt: skip
     run.add_argument("--health-host", default="0.0.0.0", help="default: 0.0.0.0")
+    run.add_argument(
+        "--metrics-port", type=_port, metavar="PORT",
+        help="serve Prometheus metrics on this port, GET /metrics (needs anarchon[prometheus])",
+    )  # fmt: skip
+    run.add_argument("--metrics-host", default="0.0.0.0", help="default: 0.0.0.0")
     run.add_argument("--event-loop", choices=("asyncio", "trio"), default="asyncio")
 
     health = commands.add_parser(
@@ -242,13 +249,19 @@ def _run(args: argparse.Namespace) -> int:
             )
         if args.instance_id is not None:
             scheduler._rename(args.instance_id)
-        await serve(
-            scheduler,
-            wait_for_server_sec=args.wait_for_server,
-            health_file=args.health_file,
-            health_port=args.health_port,
-            health_host=args.health_host,
-        )
+        async with AsyncExitStack() as stack:
+            if args.metrics_port is not None:
+                # Bound before the start: a port that is taken fails before anything runs.
+                stack.enter_context(
+                    _metrics_served(scheduler, args.metrics_host, args.metrics_port)
+                )
+            await serve(
+                scheduler,
+                wait_for_server_sec=args.wait_for_server,
+                health_file=args.health_file,
+                health_port=args.health_port,
+                health_host=args.health_host,
+            )
 
     try:
         anyio.run(run, backend=args.event_loop)
@@ -258,6 +271,33 @@ def _run(args: argparse.Namespace) -> int:
             raise group.exceptions[0] from None
         raise
     return 0
+
+
+@contextmanager
+def _metrics_served(scheduler: Any, host: str, port: int) -> Iterator[None]:
+    """The scheduler's Prometheus metrics on ``host:port`` (``GET /metrics``), until the
+    block ends."""
+    try:
+        from prometheus_client import start_http_server
+
+        from .prometheus import instrument
+    except ModuleNotFoundError:
+        raise _UsageError(
+            "--metrics-port needs prometheus_client: pip install 'anarchon[prometheus]'"
+        ) from None
+    instrument(scheduler)
+    try:
+        server, thread = start_http_server(port, addr=host)
+    except OSError as exc:
+        raise InvalidOptionError(
+            f"cannot serve metrics on {host}:{port} ({exc}): choose a free port"
+        ) from exc
+    try:
+        yield
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
 
 
 def _health(args: argparse.Namespace) -> int:
