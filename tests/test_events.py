@@ -273,3 +273,26 @@ async def test_a_stream_opened_after_the_stop_ends_at_once_and_bad_options_are_r
         scheduler.events(buffer=0)
     with pytest.raises(InvalidOptionError, match="on_event needs a function"):
         scheduler.on_event("print")  # type: ignore[arg-type]
+
+
+async def test_two_consumers_of_one_stream_share_its_events_and_both_end(
+    server_url: str, prefix: str
+) -> None:
+    scheduler = Scheduler(RedisBackend(redis=server_url, prefix=prefix))
+    every: list[Event] = []
+    scheduler.on_event(every.append)
+    stream = scheduler.events()
+
+    @scheduler.job(Seconds(300, 3), name="tick")
+    async def tick() -> None:
+        pass
+
+    taken: tuple[list[Event], list[Event]] = ([], [])
+    with anyio.fail_after(30):
+        async with anyio.create_task_group() as consumers:
+            for into in taken:
+                consumers.start_soon(collect, stream, into)
+            async with scheduler:
+                await wait_until(lambda: len(of(every, RunFinished)) == 3, 20, "three runs")
+    both = taken[0] + taken[1]
+    assert sorted(both, key=every.index) == every

@@ -213,7 +213,8 @@ class EventStream:
         while not self._queue:
             if self._ended:
                 raise StopAsyncIteration
-            self._ready = anyio.Event()
+            if self._ready is None:  # one event for every consumer waiting
+                self._ready = anyio.Event()
             await self._ready.wait()
         return self._queue.popleft()
 
