@@ -22,6 +22,7 @@ from .._store import Store, describe_slot, is_fleet_request, is_manual
 from .._structures import Run, TimerRun
 from .._timer import Recurrence, TimerKind
 from .._timer_store import TimerKeys, TimerStore
+from .._tracing import Tracing
 
 __all__ = [
     "EngineContext",
@@ -273,6 +274,8 @@ class EngineContext:
     #: Where events go (``Scheduler.events``, ``on_event``): ask ``events.on`` before
     #: making one.
     events: EventHub = field(default_factory=EventHub)
+    #: Spans of attempts and claims (``anarchon.otel``), if a tracer was given.
+    tracing: Tracing | None = None
     #: Jobs that no longer claim slots, with the reason (their schedule raised, or the
     #: server answered their claims with a permanent error).
     disabled: dict[str, str] = field(default_factory=dict)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import random
 import time
+from contextlib import nullcontext
 from dataclasses import replace
 
 import anyio
@@ -167,7 +168,10 @@ class Claimer:
         replies: list[ClaimReply | ServerReplyError] | None = None
         sent = time.monotonic()
         failure: BaseException | str = "no reply in time"
-        with anyio.CancelScope(shield=True) as scope:
+        with (
+            anyio.CancelScope(shield=True) as scope,
+            context.tracing.claim_batch(len(requests)) if context.tracing else nullcontext(),
+        ):
             scope.deadline = anyio.current_time() + context.round_trip_sec
             try:
                 replies = await store.claim_many(requests)

@@ -105,6 +105,10 @@ class Runner:
         outcome: Outcome = "cancelled"
         error: str | None = None
         current_attempt.set(leased)
+        tracing = self._context.tracing
+        trace = None
+        if tracing is not None and isinstance(leased, _Attempt):
+            trace = tracing.start_attempt(leased.run)
         try:
             with leased.scope:
                 try:
@@ -118,7 +122,11 @@ class Runner:
                         run = leased.run
                         late_ms = _now_ms() - run.slot_ms
                         events.emit(RunStarted(instance=run.runner, run=run, late_ms=late_ms))
-                    await self._invoke(leased)
+                    if trace is None:
+                        await self._invoke(leased)
+                    else:
+                        with trace.current():
+                            await self._invoke(leased)
                     # A handler that returns once its lease is gone (a plain function
                     # checking run.lease_lost, e.g. on stop) stopped early: its run is
                     # released for a retry, not recorded as done.
@@ -133,6 +141,8 @@ class Runner:
                 outcome = "cancelled"
         finally:
             leased.ended = True
+            if trace is not None:
+                trace.end(outcome, leased.failure)
             with anyio.CancelScope(shield=True):
                 try:
                     await self._settler.settle(leased, outcome, error)

@@ -1,0 +1,33 @@
+"""What the engine asks of a tracer (``anarchon.otel`` implements it with OpenTelemetry):
+a span per attempt, current while the handler runs, and a span per claim round trip.
+Without one, the engine asks nothing."""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from typing import Protocol
+
+from ._store import Outcome
+from ._structures import Run
+
+__all__ = ["AttemptTrace", "Tracing"]
+
+
+class AttemptTrace(Protocol):
+    def current(self) -> AbstractContextManager[object]:
+        """Make the attempt's span the current one (the handler's spans nest in it)."""
+        ...
+
+    def end(self, outcome: Outcome, error: BaseException | None) -> None:
+        """The attempt ended so (what the handler raised, if it failed)."""
+        ...
+
+
+class Tracing(Protocol):
+    def start_attempt(self, run: Run) -> AttemptTrace:
+        """A span for an attempt whose handler is about to start."""
+        ...
+
+    def claim_batch(self, size: int) -> AbstractContextManager[object]:
+        """A span around one round trip of ``size`` claims."""
+        ...

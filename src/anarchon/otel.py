@@ -1,0 +1,87 @@
+"""OpenTelemetry spans of a scheduler's work (extra ``anarchon[otel]``).
+
+::
+
+    from anarchon.otel import instrument
+    instrument(scheduler)  # the global tracer provider, or tracer_provider=...
+
+Each attempt of a job is a span, ``anarchon run <job>``, current while its handler runs
+(the handler's own spans nest in it), with the job, slot, attempt, fence, runner,
+trigger and outcome as attributes; a failed attempt's span has an error status and the
+exception. Each round trip of claims is a span, ``anarchon claim``. Both start traces of
+their own. anarchon imports OpenTelemetry only here.
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from typing import Any
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.trace import Span, Status, StatusCode, Tracer, TracerProvider
+
+from ._schedule import iso_ms
+from ._scheduler import Scheduler
+from ._store import Outcome
+from ._structures import Run
+from ._version import __version__
+
+__all__ = ["instrument"]
+
+
+def instrument(scheduler: Scheduler[Any], tracer_provider: TracerProvider | None = None) -> None:
+    """Trace ``scheduler``'s attempts and claims with ``tracer_provider`` (OpenTelemetry's
+    global one unless given), from its next attempt on."""
+    tracer = trace.get_tracer("anarchon", __version__, tracer_provider=tracer_provider)
+    scheduler._context.tracing = _Tracing(tracer)
+
+
+class _Tracing:
+    def __init__(self, tracer: Tracer) -> None:
+        self._tracer = tracer
+
+    def start_attempt(self, run: Run) -> _AttemptTrace:
+        span = self._tracer.start_span(
+            f"anarchon run {run.job}",
+            # A trace of its own: not a child of whatever was current when the
+            # scheduler started.
+            context=otel_context.Context(),
+            attributes={
+                "anarchon.job": run.job,
+                "anarchon.slot": iso_ms(run.slot_ms),
+                "anarchon.slot_ms": run.slot_ms,
+                "anarchon.attempt": run.attempt,
+                "anarchon.fence": run.fence,
+                "anarchon.runner": run.runner,
+                "anarchon.trigger": run.trigger,
+            },
+        )
+        return _AttemptTrace(span)
+
+    def claim_batch(self, size: int) -> AbstractContextManager[object]:
+        return self._tracer.start_as_current_span(
+            "anarchon claim",
+            context=otel_context.Context(),
+            attributes={"anarchon.claims": size},
+            record_exception=False,
+            set_status_on_exception=False,
+        )
+
+
+class _AttemptTrace:
+    def __init__(self, span: Span) -> None:
+        self._span = span
+
+    def current(self) -> AbstractContextManager[object]:
+        return trace.use_span(
+            self._span, end_on_exit=False, record_exception=False, set_status_on_exception=False
+        )
+
+    def end(self, outcome: Outcome, error: BaseException | None) -> None:
+        self._span.set_attribute("anarchon.outcome", outcome)
+        if outcome == "failed":
+            if error is not None:
+                self._span.record_exception(error)
+            self._span.set_status(Status(StatusCode.ERROR, f"the attempt {outcome}"))
+        self._span.end()

@@ -1,0 +1,105 @@
+"""OpenTelemetry spans of attempts and claims, checked with the SDK's in-memory exporter
+against what the store recorded on real servers."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import anyio
+import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import StatusCode
+
+from anarchon import RedisBackend, Run, RunResult, Scheduler
+from anarchon.otel import instrument
+from tests.helpers import OneShot, Seconds
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def traced() -> Iterator[tuple[TracerProvider, InMemorySpanExporter]]:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    yield provider, exporter
+    provider.shutdown()
+
+
+async def test_each_attempt_is_a_span_with_the_handlers_spans_inside(
+    server_url: str, prefix: str, traced: tuple[TracerProvider, InMemorySpanExporter]
+) -> None:
+    provider, exporter = traced
+    app = trace.get_tracer("app", tracer_provider=provider)
+    scheduler = Scheduler(RedisBackend(redis=server_url, prefix=prefix), retry_delay_ms=100)
+    instrument(scheduler, tracer_provider=provider)
+
+    @scheduler.job(Seconds(300, 2), name="tick")
+    async def tick() -> None:
+        with app.start_as_current_span("work"):
+            pass
+
+    @scheduler.job(OneShot.in_ms(300), name="export")
+    def export() -> None:  # a plain function, in a worker thread
+        with app.start_as_current_span("write"):
+            pass
+
+    @scheduler.job(OneShot.in_ms(300), name="flaky")
+    async def flaky(run: Run) -> None:
+        if run.attempt == 1:
+            raise RuntimeError("the first attempt fails")
+
+    history: dict[str, list[RunResult]] = {}
+    async with scheduler:
+        with anyio.fail_after(30):
+            for job, count in (("tick", 2), ("export", 1), ("flaky", 2)):
+                while True:
+                    history[job] = await scheduler.history(job)
+                    if len([r for r in history[job] if r.status != "running"]) >= count:
+                        break
+                    await anyio.sleep(0.1)
+    spans = exporter.get_finished_spans()
+
+    def named(name: str) -> list[ReadableSpan]:
+        return [span for span in spans if span.name == name]
+
+    for job in ("tick", "export", "flaky"):
+        runs = named(f"anarchon run {job}")
+        recorded = {(r.slot_ms, r.attempt, r.fence, r.runner, r.status) for r in history[job]}
+        traced_runs = {
+            (
+                s.attributes["anarchon.slot_ms"], s.attributes["anarchon.attempt"],
+                s.attributes["anarchon.fence"], s.attributes["anarchon.runner"],
+                s.attributes["anarchon.outcome"],
+            )
+            for s in runs
+            if s.attributes is not None
+        }  # fmt: skip
+        assert traced_runs == recorded, (job, traced_runs, recorded)
+        for span in runs:
+            assert span.parent is None  # a trace of its own
+    for child, job in (("work", "tick"), ("write", "export")):
+        parents = {s.context.span_id for s in named(f"anarchon run {job}") if s.context}
+        kids = named(child)
+        assert kids and all(k.parent is not None and k.parent.span_id in parents for k in kids)
+    (failed,) = [s for s in named("anarchon run flaky") if s.status.status_code == StatusCode.ERROR]
+    assert failed.attributes is not None and failed.attributes["anarchon.attempt"] == 1
+    assert [e.name for e in failed.events] == ["exception"]
+    claims = named("anarchon claim")
+    assert claims and all(s.attributes and s.attributes["anarchon.claims"] >= 1 for s in claims)
+
+
+def test_anarchon_imports_neither_opentelemetry_nor_prometheus_client() -> None:
+    """The extras are imported by their modules only (anarchon.otel, anarchon.prometheus)."""
+    code = (
+        "import sys, anarchon; anarchon.Scheduler(); "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('opentelemetry', 'prometheus_client')))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert (done.returncode, done.stdout.strip()) == (0, "[]"), done
