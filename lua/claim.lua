@@ -191,7 +191,11 @@ if s.status == 'retry' then
   local blocked_ms = scan_active(false)
   if blocked_ms then return {'running', blocked_ms} end
   -- Attempt 0: a run the fleet was asked for (anarchon run-now), not yet started.
-  return win(s.attempt + 1, s.attempt == 0 and s.trigger or 'retry', {})
+  -- An expired attempt left no token: its runner vanished, and this one takes over.
+  local next_trigger = 'retry'
+  if s.attempt == 0 then next_trigger = s.trigger
+  elseif s.token == '' then next_trigger = 'takeover' end
+  return win(s.attempt + 1, next_trigger, {})
 end
 
 -- ok, failed, interrupted, cancelled or skipped. A first claim of a skipped slot

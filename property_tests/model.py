@@ -17,7 +17,7 @@ Rules (design section 3):
   its next attempt at once; without, the run is interrupted (done).
 - claim of a run waiting for a retry: before the retry time, running (time left);
   then, unless another slot holds a live lease (running, its time left), win the
-  next attempt (trigger retry).
+  next attempt (trigger takeover after an expired attempt, else retry).
 - heartbeat: only the current token of a running slot, expired or not (but an
   expired lease is not revived while another slot holds a live one, unless
   overlap is allowed); extends the lease to now + lease.
@@ -165,7 +165,9 @@ class JobModel:
             blocked = self._scan(slot, now, first_claim=False)[0]
             if blocked is not None:
                 return Reply("running", wait_ms=blocked)
-            return self._win(slot, run.slot_ms, run.attempt + 1, token, "retry", now)
+            # An expired attempt left no token: its runner vanished (takeover).
+            trigger = "takeover" if run.token == "" else "retry"
+            return self._win(slot, run.slot_ms, run.attempt + 1, token, trigger, now)
         return Reply("done", status=run.status)
 
     def heartbeat(self, slot: str, token: str, now: int) -> bool:

@@ -19,7 +19,7 @@ import anyio
 import redis
 import redis.asyncio
 
-from anarchon import RedisBackend, Run, Scheduler
+from anarchon import RedisBackend, Run, RunResult, Scheduler
 from anarchon._lease import JobKeys
 from anarchon._store import ClaimReply, ClaimRequest
 from anarchon.clients import ServerReplyError
@@ -163,6 +163,43 @@ async def wait_until(condition: Callable[[], bool], timeout_sec: float, what: st
         await anyio.sleep(0.01)
 
 
+def tick_and_flaky_fleet(
+    server_url: str, prefix: str, names: tuple[str, ...]
+) -> list[Scheduler[Any]]:
+    """Instances ``names`` of one fleet (not started; retry delay 100 ms), each with
+    "tick" (three whole seconds in a row, from half a second on) and "flaky" (once; its
+    first attempt fails, the second succeeds)."""
+    schedulers = []
+    for name in names:
+        scheduler = Scheduler(
+            RedisBackend(redis=server_url, prefix=prefix), instance_id=name, retry_delay_ms=100
+        )
+
+        @scheduler.job(Seconds(500, 3), name="tick")
+        async def tick() -> None:
+            pass
+
+        @scheduler.job(OneShot.in_ms(500), name="flaky")
+        async def flaky(run: Run) -> None:
+            if run.attempt == 1:
+                raise RuntimeError("the first attempt fails")
+
+        schedulers.append(scheduler)
+    return schedulers
+
+
+async def settled_history(
+    scheduler: Scheduler[Any], settled: dict[str, int]
+) -> dict[str, list[RunResult]]:
+    """Each job's history once ``settled[job]`` of its attempts have ended."""
+    history: dict[str, list[RunResult]] = {}
+    for job, count in settled.items():
+        while len([r for r in history.get(job, []) if r.status != "running"]) < count:
+            await anyio.sleep(0.1)
+            history[job] = await scheduler.history(job)
+    return history
+
+
 @dataclass
 class LongJobFleet:
     """Two instances of one fleet, "a" and "b", that both run the job "long"."""
@@ -178,11 +215,15 @@ class LongJobFleet:
 
 @asynccontextmanager
 async def long_job_fleet(
-    server_url: str, prefix: str, schedule: Any, **options: Any
+    server_url: str,
+    prefix: str,
+    schedule: Any,
+    setup: Callable[[Scheduler[Any]], object] = lambda scheduler: None,
+    **options: Any,
 ) -> AsyncIterator[LongJobFleet]:
-    """Two running instances (``options`` go to each Scheduler) of a fleet whose job
-    "long" (on ``schedule``) records its run and then takes a minute: a stop of its
-    runner gives it back mid-run."""
+    """Two running instances (``options`` go to each Scheduler, and each goes through
+    ``setup`` before its start) of a fleet whose job "long" (on ``schedule``) records
+    its run and then takes a minute: a stop of its runner gives it back mid-run."""
     fleet = LongJobFleet(
         [
             Scheduler(RedisBackend(redis=server_url, prefix=prefix), instance_id=name, **options)
@@ -196,6 +237,7 @@ async def long_job_fleet(
             fleet.starts.append(run)
             await anyio.sleep(60)
 
+        setup(scheduler)
     async with AsyncExitStack() as stack:
         for scheduler in fleet.schedulers:
             await stack.enter_async_context(scheduler)

@@ -122,6 +122,14 @@ MUTANTS: list[Mutant] = [
         (MACHINE, OVERLAP_FLAGS_DISAGREE),
     ),
     Mutant(
+        "takeover-trigger",
+        "claim.lua",
+        "elseif s.token == '' then next_trigger = 'takeover' end",
+        "end",
+        "an attempt after an expired one is told retry, not takeover",
+        (MACHINE,),
+    ),
+    Mutant(
         "heartbeat-token",
         "heartbeat.lua",
         "if s.token ~= token or s.status ~= 'running' then",

@@ -264,7 +264,7 @@ async def test_run_now_refused_by_an_orphaned_run_takes_that_run_over(
         await wait_until(lambda: bool(runs), 10, "the orphan taken over")
         await anyio.sleep(0.3)  # room for a second run
 
-    assert runs == [(dead_slot_ms, 2, "retry")]
+    assert runs == [(dead_slot_ms, 2, "takeover")]
 
 
 async def test_run_now_leaves_a_slot_that_ran_a_moment_ago_known_to_a_late_claim(

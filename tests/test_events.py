@@ -32,7 +32,7 @@ from anarchon import (
     TimerSet,
 )
 from tests.faults import FaultProxy
-from tests.helpers import OneShot, Seconds, wait_until
+from tests.helpers import OneShot, Seconds, settled_history, tick_and_flaky_fleet, wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -61,27 +61,13 @@ async def test_the_events_of_a_fleet_match_what_the_store_recorded(
     stop."""
     seen: dict[str, list[Event]] = {"a": [], "b": []}
     fired: list[TimerRun] = []
-    schedulers: list[Scheduler[Any]] = []
-    for name in seen:
-        scheduler = Scheduler(
-            RedisBackend(redis=server_url, prefix=prefix), instance_id=name, retry_delay_ms=100
-        )
-
-        @scheduler.job(Seconds(500, 3), name="tick")
-        async def tick() -> None:
-            pass
-
-        @scheduler.job(OneShot.in_ms(500), name="flaky")
-        async def flaky(run: Run) -> None:
-            if run.attempt == 1:
-                raise RuntimeError("the first attempt fails")
+    schedulers = tick_and_flaky_fleet(server_url, prefix, ("a", "b"))
+    for scheduler in schedulers:
 
         @scheduler.timer("remind")
         async def remind(fire: TimerRun) -> None:
             fired.append(fire)
 
-        schedulers.append(scheduler)
-    history: dict[str, list[Any]] = {}
     # The consumers end by themselves: each stream ends once its instance has stopped.
     with anyio.fail_after(60):
         async with anyio.create_task_group() as consumers:
@@ -93,10 +79,7 @@ async def test_the_events_of_a_fleet_match_what_the_store_recorded(
                     await stack.enter_async_context(scheduler)
                 generation = await schedulers[0].set_timer("remind", "user:42", delay_ms=300)
                 await wait_until(lambda: len(fired) == 1, 20, "the timer to fire")
-                for job, settled in (("tick", 3), ("flaky", 2)):
-                    while len([r for r in history.get(job, []) if r.status != "running"]) < settled:
-                        await anyio.sleep(0.1)
-                        history[job] = await schedulers[0].history(job)
+                history = await settled_history(schedulers[0], {"tick": 3, "flaky": 2})
     for name, events in seen.items():
         assert all(event.instance == name for event in events), events
     everything = [event for events in seen.values() for event in events]

@@ -4,7 +4,6 @@ on real servers."""
 from __future__ import annotations
 
 import signal
-import socket
 import urllib.request
 from contextlib import AsyncExitStack
 from pathlib import Path
@@ -14,10 +13,18 @@ import anyio
 import pytest
 from prometheus_client import CollectorRegistry
 
-from anarchon import RedisBackend, Run, RunResult, Scheduler
+import anarchon.prometheus
+from anarchon import Run, Scheduler, TimerRun
 from anarchon._embedded import free_port
 from anarchon.prometheus import instrument
-from tests.helpers import OneShot, Seconds
+from tests.helpers import (
+    OneShot,
+    claim_for_a_dead_runner,
+    long_job_fleet,
+    settled_history,
+    tick_and_flaky_fleet,
+    wait_until,
+)
 from tests.test_run_command import RunCommand, app_env, commands, history, wait_for
 
 __all__ = ["commands"]  # a fixture
@@ -32,40 +39,20 @@ async def test_the_counters_and_histograms_match_the_recorded_runs(
     retries, skipped slots and the lateness histogram add up to what the store
     recorded for the fleet."""
     registry = CollectorRegistry()
-    schedulers: list[Scheduler[Any]] = []
-    for name in ("a", "b"):
-        scheduler = Scheduler(
-            RedisBackend(redis=server_url, prefix=prefix), instance_id=name, retry_delay_ms=100
-        )
-
-        @scheduler.job(Seconds(500, 3), name="tick")
-        async def tick() -> None:
-            pass
-
-        @scheduler.job(OneShot.in_ms(500), name="flaky")
-        async def flaky(run: Run) -> None:
-            if run.attempt == 1:
-                raise RuntimeError("the first attempt fails")
+    schedulers = tick_and_flaky_fleet(server_url, prefix, ("a", "b"))
+    for scheduler in schedulers:
 
         @scheduler.job("* * * * * *", name="held")
         async def held() -> None:
             pass
 
         instrument(scheduler, registry)
-        schedulers.append(scheduler)
-    history: dict[str, list[RunResult]] = {}
     async with AsyncExitStack() as stack:
         for scheduler in schedulers:
             await stack.enter_async_context(scheduler)
         await schedulers[0].pause("held")
-
         with anyio.fail_after(30):
-            for job, count in (("tick", 3), ("flaky", 2), ("held", 2)):
-                while True:
-                    history[job] = await schedulers[0].history(job)
-                    if len([r for r in history[job] if r.status != "running"]) >= count:
-                        break
-                    await anyio.sleep(0.1)
+            history = await settled_history(schedulers[0], {"tick": 3, "flaky": 2, "held": 2})
 
     def value(name: str, **labels: str) -> float:
         return registry.get_sample_value(name, labels) or 0.0
@@ -121,19 +108,70 @@ def test_anarchon_run_serves_its_metrics_on_the_metrics_port(
     assert command.wait(30) == 0, command.log()
 
 
-def test_a_metrics_port_that_is_taken_fails_before_the_start_in_one_line(
-    server_url: str, prefix: str, tmp_path: Path
+async def test_a_run_taken_over_from_a_vanished_runner_is_counted_as_a_takeover(
+    server_url: str, prefix: str
 ) -> None:
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        port = taken.getsockname()[1]
-        command = RunCommand(
-            tmp_path, "one", app_env(server_url, prefix), "--metrics-port", str(port),
-            "--metrics-host", "127.0.0.1",
-        )  # fmt: skip
-        assert command.wait(30) == 1, command.log()
-    lines = command.log().strip().splitlines()
-    assert len(lines) == 1 and f"127.0.0.1:{port}" in lines[0], lines
-    assert lines[0].startswith("anarchon: ") and "choose a free port" in lines[0]
-    assert history(server_url, prefix) == []  # it never ran
+    """A runner won the slot and vanished: the instance that claims it after the lease
+    ran out runs attempt 2 with the trigger takeover, and counts one takeover; an
+    ordinary retry (the flaky job's) is not one."""
+    registry = CollectorRegistry()
+    slot = OneShot.in_ms(300)
+    slot_ms = int(slot.at.timestamp() * 1000)
+    await claim_for_a_dead_runner(server_url, prefix, "orphan", slot_ms, lease_ms=200)
+    runs: list[Run] = []
+    (scheduler,) = tick_and_flaky_fleet(server_url, prefix, ("a",))
+
+    @scheduler.job(slot, name="orphan")
+    async def orphan(run: Run) -> None:
+        runs.append(run)
+
+    instrument(scheduler, registry)
+    async with scheduler:
+        with anyio.fail_after(30):
+            history = await settled_history(scheduler, {"orphan": 2, "flaky": 2})
+
+    assert [(r.attempt, r.trigger) for r in runs] == [(2, "takeover")]
+    assert sorted((r.attempt, r.status, r.trigger) for r in history["orphan"]) == [
+        (1, "interrupted", "schedule"),
+        (2, "ok", "takeover"),
+    ]
+    assert [r.trigger for r in history["flaky"] if r.attempt == 2] == ["retry"]
+    assert registry.get_sample_value("anarchon_takeovers_total", {"job": "orphan"}) == 1
+    assert registry.get_sample_value("anarchon_takeovers_total", {"job": "flaky"}) is None
+    assert registry.get_sample_value("anarchon_retries_total", {"job": "flaky"}) == 1
+
+
+async def test_the_gauges_show_the_leases_held_the_instances_alive_and_the_timers_pending(
+    server_url: str, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fleet of two in one registry: while one runs "long", the leases held add up to
+    one; the store's gauges say two instances alive and the three timers set; once the
+    run ends, no lease is held, and a timer cancelled is one fewer pending."""
+    monkeypatch.setattr(anarchon.prometheus, "STORE_READ_SEC", 0.2)
+    registry = CollectorRegistry()
+
+    def value(name: str, **labels: str) -> float | None:
+        return registry.get_sample_value(name, labels)
+
+    def set_up(scheduler: Scheduler[Any]) -> None:
+        @scheduler.timer("remind")
+        async def remind(fire: TimerRun) -> None:
+            pass
+
+        instrument(scheduler, registry)
+
+    pending = {"prefix": prefix, "kind": "remind"}
+    async with long_job_fleet(server_url, prefix, OneShot.in_ms(300), set_up) as fleet:
+        await wait_until(lambda: len(fleet.starts) == 1, 30, "the long run to start")
+        assert value("anarchon_leases_held", job="long") == 1
+        for key in ("user:1", "user:2", "user:3"):
+            await fleet.schedulers[0].set_timer("remind", key, delay_ms=600_000)
+        await wait_until(
+            lambda: value("anarchon_timers_pending", **pending) == 3, 30, "three timers pending"
+        )
+        assert value("anarchon_instances_alive", prefix=prefix) == 2
+        await fleet.schedulers[1].cancel_timer("remind", "user:2")
+        await wait_until(
+            lambda: value("anarchon_timers_pending", **pending) == 2, 30, "two timers pending"
+        )
+    assert value("anarchon_leases_held", job="long") is None  # stopped: none held

@@ -323,16 +323,17 @@ async def test_a_server_frozen_at_start_is_a_connection_failure_within_the_start
         proxy.resume()
 
 
-def test_a_health_port_that_is_taken_fails_before_the_start_in_one_line(
-    server_url: str, prefix: str, tmp_path: Path
+@pytest.mark.parametrize("served", ["health", "metrics"])
+def test_a_health_or_metrics_port_that_is_taken_fails_before_the_start_in_one_line(
+    server_url: str, prefix: str, tmp_path: Path, served: str
 ) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
         command = RunCommand(
-            tmp_path, "one", app_env(server_url, prefix), "--health-port", str(port),
-            "--health-host", "127.0.0.1",
+            tmp_path, "one", app_env(server_url, prefix), f"--{served}-port", str(port),
+            f"--{served}-host", "127.0.0.1",
         )  # fmt: skip
         assert command.wait(30) == 1, command.log()
     lines = command.log().strip().splitlines()

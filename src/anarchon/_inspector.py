@@ -71,6 +71,13 @@ class Inspector:
         self._keys = RegistryKeys.for_prefix(backend.prefix)
         self._conn: Connection | None = None
 
+    @classmethod
+    def _over(cls, backend: RedisBackend[Any], conn: Connection) -> Inspector:
+        """An Inspector that reads through a connection someone else opened (and closes)."""
+        inspector = cls(backend)
+        inspector._conn = conn
+        return inspector
+
     async def __aenter__(self) -> Inspector:
         self._conn = await self.backend.open_connection()
         return self

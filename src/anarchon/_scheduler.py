@@ -12,7 +12,7 @@ import os
 import secrets
 import socket
 import time
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable
 from contextlib import asynccontextmanager
 from datetime import datetime
 from types import TracebackType
@@ -232,6 +232,9 @@ class Scheduler(Generic[K]):
         self._renewed: anyio.Event | None = None
         #: The grace period of a stop in progress (None until stop() is first called).
         self._grace: anyio.CancelScope | None = None
+        #: Tasks that read the store beside the engine (``anarchon.prometheus``'s gauges),
+        #: given the scheduler's connection; they end with the registry's renewals.
+        self._readers: list[Callable[[Connection], Coroutine[Any, Any, None]]] = []
 
     def _rename(self, instance_id: str) -> None:
         """Give a scheduler that has not started another instance id (``anarchon run
@@ -850,9 +853,30 @@ class Scheduler(Generic[K]):
         assert self._renewing is not None and self._renewed is not None
         try:
             with self._renewing:
-                await self._renew_until_stopped(registry)
+                async with anyio.create_task_group() as group:
+                    store = self._context.store
+                    if store is not None:
+                        for reader in self._readers:
+                            group.start_soon(reader, store.conn)
+                    await self._renew_until_stopped(registry)
+                    group.cancel_scope.cancel()
         finally:
             self._renewed.set()
+
+    def _read_beside(self, reader: Callable[[Connection], Coroutine[Any, Any, None]]) -> None:
+        """Run ``reader`` with the scheduler's connection from the start to the stop,
+        which cancels it before the connection closes."""
+        if self._context.state != "new":
+            raise SchedulerStateError("a reader of the store is added before the start")
+        self._readers.append(reader)
+
+    def _leases_held(self) -> dict[str, int]:
+        """The attempts (and timer firings) this instance runs, by job (timer kind).
+        Safe from another thread: the keys are copied at once."""
+        held: dict[str, int] = {}
+        for job, _ in list(self._context.attempts):
+            held[job] = held.get(job, 0) + 1
+        return held
 
     async def _renew_until_stopped(self, registry: Registry) -> None:
         context = self._context

@@ -26,7 +26,7 @@ __all__ = [
     "Trigger",
 ]
 
-Trigger = Literal["schedule", "catch-up", "retry", "manual"]
+Trigger = Literal["schedule", "catch-up", "retry", "takeover", "manual"]
 #: How an attempt ended; ``skipped``: the slot did not run at all (``attempt`` 0,
 #: ``error`` says why, e.g. an older run of the job was not settled yet).
 RunStatus = Literal["ok", "failed", "interrupted", "cancelled", "skipped"]
