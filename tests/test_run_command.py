@@ -37,18 +37,23 @@ pytestmark = pytest.mark.slow
 
 
 class RunCommand:
-    """One ``anarchon run tests.run_app:make`` process, its output in a file."""
+    """One ``anarchon run tests.run_app:make`` (or ``target``) process, its output in a
+    file."""
 
-    def __init__(self, tmp_path: Path, name: str, env: dict[str, str], *args: str) -> None:
+    def __init__(
+        self,
+        tmp_path: Path,
+        name: str,
+        env: dict[str, str],
+        *args: str,
+        target: str = "tests.run_app:make",
+    ) -> None:
         self.name = name
         self.health_file = tmp_path / f"{name}.health"
         self.output = tmp_path / f"{name}.log"
-        full_env = dict(os.environ)
-        paths = [full_env.get("PYTHONPATH", ""), str(ROOT / "src"), str(ROOT)]
-        full_env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
-        full_env.update(env)
+        full_env = command_env(env)
         command = [
-            sys.executable, "-m", "anarchon", "run", "tests.run_app:make",
+            sys.executable, "-m", "anarchon", "run", target,
             "--instance-id", name, "--health-file", str(self.health_file), *args,
         ]  # fmt: skip
         with open(self.output, "w") as out:
@@ -84,6 +89,16 @@ class RunCommand:
         if self.process.poll() is None:
             self.process.kill()
             self.process.wait()
+
+
+def command_env(env: dict[str, str]) -> dict[str, str]:
+    """This environment, with ``env``, for an ``anarchon`` subprocess that imports this
+    checkout (and the tests' modules)."""
+    full_env = dict(os.environ)
+    paths = [full_env.get("PYTHONPATH", ""), str(ROOT / "src"), str(ROOT)]
+    full_env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
+    full_env.update(env)
+    return full_env
 
 
 @pytest.fixture

@@ -17,6 +17,7 @@ import anyio
 
 from ._cli_store import COMMANDS as STORE_COMMANDS
 from ._cli_store import add_store_commands, run_store_command
+from ._cli_web import add_web_command, run_web
 from ._errors import InvalidOptionError
 from ._serve import WAIT_FOR_SERVER_SEC
 
@@ -73,6 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("-v", "--verbose", action="store_true", help="log what the scheduler does")
     _run_parser(commands)
     add_store_commands(commands)
+    add_web_command(commands, _port)
     return parser
 
 
@@ -161,7 +163,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _health(args)
         if args.command in STORE_COMMANDS:
             return run_store_command(args)
-    except _UsageError as exc:
+        if args.command == "web":
+            return run_web(args)
+    except UsageError as exc:
         print(f"anarchon {args.command}: {exc}", file=sys.stderr)
         return 2
     except AnarchonError as exc:
@@ -193,7 +197,7 @@ def _only_interrupts(exc: BaseException) -> bool:
     return isinstance(exc, KeyboardInterrupt)
 
 
-class _UsageError(Exception):
+class UsageError(Exception):
     """A command line that cannot work as given: exit code 2."""
 
 
@@ -201,7 +205,7 @@ def _load_target(target: str) -> Any:
     """``MODULE:ATTRIBUTE`` imported from the current directory (then sys.path)."""
     module_name, colon, attribute = target.partition(":")
     if not colon or not module_name or not attribute:
-        raise _UsageError(
+        raise UsageError(
             f"{target!r} is not MODULE:ATTRIBUTE; name the module and the scheduler in it, "
             "such as app:scheduler"
         )
@@ -212,7 +216,7 @@ def _load_target(target: str) -> Any:
     except ModuleNotFoundError as exc:
         if exc.name is None or not module_name.startswith(exc.name):
             raise  # the module exists, and something it imports does not
-        raise _UsageError(
+        raise UsageError(
             f"no module named {exc.name!r}; run from the directory that holds it, or add "
             "that directory to PYTHONPATH"
         ) from None
@@ -221,7 +225,7 @@ def _load_target(target: str) -> Any:
         try:
             found = getattr(found, part)
         except AttributeError:
-            raise _UsageError(
+            raise UsageError(
                 f"module {module_name!r} has no attribute {attribute!r}; name the Scheduler "
                 "(or a function that returns one) after the colon"
             ) from None
@@ -243,7 +247,7 @@ def _run(args: argparse.Namespace) -> int:
             if inspect.isawaitable(scheduler):
                 scheduler = await scheduler
         if not isinstance(scheduler, Scheduler):
-            raise _UsageError(
+            raise UsageError(
                 f"{args.target} is an object of type {type(scheduler).__name__}, not a "
                 "Scheduler or a function that returns one"
             )
@@ -282,7 +286,7 @@ def _metrics_served(scheduler: Any, host: str, port: int) -> Iterator[None]:
 
         from .prometheus import instrument
     except ModuleNotFoundError:
-        raise _UsageError(
+        raise UsageError(
             "--metrics-port needs prometheus_client: pip install 'anarchon[prometheus]'"
         ) from None
     instrument(scheduler)

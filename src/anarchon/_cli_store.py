@@ -31,14 +31,27 @@ COMMANDS = ("inspect", "history", "leases", "pause", "resume", "run-now")
 T = TypeVar("T")
 
 
-def add_store_commands(commands: Any) -> None:
-    """Add the store commands to the ``anarchon`` parser."""
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument(
+def store_options() -> argparse.ArgumentParser:
+    """The options that name a store: ``--redis`` and ``--prefix``."""
+    options = argparse.ArgumentParser(add_help=False)
+    options.add_argument(
         "--redis", metavar="URL", default=os.environ.get("ANARCHON_REDIS_URL"),
         help="the store's server (default: $ANARCHON_REDIS_URL, else redis://localhost:6379)",
     )  # fmt: skip
-    common.add_argument("--prefix", default="cron:", help="the store's key prefix (default: cron:)")
+    options.add_argument(
+        "--prefix", default="cron:", help="the store's key prefix (default: cron:)"
+    )
+    return options
+
+
+def store_backend(args: argparse.Namespace) -> RedisBackend[Any]:
+    """The store that ``--redis`` and ``--prefix`` name."""
+    return RedisBackend(redis=args.redis or "redis://localhost:6379", prefix=args.prefix)
+
+
+def add_store_commands(commands: Any) -> None:
+    """Add the store commands to the ``anarchon`` parser."""
+    common = argparse.ArgumentParser(add_help=False, parents=[store_options()])
     common.add_argument("--json", action="store_true", help="print JSON instead of tables")
     inspect = commands.add_parser(
         "inspect", parents=[common], help="show the jobs, runs in progress, instances and timers",
@@ -67,7 +80,7 @@ def add_store_commands(commands: Any) -> None:
 
 
 def run_store_command(args: argparse.Namespace) -> int:
-    backend = RedisBackend(redis=args.redis or "redis://localhost:6379", prefix=args.prefix)
+    backend = store_backend(args)
     out = Console(highlight=False, soft_wrap=False, width=_width())
     handlers: dict[str, Callable[[Inspector], Awaitable[int]]] = {
         "inspect": lambda i: _inspect(i, args, out),

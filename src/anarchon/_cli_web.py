@@ -1,0 +1,117 @@
+"""``anarchon web``: the dashboard (``anarchon.web``) served by uvicorn."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import ipaddress
+import logging
+import os
+import secrets
+import signal
+import socket
+import sys
+from typing import Any
+
+from ._cli_store import store_backend, store_options
+from ._errors import InvalidOptionError
+
+__all__ = ["add_web_command", "run_web"]
+
+log = logging.getLogger("anarchon")
+
+
+def add_web_command(commands: Any, port: Any) -> None:
+    """Add ``anarchon web`` to the ``anarchon`` parser (``port`` parses a port)."""
+    web = commands.add_parser(
+        "web", parents=[store_options()],
+        help="serve a dashboard of the store (needs anarchon[web])",
+        description="Serves a small dashboard of the store: the jobs (schedule, next fire, "
+        "paused, their last attempts), the runs in progress, the instances alive, the timers, "
+        "the recent failures and fire lateness over time. It refreshes itself. Bound to "
+        "127.0.0.1 unless --host says otherwise. Pause, resume and run-now are offered only "
+        "with --allow-actions, to whoever gives the token (--token or $ANARCHON_WEB_TOKEN; "
+        "one is made up and printed when neither is given).",
+    )  # fmt: skip
+    web.add_argument("--host", default="127.0.0.1", help="default: 127.0.0.1")
+    web.add_argument("--port", type=port, default=8765, help="default: 8765")
+    web.add_argument(
+        "--allow-actions", action="store_true",
+        help="offer pause, resume and run-now, to whoever gives the token",
+    )  # fmt: skip
+    web.add_argument(
+        "--token", default=os.environ.get("ANARCHON_WEB_TOKEN"),
+        help="the actions' token (default: $ANARCHON_WEB_TOKEN, else one made up and printed)",
+    )  # fmt: skip
+    web.add_argument(
+        "--refresh", type=float, default=5.0, metavar="SECONDS",
+        help="the pages refresh themselves this often (default: 5; 0: never)",
+    )  # fmt: skip
+
+
+def run_web(args: argparse.Namespace) -> int:
+    from ._cli import UsageError
+
+    try:
+        import uvicorn
+
+        from .web import dashboard
+    except ModuleNotFoundError:
+        raise UsageError("the dashboard needs Starlette and uvicorn: pip install "
+                            "'anarchon[web]'") from None  # fmt: skip
+    token = args.token
+    if args.allow_actions and not token:
+        token = secrets.token_urlsafe(18)
+        print(f"anarchon web: the actions' token is {token}", file=sys.stderr, flush=True)
+    try:
+        app = dashboard(
+            store_backend(args), allow_actions=args.allow_actions, token=token,
+            refresh_sec=args.refresh,
+        )  # fmt: skip
+    except InvalidOptionError as exc:
+        raise UsageError(str(exc)) from None
+    listening = _bound(args.host, args.port)
+    host, port = listening.getsockname()[:2]
+    shown = f"[{host}]" if ":" in host else host
+    print(f"anarchon web: http://{shown}:{port}/ (prefix {args.prefix!r})", flush=True)
+    if not _loopback(args.host):
+        print(
+            f"anarchon web: listening on {args.host}, not only on this machine: anyone who can "
+            "reach it sees the store's jobs and errors",
+            file=sys.stderr, flush=True,
+        )  # fmt: skip
+    config = uvicorn.Config(app, log_level="warning", lifespan="on")
+    server = uvicorn.Server(config)
+    # uvicorn stops on SIGINT and SIGTERM, then raises the signal again once it has
+    # stopped: SIGINT ends as Ctrl-C does (130); SIGTERM, the way services are stopped,
+    # ends with 0.
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: None)
+    try:
+        asyncio.run(server.serve(sockets=[listening]))
+    finally:
+        listening.close()
+        signal.signal(signal.SIGTERM, previous)
+    return 0
+
+
+def _bound(host: str, port: int) -> socket.socket:
+    """A socket listening on ``host:port`` (so that a taken port fails here, in one line)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    listening = socket.socket(family, socket.SOCK_STREAM)
+    listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        listening.bind((host, port))
+        listening.listen(128)
+    except OSError as exc:
+        listening.close()
+        raise InvalidOptionError(
+            f"cannot serve the dashboard on {host}:{port} ({exc}): choose a free port"
+        ) from exc
+    return listening
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"

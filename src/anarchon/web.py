@@ -1,0 +1,539 @@
+"""A small dashboard of a store (extra ``anarchon[web]``: Starlette; ``anarchon web``
+serves it with uvicorn).
+
+Server-rendered pages over the ``Inspector``: the jobs with their schedule, next fire,
+pause flag and last results as a strip of coloured cells; the runs in progress with
+their time left; the instances alive; the timers per kind; the recent failures; fire
+lateness over time as a small chart. Each job has a page of its own with its history.
+The pages refresh themselves. Nothing is loaded from elsewhere: the styles, the script
+and the charts (SVG) are in the page.
+
+Pause, resume and run-now are POSTs, refused (403) unless actions are allowed, and then
+refused (401) without the token, given as the form's ``token`` field or as
+``Authorization: Bearer <token>``. Mount it in an ASGI application of your own::
+
+    from anarchon.web import dashboard
+    app = dashboard(RedisBackend(redis="redis://localhost:6379"))
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import logging
+import secrets
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import parse_qs, quote
+
+import anyio
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, RedirectResponse, Response
+from starlette.routing import Route
+
+from ._backend import RedisBackend
+from ._errors import AnarchonError, ConnectionFailedError, InvalidOptionError
+from ._inspector import Inspector
+from ._structures import InstanceInfo, JobInfo, LeaseInfo, RunResult, TimerKindInfo
+from .clients import ServerReplyError
+
+__all__ = ["dashboard"]
+
+log = logging.getLogger("anarchon")
+
+#: Attempts shown in a job's strip of cells, and read for the lateness chart.
+STRIP = 30
+#: Attempts a job's page lists.
+HISTORY = 100
+_ACTIONS = {"pause": "paused", "resume": "resumed", "run-now": "asked to run now"}
+
+
+def dashboard(
+    backend: RedisBackend[Any],
+    *,
+    allow_actions: bool = False,
+    token: str | None = None,
+    refresh_sec: float = 5.0,
+) -> Starlette:
+    """The dashboard of ``backend``'s store as an ASGI application. With
+    ``allow_actions``, pause, resume and run-now are offered to whoever gives
+    ``token`` (required then); the pages refresh every ``refresh_sec`` (0: never)."""
+    if not isinstance(backend, RedisBackend):
+        raise InvalidOptionError(
+            f"the dashboard reads a RedisBackend or ValkeyBackend, got {type(backend).__name__}"
+        )
+    if allow_actions and not token:
+        raise InvalidOptionError("allow_actions needs a token: give token='...'")
+    if isinstance(refresh_sec, bool) or not isinstance(refresh_sec, int | float):
+        raise InvalidOptionError(f"refresh_sec must be a number of seconds, got {refresh_sec!r}")
+    if refresh_sec < 0:
+        raise InvalidOptionError(f"refresh_sec must be 0 (never) or more, got {refresh_sec!r}")
+    site = _Site(backend, token if allow_actions else None, refresh_sec)
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            await site.close()
+
+    return Starlette(
+        routes=[
+            Route("/", site.overview),
+            Route("/jobs/{job}", site.job_page),
+            Route("/jobs/{job}/{action}", site.act, methods=["POST"]),
+        ],
+        lifespan=lifespan,
+    )
+
+
+class _Site:
+    """The pages, over one Inspector opened at the first request (and again after the
+    server stopped answering)."""
+
+    def __init__(self, backend: RedisBackend[Any], token: str | None, refresh_sec: float):
+        self.backend = backend
+        self.token = token
+        self.refresh_sec = refresh_sec
+        self._inspector: Inspector | None = None
+        self._opening = anyio.Lock()
+
+    async def close(self) -> None:
+        inspector, self._inspector = self._inspector, None
+        if inspector is not None:
+            await inspector.__aexit__(None, None, None)
+
+    async def _read(
+        self, reading: Callable[[Inspector], Awaitable[str]], refused: int = 404
+    ) -> tuple[str, int]:
+        """A page's body and status: what ``reading`` rendered (200), or what went wrong:
+        the server (503), or the request (``refused``: an unknown job, a refused run)."""
+        try:
+            async with self._opening:
+                if self._inspector is None:
+                    inspector = Inspector(self.backend)
+                    await inspector.__aenter__()
+                    self._inspector = inspector
+            return await reading(self._inspector), 200
+        except (ConnectionFailedError, ServerReplyError) as exc:
+            await self.close()  # opened again at the next request
+            return _message("error", f"the server did not answer as expected: {exc}"), 503
+        except AnarchonError as exc:
+            return _message("error", str(exc)), refused
+
+    # ------------------------------------------------------------------ pages
+
+    async def overview(self, request: Request) -> Response:
+        async def read(inspector: Inspector) -> str:
+            jobs = await inspector.jobs()
+            leases = await inspector.leases()
+            instances = await inspector.instances()
+            timers = await inspector.timers()
+            failures = await inspector.failures(10)
+            recent = {job.name: await inspector.history(job.name, STRIP) for job in jobs}
+            return "".join(
+                [
+                    _done(request),
+                    _section("Jobs", _jobs_table(jobs, recent, self.token is not None)),
+                    _section("Runs in progress", _leases_table(leases)),
+                    _section("Instances alive", _instances_table(instances)),
+                    _section("Timers", _timers_table(timers)),
+                    _section("Recent failures", _results_table(failures, with_job=True)),
+                    _section(
+                        "Fire lateness (slot to start)",
+                        _lateness_chart(r for results in recent.values() for r in results),
+                    ),
+                ]
+            )
+
+        body, status = await self._read(read)
+        return self._page("anarchon", body, status)
+
+    async def job_page(self, request: Request) -> Response:
+        name = request.path_params["job"]
+
+        async def read(inspector: Inspector) -> str:
+            history = await inspector.history(name, HISTORY)
+            (job,) = [job for job in await inspector.jobs() if job.name == name]
+            leases = await inspector.leases(name)
+            return "".join(
+                [
+                    _done(request),
+                    _section(f"Job {name}", _job_details(job, history[:STRIP])),
+                    _actions(job, self.token is not None),
+                    _section("Runs in progress", _leases_table(leases)),
+                    _section("Fire lateness (slot to start)", _lateness_chart(history)),
+                    _section("History", _results_table(history, with_job=False)),
+                ]
+            )
+
+        body, status = await self._read(read)
+        return self._page(f"anarchon · {name}", body, status)
+
+    async def act(self, request: Request) -> Response:
+        name, action = request.path_params["job"], request.path_params["action"]
+        if action not in _ACTIONS:
+            return self._page("anarchon", _message("error", f"no action {action!r}"), 404)
+        if self.token is None:
+            text = (
+                "Actions are off: start anarchon web with --allow-actions (and a token) to "
+                "pause, resume and run jobs from here."
+            )
+            return self._page("anarchon", _message("error", text), 403)
+        form = parse_qs((await request.body()).decode("utf-8", "replace"))
+        given = form.get("token", [""])[0]
+        header = request.headers.get("authorization", "")
+        if header.lower().startswith("bearer "):
+            given = header[7:].strip()
+        if not given or not secrets.compare_digest(given.encode(), self.token.encode()):
+            text = (
+                "This action needs the dashboard's token: type it in the token field at the "
+                "top of the page (anarchon web printed it at its start)."
+                if not given
+                else "The token is not the dashboard's: nothing was done."
+            )
+            return self._page("anarchon", _message("error", text), 401)
+
+        async def operate(inspector: Inspector) -> str:
+            if action == "pause":
+                await inspector.pause(name)
+            elif action == "resume":
+                await inspector.resume(name)
+            else:
+                await inspector.run_now(name)
+            log.info("anarchon web: job %s %s", name, _ACTIONS[action])
+            return ""
+
+        body, status = await self._read(operate, refused=409)
+        if status != 200:
+            return self._page("anarchon", body, status)
+        back = form.get("next", ["/"])[0]
+        if not back.startswith("/") or back.startswith("//"):
+            back = "/"
+        return RedirectResponse(f"{back}?done={quote(f'{name} {_ACTIONS[action]}')}", 303)
+
+    def _page(self, title: str, body: str, status: int) -> HTMLResponse:
+        token = (
+            '<label class="token">token <input id="token" type="password" '
+            'autocomplete="off" placeholder="needed for actions"></label>'
+            if self.token is not None
+            else ""
+        )
+        where = html.escape(f"{self.backend.where()} · prefix {self.backend.prefix}")
+        return HTMLResponse(
+            f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<style>{_STYLE}</style></head>
+<body data-refresh-ms="{int(self.refresh_sec * 1000)}">
+<header><a class="home" href="/">anarchon</a><span class="where">{where}</span>
+<span id="updated">read {_clock(datetime.now(UTC))}</span>{token}</header>
+<main id="main">{body}</main>
+<script>{_SCRIPT}</script>
+</body></html>""",
+            status,
+        )
+
+
+# ------------------------------------------------------------------------ parts
+
+
+def _section(title: str, content: str) -> str:
+    return f"<section><h2>{html.escape(title)}</h2>{content}</section>"
+
+
+def _message(kind: str, text: str) -> str:
+    return f'<p class="message {kind}" role="alert">{html.escape(text)}</p>'
+
+
+def _done(request: Request) -> str:
+    done = request.query_params.get("done")
+    return _message("done", f"Done: {done}.") if done else ""
+
+
+def _table(head: Iterable[str], rows: list[list[str]], empty: str) -> str:
+    if not rows:
+        return f'<p class="empty">{html.escape(empty)}</p>'
+    cells = "".join(f"<th>{html.escape(h)}</th>" for h in head)
+    body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in rows)
+    return f"<table><thead><tr>{cells}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _jobs_table(jobs: list[JobInfo], recent: dict[str, list[RunResult]], actions: bool) -> str:
+    rows = []
+    for job in jobs:
+        link = f'<a href="/jobs/{quote(job.name)}">{html.escape(job.name)}</a>'
+        paused = '<span class="badge paused">paused</span>' if job.paused else ""
+        row = [
+            link,
+            _schedule(job),
+            html.escape(job.timezone),
+            _when(job.next_fire),
+            paused,
+            _strip(recent.get(job.name, [])),
+        ]
+        if actions:
+            row.append(_buttons(job, "/"))
+        rows.append(row)
+    head = ["job", "schedule", "zone", "next fire", "", "last attempts (newest right)"]
+    return _table([*head, "actions"] if actions else head, rows, "No job registered yet.")
+
+
+def _strip(results: list[RunResult]) -> str:
+    cells = []
+    for r in reversed(results[:STRIP]):
+        title = f"{_clock(r.slot)} attempt {r.attempt} {r.status} on {r.runner}"
+        if r.error:
+            title += f": {r.error}"
+        cells.append(f'<span class="cell {r.status}" title="{html.escape(title)}"></span>')
+    return f'<span class="strip">{"".join(cells)}</span>' if cells else "-"
+
+
+def _buttons(job: JobInfo, back: str) -> str:
+    forms = []
+    for action in ("resume" if job.paused else "pause", "run-now"):
+        forms.append(
+            f'<form class="action" method="post" action="/jobs/{quote(job.name)}/{action}">'
+            f'<input type="hidden" name="token"><input type="hidden" name="next" '
+            f'value="{html.escape(back)}"><button type="submit" '
+            f'data-job="{html.escape(job.name)}" data-action="{action}">{action}</button></form>'
+        )
+    return f'<span class="actions">{"".join(forms)}</span>'
+
+
+def _actions(job: JobInfo, actions: bool) -> str:
+    return f'<div class="bar">{_buttons(job, f"/jobs/{quote(job.name)}")}</div>' if actions else ""
+
+
+def _job_details(job: JobInfo, recent: list[RunResult]) -> str:
+    options = ", ".join(f"{k}={json.dumps(v)}" for k, v in sorted(job.options.items()))
+    rows = [
+        ("schedule", _schedule(job)),
+        ("zone", html.escape(job.timezone)),
+        ("strategy", html.escape(job.strategy)),
+        ("next fire", _when(job.next_fire)),
+        (
+            "paused",
+            f"yes, by {html.escape(job.paused_by or '?')}" if job.paused else "no",
+        ),
+        ("first seen", _when(job.first_seen)),
+        ("options", html.escape(options) or "-"),
+        ("last attempts", _strip(recent)),
+    ]
+    body = "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in rows)
+    return f'<table class="details">{body}</table>'
+
+
+def _leases_table(leases: list[LeaseInfo]) -> str:
+    rows = [
+        [
+            f'<a href="/jobs/{quote(lease.job)}">{html.escape(lease.job)}</a>',
+            _clock(lease.slot) + (" manual" if lease.slot_id.startswith("m") else ""),
+            html.escape(lease.status),
+            str(lease.attempt),
+            html.escape(lease.runner),
+            f"{lease.left_ms / 1000:.1f} s",
+            str(lease.fence),
+            html.escape(lease.trigger),
+        ]
+        for lease in leases
+    ]
+    head = ["job", "slot", "status", "attempt", "runner", "time left", "fence", "trigger"]
+    return _table(head, rows, "No run in progress.")
+
+
+def _instances_table(instances: list[InstanceInfo]) -> str:
+    rows = [
+        [
+            html.escape(i.id),
+            html.escape(f"{i.host} pid {i.pid}"),
+            html.escape(i.version),
+            _when(i.started),
+            html.escape(", ".join(i.jobs) or "-"),
+            html.escape(", ".join(i.timer_kinds) or "-"),
+            str(i.running),
+        ]
+        for i in instances
+    ]
+    head = [
+        "instance",
+        "where",
+        "version",
+        "started",
+        "jobs",
+        "timer kinds",
+        "running (last renewal)",
+    ]
+    return _table(head, rows, "No instance alive.")
+
+
+def _timers_table(timers: list[TimerKindInfo]) -> str:
+    rows = [
+        [
+            html.escape(t.kind),
+            str(t.pending),
+            _when(t.next_due),
+            html.escape(t.next_key or "-"),
+            str(t.buckets),
+        ]
+        for t in timers
+    ]
+    return _table(["kind", "pending", "next due", "next key", "buckets"], rows, "No timer kind.")
+
+
+def _results_table(results: list[RunResult], *, with_job: bool) -> str:
+    rows = []
+    for r in results:
+        took = (r.finished_at - r.started_at).total_seconds()
+        row = [
+            _clock(r.slot),
+            str(r.attempt),
+            html.escape(r.trigger),
+            html.escape(r.runner),
+            f'<span class="badge {r.status}">{html.escape(r.status)}</span>',
+            _clock(r.started_at),
+            "-" if r.status == "skipped" else f"{took:.3f} s",
+            f'<span class="error">{html.escape(r.error or "")}</span>',
+        ]
+        if with_job:
+            row.insert(0, f'<a href="/jobs/{quote(r.job)}">{html.escape(r.job)}</a>')
+        rows.append(row)
+    head = ["slot", "attempt", "trigger", "runner", "status", "started", "took", "error"]
+    return _table(["job", *head] if with_job else head, rows, "None recorded.")
+
+
+_PALETTE = ("#2f6fdf", "#d9822b", "#3a9d5d", "#b8407a", "#7a5bc7", "#c0392b", "#16a2a2")
+
+
+def _lateness_chart(results: Iterable[RunResult]) -> str:
+    """Each recorded first attempt of a scheduled slot: when it started, and how long
+    after its slot's instant (an SVG scatter, one colour per job)."""
+    points = [
+        (r.job, r.started_at.timestamp(), max((r.started_at - r.slot).total_seconds(), 0.0))
+        for r in results
+        if r.attempt == 1 and r.trigger in ("schedule", "catch-up") and r.status != "skipped"
+    ]
+    if not points:
+        return '<p class="empty">No scheduled attempt recorded yet.</p>'
+    width, height, left, bottom = 640, 180, 56, 24
+    first, last = min(p[1] for p in points), max(p[1] for p in points)
+    span = max(last - first, 1.0)
+    top = max(max(p[2] for p in points), 0.01)
+    jobs = sorted({p[0] for p in points})
+    colour = {job: _PALETTE[i % len(_PALETTE)] for i, job in enumerate(jobs)}
+    dots = []
+    for job, at, late in points:
+        x = left + (at - first) / span * (width - left - 8)
+        y = height - bottom - late / top * (height - bottom - 8)
+        label = html.escape(f"{job}: {late * 1000:.0f} ms late at {_clock_epoch(at)}")
+        dots.append(
+            f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3" fill="{colour[job]}">'
+            f"<title>{label}</title></circle>"
+        )
+    axis = (
+        f'<line x1="{left}" y1="{height - bottom}" x2="{width - 8}" y2="{height - bottom}" '
+        f'stroke="#999"/><line x1="{left}" y1="8" x2="{left}" y2="{height - bottom}" '
+        f'stroke="#999"/>'
+        f'<text x="{left - 4}" y="14" text-anchor="end">{_seconds(top)}</text>'
+        f'<text x="{left - 4}" y="{height - bottom}" text-anchor="end">0</text>'
+        f'<text x="{left}" y="{height - 6}">{_clock_epoch(first)}</text>'
+        f'<text x="{width - 8}" y="{height - 6}" text-anchor="end">{_clock_epoch(last)}</text>'
+    )
+    legend = " ".join(
+        f'<span class="key"><span class="dot" style="background:{colour[job]}"></span>'
+        f"{html.escape(job)}</span>"
+        for job in jobs
+    )
+    return (
+        f'<svg class="chart" viewBox="0 0 {width} {height}" width="{width}" height="{height}" '
+        f'role="img" aria-label="fire lateness">{axis}{"".join(dots)}</svg>'
+        f'<p class="legend">{legend}</p>'
+    )
+
+
+def _schedule(job: JobInfo) -> str:
+    if job.cron is not None:
+        return f"<code>{html.escape(job.cron)}</code>"
+    if job.every_ms is not None:
+        return f"every {_seconds(job.every_ms / 1000)}"
+    return html.escape(job.schedule)
+
+
+def _seconds(value: float) -> str:
+    return f"{value * 1000:.0f} ms" if value < 1 else f"{value:.1f} s"
+
+
+def _clock(moment: datetime) -> str:
+    return f"{moment.astimezone(UTC):%Y-%m-%d %H:%M:%S}Z"
+
+
+def _clock_epoch(seconds: float) -> str:
+    return f"{datetime.fromtimestamp(seconds, UTC):%H:%M:%S}Z"
+
+
+def _when(moment: datetime | None) -> str:
+    if moment is None:
+        return "-"
+    seconds = moment.timestamp() - time.time()
+    ago = f"in {seconds:.0f} s" if seconds >= 0 else f"{-seconds:.0f} s ago"
+    if abs(seconds) >= 3600:
+        ago = f"in {seconds / 3600:.1f} h" if seconds >= 0 else f"{-seconds / 3600:.1f} h ago"
+    return f'{_clock(moment)} <span class="ago">({ago})</span>'
+
+
+_STYLE = """
+body{font:14px/1.4 system-ui,sans-serif;margin:0;color:#1d2330;background:#f6f7f9}
+header{display:flex;gap:1em;align-items:center;padding:.6em 1em;background:#1d2330;color:#eee}
+header a.home{color:#fff;font-weight:bold;text-decoration:none;font-size:1.1em}
+header .where{color:#aab}#updated{margin-left:auto;color:#aab}
+header input{width:12em}
+main{padding:0 1em 2em}section{margin-top:1.2em}h2{font-size:1.05em;margin:.4em 0}
+table{border-collapse:collapse;background:#fff;box-shadow:0 1px 2px #0002}
+th,td{padding:.3em .6em;border-bottom:1px solid #e3e5ea;text-align:left;vertical-align:top}
+thead th{background:#eceef2;font-weight:600}table.details th{background:#eceef2}
+a{color:#2f5fbf}.ago{color:#778}.empty{color:#778}.error{color:#a12}
+.strip{display:inline-flex;gap:2px}.cell{width:9px;height:16px;border-radius:2px;background:#ccc}
+.ok{background:#3a9d5d}.failed{background:#d0353f}.interrupted{background:#e08a1e}
+.cancelled{background:#8a8f99}.skipped{background:#c5cad3}.running{background:#2f6fdf}
+.badge{color:#fff;padding:0 .4em;border-radius:3px}.badge.skipped{color:#333}
+.badge.paused{background:#e08a1e}
+.actions{display:inline-flex;gap:.3em}.actions form{margin:0}.bar{margin-top:.8em}
+.message{padding:.5em .8em;border-radius:4px;margin-top:1em}
+.message.done{background:#dff3e4}.message.error{background:#fbe3e4}
+svg.chart{background:#fff;box-shadow:0 1px 2px #0002}svg.chart text{font-size:11px;fill:#556}
+.legend .key{margin-right:1em}.dot{display:inline-block;width:9px;height:9px;border-radius:50%;
+margin-right:.3em}
+"""
+
+# Refreshes the page's main part in place (the token field keeps what was typed), and
+# puts the token into an action's form as it is sent.
+_SCRIPT = """
+(() => {
+  const token = document.getElementById('token');
+  if (token) {
+    token.value = sessionStorage.getItem('anarchon-token') || '';
+    token.addEventListener('input', () => sessionStorage.setItem('anarchon-token', token.value));
+  }
+  document.addEventListener('submit', (event) => {
+    const field = event.target.querySelector('input[name=token]');
+    if (field && token) field.value = token.value;
+  });
+  const every = Number(document.body.dataset.refreshMs);
+  const updated = document.getElementById('updated');
+  async function refresh() {
+    try {
+      const reply = await fetch(location.pathname, {cache: 'no-store'});
+      const page = new DOMParser().parseFromString(await reply.text(), 'text/html');
+      document.getElementById('main').replaceWith(page.getElementById('main'));
+      updated.textContent = page.getElementById('updated').textContent;
+    } catch (error) {
+      updated.textContent = 'the dashboard does not answer (' + error + ')';
+    }
+  }
+  if (every > 0) setInterval(refresh, every);
+})();
+"""

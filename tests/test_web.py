@@ -1,0 +1,378 @@
+"""``anarchon web`` as a user runs it (a subprocess, against a fleet of ``anarchon run``
+processes on a real server), looked at in a real headless browser: Debian's chromium,
+driven by selenium through Debian's chromedriver (nothing is downloaded).
+
+With ``ANARCHON_SCREENSHOTS=DIR`` the browser test saves its screenshots of the pages
+there (``docs/img`` holds the ones the docs show); otherwise in the test's directory."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from anarchon import Inspector, JobInfo, LeaseInfo, RedisBackend, Scheduler, TimerRun
+from anarchon._embedded import free_port
+from tests.restartable_server import RestartableServer
+from tests.servers import ServerSpec
+from tests.test_run_command import ROOT, RunCommand, app_env, command_env, commands, wait_for
+
+__all__ = ["commands"]  # a fixture
+
+pytestmark = pytest.mark.slow
+
+TOKEN = "open-sesame-42"
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMEDRIVER = Path("/usr/bin/chromedriver")
+
+
+class WebCommand:
+    """One ``anarchon web`` process on a free port of 127.0.0.1, its output in a file."""
+
+    def __init__(self, tmp_path: Path, url: str, prefix: str, *args: str) -> None:
+        self.port = free_port()
+        self.output = tmp_path / f"web-{self.port}.log"
+        command = [
+            sys.executable, "-m", "anarchon", "web", "--redis", url, "--prefix", prefix,
+            "--port", str(self.port), *args,
+        ]  # fmt: skip
+        env = command_env({})
+        env.pop("ANARCHON_WEB_TOKEN", None)
+        with open(self.output, "w") as out:
+            self.process = subprocess.Popen(
+                command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, text=True
+            )
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.port}{path}"
+
+    def wait_serving(self) -> None:
+        def serving() -> bool:
+            assert self.process.poll() is None, self.log()
+            try:
+                self.get("/")
+            except OSError:
+                return False
+            return True
+
+        wait_for(serving, 30, "the dashboard to answer")
+
+    def get(self, path: str) -> tuple[int, str]:
+        return self.request(path, None)
+
+    def post(self, path: str, form: str = "", headers: dict[str, str] | None = None) -> int:
+        return self.request(path, form.encode(), headers)[0]
+
+    def request(
+        self, path: str, data: bytes | None, headers: dict[str, str] | None = None
+    ) -> tuple[int, str]:
+        request = urllib.request.Request(self.url(path), data=data, headers=headers or {})
+        try:
+            with urllib.request.urlopen(request, timeout=15) as reply:
+                return reply.status, reply.read().decode()
+        except urllib.error.HTTPError as refused:
+            return refused.code, refused.read().decode()
+
+    def log(self) -> str:
+        return self.output.read_text()
+
+    def end(self, signum: int = signal.SIGTERM) -> int:
+        """Its exit code after ``signum``: 0 after SIGTERM, 130 after SIGINT (Ctrl-C)."""
+        if self.process.poll() is None:
+            self.process.send_signal(signum)
+            try:
+                self.process.wait(15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+                raise AssertionError(
+                    f"anarchon web still ran 15 s after signal {signum}:\n{self.log()}"
+                ) from None
+        return self.process.returncode
+
+
+@pytest.fixture
+def webs() -> Iterator[list[WebCommand]]:
+    started: list[WebCommand] = []
+    yield started
+    for web in started:
+        if web.process.poll() is None:
+            web.process.kill()
+            web.process.wait()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    """A headless Debian chromium (selenium, chromedriver), or a skip where it is not
+    installed; under CI its absence is a failure (``.ci/run`` installs it)."""
+    if not (CHROMIUM.exists() and CHROMEDRIVER.exists()):
+        message = (
+            "Debian's chromium and chromium-driver are needed: apt-get install chromium "
+            "chromium-driver"
+        )
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    os.environ["SE_OFFLINE"] = "true"  # selenium never looks for a browser elsewhere
+    from selenium import webdriver
+    from selenium.webdriver.chrome.options import Options
+    from selenium.webdriver.chrome.service import Service
+
+    options = Options()
+    options.binary_location = str(CHROMIUM)
+    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage",
+                     "--window-size=1400,1500", "--disable-gpu"):  # fmt: skip
+        options.add_argument(argument)
+    driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
+    driver.set_page_load_timeout(30)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def read_store(url: str, prefix: str) -> tuple[dict[str, JobInfo], list[LeaseInfo]]:
+    async def read() -> tuple[dict[str, JobInfo], list[LeaseInfo]]:
+        async with Inspector(RedisBackend(redis=url, prefix=prefix)) as inspector:
+            jobs = {job.name: job for job in await inspector.jobs()}
+            return jobs, await inspector.leases()
+
+    return anyio.run(read)
+
+
+def set_timers(url: str, prefix: str, keys: list[str]) -> None:
+    async def set_them() -> None:
+        scheduler = Scheduler(RedisBackend(redis=url, prefix=prefix), instance_id="setter")
+
+        @scheduler.timer("remind")
+        async def remind(fire: TimerRun) -> None:
+            pass
+
+        async with scheduler:
+            for key in keys:
+                await scheduler.set_timer("remind", key, delay_ms=3_600_000)
+
+    anyio.run(set_them)
+
+
+def fleet_has_shown_itself(url: str, prefix: str) -> bool:
+    """A slow run in progress, a failure of flaky and an ok of report, recorded."""
+    jobs, leases = read_store(url, prefix)
+    last = {name: job.last.status if job.last else None for name, job in jobs.items()}
+    running = any(lease.job == "slow" and lease.status == "running" for lease in leases)
+    return running and last.get("flaky") == "failed" and last.get("report") == "ok"
+
+
+def texts(browser: Any, xpath: str) -> list[str]:
+    from selenium.webdriver.common.by import By
+
+    return [element.text for element in browser.find_elements(By.XPATH, xpath)]
+
+
+def section(title: str) -> str:
+    return f"//section[h2={title!r}]"
+
+
+def screenshot(browser: Any, tmp_path: Path, name: str) -> None:
+    where = Path(os.environ.get("ANARCHON_SCREENSHOTS") or tmp_path)
+    where.mkdir(parents=True, exist_ok=True)
+    path = where / name
+    assert browser.save_screenshot(str(path)), path
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
+
+
+def test_the_dashboard_shows_a_running_fleet_and_pauses_a_job_only_with_its_token(
+    server_url: str,
+    prefix: str,
+    tmp_path: Path,
+    commands: list[RunCommand],
+    webs: list[WebCommand],
+    browser: Any,
+) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    for name in ("east", "west"):
+        commands.append(
+            RunCommand(tmp_path, name, app_env(server_url, prefix), target="tests.web_app:make")
+        )
+    for command in commands:
+        command.wait_live()
+    set_timers(server_url, prefix, ["user:1", "user:2", "user:3"])
+    wait_for(lambda: fleet_has_shown_itself(server_url, prefix), 30, "the fleet's first runs")
+    web = WebCommand(
+        tmp_path, server_url, prefix, "--allow-actions", "--token", TOKEN, "--refresh", "1"
+    )
+    webs.append(web)
+    web.wait_serving()
+    wait = WebDriverWait(browser, 30)
+
+    # The overview: the jobs, the run in progress, the instances, the timers, the
+    # failures and the lateness chart, as the store has them.
+    _, before = read_store(server_url, prefix)
+    browser.get(web.url("/"))
+    _, after = read_store(server_url, prefix)
+    assert sorted(texts(browser, section("Jobs") + "//tbody/tr/td[1]")) == [
+        "flaky", "report", "slow",
+    ]  # fmt: skip
+    report_cells = browser.find_elements(
+        By.XPATH, section("Jobs") + "//tr[td[1]='report']//span[contains(@class, 'cell')]"
+    )
+    assert report_cells and "ok" in report_cells[-1].get_attribute("class")
+    shown = [
+        row.split(" ")
+        for row in texts(browser, section("Runs in progress") + "//tbody/tr")
+        if row.startswith("slow ")
+    ]
+    stored = {(lease.runner, str(lease.fence)) for lease in before + after if lease.job == "slow"}
+    # job, slot (date and time), status, attempt, runner, time left (n s), fence, trigger
+    assert shown and all((row[5], row[8]) in stored for row in shown), (shown, stored)
+    assert sorted(texts(browser, section("Instances alive") + "//tbody/tr/td[1]")) == [
+        "east", "west",
+    ]  # fmt: skip
+    assert texts(browser, section("Timers") + "//tbody/tr/td[position() <= 2]") == [
+        "remind", "3",
+    ]  # fmt: skip
+    failures = texts(browser, section("Recent failures") + "//tbody/tr")
+    assert failures and all(
+        row.startswith("flaky") and "the payment provider said no" in row for row in failures
+    ), failures
+    dots = browser.find_elements(
+        By.XPATH, section("Fire lateness (slot to start)") + "//*[local-name()='circle']"
+    )
+    assert dots, "no point in the lateness chart"
+    screenshot(browser, tmp_path, "web-overview.png")
+
+    # It refreshes itself in place: the page is not loaded again.
+    browser.execute_script("window.stayed = 42")
+    read_at = browser.find_element(By.ID, "updated").text
+    wait.until(lambda b: b.find_element(By.ID, "updated").text != read_at)
+    assert browser.execute_script("return window.stayed") == 42
+    assert texts(browser, section("Jobs") + "//tbody/tr/td[1]")
+
+    # A job's page: its definition and its history.
+    browser.find_element(By.LINK_TEXT, "slow").click()
+    wait.until(lambda b: texts(b, "//h2") and texts(b, "//h2")[0] == "Job slow")
+    assert "*/2 * * * * *" in browser.find_element(By.CSS_SELECTOR, "table.details").text
+    statuses = texts(browser, section("History") + "//tbody/tr/td[5]")
+    assert "skipped" in statuses and set(statuses) <= {"ok", "skipped", "cancelled"}
+    screenshot(browser, tmp_path, "web-job.png")
+
+    # Pause without the token, then with a wrong one: refused, nothing paused.
+    def pause_report(token: str) -> str:
+        browser.get(web.url("/"))
+        field = browser.find_element(By.ID, "token")
+        field.clear()
+        field.send_keys(token)
+        pause = "button[data-job='report'][data-action='pause']"
+        browser.find_element(By.CSS_SELECTOR, pause).click()
+        message = wait.until(lambda b: b.find_elements(By.CSS_SELECTOR, "p.message"))
+        return str(message[0].text)
+
+    assert "needs the dashboard's token" in pause_report("")
+    assert "not the dashboard's" in pause_report("guess")
+    jobs, _ = read_store(server_url, prefix)
+    assert not jobs["report"].paused
+    # With the token: paused for the fleet, and the page says so.
+    assert pause_report(TOKEN) == "Done: report paused."
+    jobs, _ = read_store(server_url, prefix)
+    assert jobs["report"].paused and jobs["report"].paused_by
+    assert "paused" in texts(browser, section("Jobs") + "//tr[td[1]='report']")[0]
+    assert browser.find_elements(By.CSS_SELECTOR, "button[data-job='report'][data-action='resume']")
+    assert web.end() == 0, web.log()
+
+
+def test_actions_are_refused_unless_allowed_and_then_without_the_token(
+    server_url: str, prefix: str, tmp_path: Path, webs: list[WebCommand]
+) -> None:
+    """Over plain HTTP: with actions off every POST is 403; with them on, 401 without
+    the token or with another, also as a bearer token; a token made up at the start is
+    printed once; nothing is paused by a refused POST."""
+    read_only = WebCommand(tmp_path, server_url, prefix)
+    allowed = WebCommand(tmp_path, server_url, prefix, "--allow-actions", "--token", TOKEN)
+    made_up = WebCommand(tmp_path, server_url, prefix, "--allow-actions")
+    webs.extend([read_only, allowed, made_up])
+    for web in webs:
+        web.wait_serving()
+    status, page = read_only.get("/")
+    assert status == 200 and "No job registered yet." in page and 'id="token"' not in page
+    assert read_only.post("/jobs/report/pause", f"token={TOKEN}") == 403
+    assert allowed.post("/jobs/report/pause") == 401
+    assert allowed.post("/jobs/report/pause", "token=guess") == 401
+    assert allowed.post("/jobs/report/pause", headers={"Authorization": "Bearer guess"}) == 401
+    # The token is right; the job is unknown: refused, in one message.
+    status, page = allowed.request("/jobs/report/pause", b"", {"Authorization": f"Bearer {TOKEN}"})
+    assert status == 409 and "report" in page, page
+    lines = [line for line in made_up.log().splitlines() if "the actions' token is" in line]
+    assert len(lines) == 1, made_up.log()
+    token = lines[0].rsplit(" ", 1)[1]
+    assert made_up.post("/jobs/report/pause", f"token={TOKEN}") == 401
+    assert made_up.post("/jobs/report/pause", f"token={token}") == 409
+    assert read_only.end(signal.SIGINT) == 130, read_only.log()
+    for web in (allowed, made_up):
+        assert web.end() == 0, web.log()
+
+
+def test_a_server_that_stops_answering_is_a_503_page_until_it_answers_again(
+    server: ServerSpec, prefix: str, tmp_path: Path, webs: list[WebCommand]
+) -> None:
+    store = RestartableServer(server.binary, tmp_path, appendonly=False)
+    store.start()
+    try:
+        web = WebCommand(tmp_path, store.url, prefix)
+        webs.append(web)
+        web.wait_serving()
+        assert web.get("/")[0] == 200
+        store.kill()
+        status, page = web.get("/")
+        assert status == 503 and "did not answer" in page, page
+        store.start()
+        wait_for(lambda: web.get("/")[0] == 200, 30, "the dashboard to read the store again")
+        assert web.end() == 0, web.log()
+    finally:
+        store.kill()
+
+
+def test_a_dashboard_port_that_is_taken_fails_before_the_start_in_one_line(
+    server_url: str, prefix: str
+) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run(
+            [sys.executable, "-m", "anarchon", "web", "--redis", server_url, "--prefix", prefix,
+             "--port", str(port)],
+            cwd=ROOT, env=command_env({}), capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+    assert done.returncode == 1, done
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"127.0.0.1:{port}" in lines[0] and "choose a free port" in lines[0]
+
+
+def test_the_web_extra_is_needed_and_said_in_one_line(tmp_path: Path) -> None:
+    """Without Starlette (hidden from the import here), ``anarchon web`` says what to
+    install, in one line, exit 2."""
+    hide = tmp_path / "hide"
+    (hide / "starlette").mkdir(parents=True)
+    (hide / "starlette" / "__init__.py").write_text("raise ModuleNotFoundError('starlette')\n")
+    env = command_env({})
+    env["PYTHONPATH"] = os.pathsep.join([str(hide), env["PYTHONPATH"]])
+    done = subprocess.run(
+        [sys.executable, "-m", "anarchon", "web"], cwd=ROOT, env=env, capture_output=True,
+        text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2, done
+    assert done.stderr.strip().splitlines() == [
+        "anarchon web: the dashboard needs Starlette and uvicorn: pip install 'anarchon[web]'"
+    ]
