@@ -183,6 +183,10 @@ class InstanceConfig:
     handler_ms: float = 0
     #: Print one line per handler start as it happens (for takeover).
     events: bool = False
+    #: What watches the scheduler: ``off``; ``watched``: anarchon.prometheus (into a
+    #: registry of its own) and a stream of its events, consumed; ``all``: those, and
+    #: anarchon.otel spans with an SDK tracer provider that exports nothing.
+    observe: str = "off"
 
     def argv(self) -> list[str]:
         return [sys.executable, "-m", "bench.instance", json.dumps(self.__dict__)]

@@ -70,6 +70,29 @@ async def open_client(kind: str, url: str, loop: str) -> tuple[Any, Any]:
     raise SystemExit(f"unknown client {kind!r}")
 
 
+def observe(scheduler: Any, what: str) -> None:
+    """Metrics and spans of ``scheduler``, as ``what`` asks (see InstanceConfig)."""
+    if what in ("watched", "all"):
+        from prometheus_client import CollectorRegistry
+
+        from anarchon.prometheus import instrument
+
+        instrument(scheduler, CollectorRegistry())
+    if what == "all":
+        from opentelemetry.sdk.trace import TracerProvider
+
+        from anarchon.otel import instrument as trace
+
+        trace(scheduler, tracer_provider=TracerProvider())
+
+
+async def consume(stream: Any) -> None:
+    """Take every event of ``stream`` until the scheduler stops."""
+    async with stream as events:
+        async for _ in events:
+            pass
+
+
 def main() -> None:
     config = json.loads(sys.argv[1])
     runs: list[tuple[int, float, int]] = []
@@ -109,6 +132,7 @@ def main() -> None:
         scheduler: Any = Scheduler(backend, **options)
         for name in job_names:
             scheduler.add_job(handler, schedule, name=name)
+        observe(scheduler, config["observe"])
         print(json.dumps({"ready": True}), flush=True)
         window = json.loads(await anyio.to_thread.run_sync(sys.stdin.readline))
         if "phase_ms" in window:  # the slot instant, chosen once every instance is ready
@@ -116,6 +140,8 @@ def main() -> None:
         await anyio.sleep(window["start_at"] - time.time())
         async with anyio.create_task_group() as group:
             group.start_soon(sample_cpu)
+            if config["observe"] in ("watched", "all"):
+                group.start_soon(consume, scheduler.events())
             # SIGTERM: a graceful stop before end_at (leases given back, as on a deploy).
             with anyio.open_signal_receiver(signal.SIGTERM) as signals:
                 async with scheduler:

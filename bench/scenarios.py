@@ -75,6 +75,7 @@ def run_load(
     client: str = "redis-py",
     strategy: str = "lease",
     warmup_sec: float = 2.0,
+    observe: str = "off",
 ) -> Result:
     """``instances`` processes each scheduling the same ``jobs`` jobs every second.
 
@@ -84,7 +85,16 @@ def run_load(
     time of all instances per decided slot."""
     prefix = new_prefix("load")
     configs = [
-        InstanceConfig(url, prefix, f"i{i}", jobs, loop=loop, client=client, strategy=strategy)
+        InstanceConfig(
+            url,
+            prefix,
+            f"i{i}",
+            jobs,
+            loop=loop,
+            client=client,
+            strategy=strategy,
+            observe=observe,
+        )
         for i in range(instances)
     ]
     results, start_at, end_at, logged = run_instances(configs, seconds)
@@ -698,6 +708,90 @@ class Scenario:
     markdown: Callable[[Result], str]
 
 
+# ------------------------------------------------------------------ observe
+
+
+def _side_by_side(url: str, observes: Sequence[str], seconds: float) -> list[Result]:
+    """One instance per entry of ``observes``, each with 1000 jobs every second under a
+    prefix of its own, all at once (so that the machine's state is the same for each):
+    each one's runs per second and process CPU per run, after 2 s of warm-up."""
+    configs = [
+        InstanceConfig(url, new_prefix("observe"), f"{what}{i}", 1000, observe=what)
+        for i, what in enumerate(observes)
+    ]
+    results, start_at, end_at, _ = run_instances(configs, seconds)
+    w0, w1 = start_at + 2.0, end_at - 0.1
+    rows = []
+    for what, result in zip(observes, results, strict=True):
+        started = sum(w0 * 1000 <= start_ms <= w1 * 1000 for _, start_ms, _ in result["runs"])
+        cpu_sec = cpu_at(result["cpu"], w1) - cpu_at(result["cpu"], w0)
+        rows.append(
+            {
+                "observe": what,
+                "decided_per_sec": started / (w1 - w0),
+                "cpu_us_per_slot": cpu_sec / started * 1e6 if started else None,
+            }
+        )
+    return rows
+
+
+def scenario_observe(url: str | None, mode: Mode) -> Result:
+    """Instance CPU per run at 1 instance x 1000 jobs/s with metrics and an events stream
+    on ("watched"), next to an instance with them off running the same load at the same
+    time, in rounds (the two swap places); then OpenTelemetry spans too ("all"). The
+    ceiling: "watched" costs at most 5% more CPU per run than off."""
+    seconds = mode.pick(8, 20)
+    rounds = [("off", "watched"), ("watched", "off"), ("off", "watched"), ("off", "all")]
+    rows = []
+    with server(url) as live:
+        for number, observes in enumerate(rounds, 1):
+            measured = {row["observe"]: row for row in _side_by_side(live, observes, seconds)}
+            off = measured["off"]["cpu_us_per_slot"]
+            for what, row in measured.items():
+                if what != "off" and off and row["cpu_us_per_slot"]:
+                    rows.append(
+                        {
+                            "round": number,
+                            "observe": what,
+                            "decided_per_sec": row["decided_per_sec"],
+                            "off_decided_per_sec": measured["off"]["decided_per_sec"],
+                            "cpu_us_per_slot": row["cpu_us_per_slot"],
+                            "off_cpu_us_per_slot": off,
+                            "cpu_vs_off": row["cpu_us_per_slot"] / off - 1,
+                        }
+                    )
+    watched = sorted(row["cpu_vs_off"] for row in rows if row["observe"] == "watched")
+    median = watched[len(watched) // 2] if watched else None
+    return {"rows": rows, "watched_median_vs_off": median, "ceiling": 0.05}
+
+
+def markdown_observe(result: Result) -> str:
+    lines = [
+        "| round | watching (1 x 1000 jobs/s) | decided/s (off) | CPU µs per run (off) "
+        "| vs off | ceiling |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for row in result["rows"]:
+        lines.append(
+            f"| {row['round']} | {row['observe']} | {row['decided_per_sec']:.0f} "
+            f"({row['off_decided_per_sec']:.0f}) | {row['cpu_us_per_slot']:.0f} "
+            f"({row['off_cpu_us_per_slot']:.0f}) | {row['cpu_vs_off'] * 100:+.1f}% | "
+            f"{'+5%' if row['observe'] == 'watched' else '-'} |"
+        )
+    median = result["watched_median_vs_off"]
+    lines += [
+        "",
+        f"watched, median over its rounds: {'-' if median is None else f'{median * 100:+.1f}%'}"
+        " CPU per run against off (ceiling +5%).",
+        "",
+        "Each round runs an instance with nothing watching (off: no event is made) and "
+        "one watched, at the same time, each with 1000 jobs every second under a prefix "
+        "of its own. watched: anarchon.prometheus and a stream of every event, consumed. "
+        "all: those, and anarchon.otel spans (an SDK tracer provider exporting nothing).",
+    ]
+    return "\n".join(lines)
+
+
 SCENARIOS: dict[str, Scenario] = {
     "throughput": Scenario(scenario_throughput, markdown_throughput),
     "latency": Scenario(scenario_latency, markdown_latency),
@@ -707,4 +801,5 @@ SCENARIOS: dict[str, Scenario] = {
     "memory": Scenario(scenario_memory, markdown_memory),
     "scaling": Scenario(scenario_scaling, markdown_scaling),
     "timers": Scenario(scenario_timers, markdown_timers),
+    "observe": Scenario(scenario_observe, markdown_observe),
 }

@@ -18,14 +18,21 @@ from __future__ import annotations
 
 import logging
 import weakref
+from bisect import bisect_left
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client import REGISTRY, CollectorRegistry
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from ._events import (
     ClaimAnswered,
@@ -55,173 +62,151 @@ _LOOK_SEC = 0.5
 _LATENESS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 _DURATION_BUCKETS = (0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 1800, 3600)
 
+#: The counters: (name as exposed without ``_total``, help, labels).
+_COUNTERS = {
+    "runs": ("anarchon_runs", "Attempts that ended and were recorded, by outcome.",
+             ("job", "outcome")),
+    "claims": ("anarchon_claims", "Claims of slots, by the store's answer.", ("job", "answer")),
+    "retries": ("anarchon_retries", "Attempts that ended without success and were retried.",
+                ("job",)),
+    "lease_losses": ("anarchon_lease_losses",
+                     "Runs (and timer firings) that lost their lease while running here.",
+                     ("job",)),
+    "skipped": ("anarchon_skipped_slots", "Scheduled slots that did not run, by reason.",
+                ("job", "reason")),
+    "timer_firings": ("anarchon_timer_firings", "Timer firings that ended and were recorded.",
+                      ("kind", "outcome")),
+    "outages": ("anarchon_server_unreachable", "Times the server stopped answering.", ()),
+    "takeovers": ("anarchon_takeovers",
+                  "Runs (and timer firings) taken over here from a runner that vanished.",
+                  ("job",)),
+}  # fmt: skip
+#: The histograms: (name, help, labels, upper bounds of the buckets).
+_HISTOGRAMS = {
+    "lateness": ("anarchon_fire_lateness_seconds",
+                 "From a slot's instant to its handler's start (retries included).", ("job",),
+                 _LATENESS_BUCKETS),
+    "duration": ("anarchon_run_duration_seconds", "How long attempts ran, by outcome.",
+                 ("job", "outcome"), _DURATION_BUCKETS),
+}  # fmt: skip
 
-@dataclass(frozen=True)
-class SchedulerMetrics:
-    """The metrics, registered once per registry (``instrument`` makes them)."""
 
-    runs: Counter
-    claims: Counter
-    retries: Counter
-    lease_losses: Counter
-    skipped: Counter
-    timer_firings: Counter
-    outages: Counter
-    takeovers: Counter
-    lateness: Histogram
-    duration: Histogram
-    gauges: _Gauges
+class _Counts:
+    """What one scheduler counted: plain numbers by labels, written in its event loop
+    (a run costs a few dictionary updates) and read at scrapes, from another thread
+    (each dictionary is copied at once)."""
 
-    @classmethod
-    def register(cls, registry: CollectorRegistry) -> SchedulerMetrics:
-        def counter(name: str, text: str, *labels: str) -> Counter:
-            return Counter(name, text, labels, registry=registry)
+    def __init__(self) -> None:
+        self.counters: dict[str, dict[tuple[str, ...], int]] = {name: {} for name in _COUNTERS}
+        #: Per labels: the count in each bucket (the last one +Inf), then the sum.
+        self.histograms: dict[str, dict[tuple[str, ...], list[float]]] = {
+            name: {} for name in _HISTOGRAMS
+        }
 
-        return cls(
-            runs=counter(
-                "anarchon_runs", "Attempts that ended and were recorded, by outcome.",
-                "job", "outcome",
-            ),
-            claims=counter(
-                "anarchon_claims", "Claims of slots, by the store's answer.", "job", "answer"
-            ),
-            retries=counter(
-                "anarchon_retries", "Attempts that ended without success and were retried.",
-                "job",
-            ),
-            lease_losses=counter(
-                "anarchon_lease_losses",
-                "Runs (and timer firings) that lost their lease while running here.", "job",
-            ),
-            skipped=counter(
-                "anarchon_skipped_slots", "Scheduled slots that did not run, by reason.",
-                "job", "reason",
-            ),
-            timer_firings=counter(
-                "anarchon_timer_firings", "Timer firings that ended and were recorded.",
-                "kind", "outcome",
-            ),
-            outages=counter(
-                "anarchon_server_unreachable", "Times the server stopped answering."
-            ),
-            takeovers=counter(
-                "anarchon_takeovers",
-                "Runs (and timer firings) taken over here from a runner that vanished.",
-                "job",
-            ),
-            lateness=Histogram(
-                "anarchon_fire_lateness_seconds",
-                "From a slot's instant to its handler's start (retries included).",
-                ["job"], registry=registry, buckets=_LATENESS_BUCKETS,
-            ),
-            duration=Histogram(
-                "anarchon_run_duration_seconds", "How long attempts ran, by outcome.",
-                ["job", "outcome"], registry=registry, buckets=_DURATION_BUCKETS,
-            ),
-            gauges=_Gauges.register(registry),
-        )  # fmt: skip
+    def count(self, counter: str, labels: tuple[str, ...]) -> None:
+        counts = self.counters[counter]
+        counts[labels] = counts.get(labels, 0) + 1
 
-    def observe(self, event: Event) -> None:
-        """Count one event."""
+    def observe(self, histogram: str, labels: tuple[str, ...], value: float) -> None:
+        buckets = self.histograms[histogram].get(labels)
+        bounds = _HISTOGRAMS[histogram][3]
+        if buckets is None:
+            buckets = self.histograms[histogram][labels] = [0.0] * (len(bounds) + 2)
+        buckets[bisect_left(bounds, value)] += 1
+        buckets[-1] += value
+
+    def __call__(self, event: Event) -> None:
+        """Count one event (a hook of the scheduler)."""
         if isinstance(event, RunFinished):
-            job, outcome = event.run.job, event.outcome
-            self.runs.labels(job, outcome).inc()
-            self.duration.labels(job, outcome).observe(event.duration_ms / 1000)
+            labels = (event.run.job, event.outcome)
+            self.count("runs", labels)
+            self.observe("duration", labels, event.duration_ms / 1000)
         elif isinstance(event, RunStarted):
-            self.lateness.labels(event.run.job).observe(max(event.late_ms, 0.0) / 1000)
+            job = event.run.job
+            self.observe("lateness", (job,), max(event.late_ms, 0.0) / 1000)
             if event.run.trigger == "takeover":
-                self.takeovers.labels(event.run.job).inc()
+                self.count("takeovers", (job,))
         elif isinstance(event, ClaimAnswered):
-            self.claims.labels(event.job, event.answer).inc()
+            self.count("claims", (event.job, event.answer))
         elif isinstance(event, RunRetried):
-            self.retries.labels(event.job).inc()
+            self.count("retries", (event.job,))
         elif isinstance(event, LeaseLost):
-            self.lease_losses.labels(event.job).inc()
+            self.count("lease_losses", (event.job,))
         elif isinstance(event, SlotSkipped):
-            self.skipped.labels(event.job, event.reason).inc()
+            self.count("skipped", (event.job, event.reason))
         elif isinstance(event, TimerFired):
-            self.timer_firings.labels(event.run.kind, event.outcome).inc()
+            self.count("timer_firings", (event.run.kind, event.outcome))
             if event.run.trigger == "takeover":
-                self.takeovers.labels(event.run.kind).inc()
+                self.count("takeovers", (event.run.kind,))
         elif isinstance(event, ServerUnreachable):
-            self.outages.inc()
+            self.count("outages", ())
 
 
-#: The metrics of each registry instrumented so far.
-_registered: weakref.WeakKeyDictionary[CollectorRegistry, SchedulerMetrics] = (
-    weakref.WeakKeyDictionary()
-)
-
-
-def instrument(
-    scheduler: Scheduler[Any], registry: CollectorRegistry = REGISTRY
-) -> SchedulerMetrics:
-    """Count ``scheduler``'s decisions in ``registry`` (prometheus_client's default
-    registry unless given); its metrics are then served wherever that registry is
-    (``prometheus_client.start_http_server``, ``make_asgi_app``, ``make_wsgi_app``)."""
-    metrics = _registered.get(registry)
-    if metrics is None:
-        metrics = _registered[registry] = SchedulerMetrics.register(registry)
-    scheduler.on_event(metrics.observe)
-    metrics.gauges.add(scheduler)
-    return metrics
-
-
-@dataclass(eq=False)
-class _Source:
-    """One instrumented scheduler: what the gauges read of it."""
-
-    scheduler: Scheduler[Any]
-    #: The store's last answer (None until read, and after a read failed).
-    instances: int | None = None
-    timers: dict[str, int] = field(default_factory=dict)
-    #: A scrape since the last read of the store.
-    wanted: bool = True
-
-    async def read_beside(self, conn: Connection) -> None:
-        """Read the store's gauges while scrapes ask for them (a scheduler's task)."""
-        inspector = Inspector._over(self.scheduler.backend, conn)
-        while True:
-            if self.wanted:
-                self.wanted = False
-                await self._read(inspector)
-                await anyio.sleep(STORE_READ_SEC)
-            await anyio.sleep(_LOOK_SEC)
-
-    async def _read(self, inspector: Inspector) -> None:
-        try:
-            instances = await inspector.instances()
-            timers = await inspector.timers()
-        except Exception as exc:
-            log.debug("reading the store's gauges failed (read again later): %s", exc)
-            self.instances, self.timers = None, {}
-            return
-        self.instances = len(instances)
-        self.timers = {kind.kind: kind.pending for kind in timers}
-
-
-class _Gauges(Collector):
-    """The gauges of the schedulers instrumented into one registry."""
+class SchedulerMetrics(Collector):
+    """The metrics of the schedulers instrumented into one registry (``instrument``
+    registers it once per registry): their counts added up at each scrape, and the
+    gauges."""
 
     def __init__(self) -> None:
         self._sources: list[weakref.ref[_Source]] = []
 
     @classmethod
-    def register(cls, registry: CollectorRegistry) -> _Gauges:
-        gauges = cls()
-        registry.register(gauges)
-        return gauges
+    def register(cls, registry: CollectorRegistry) -> SchedulerMetrics:
+        metrics = cls()
+        registry.register(metrics)
+        return metrics
 
     def add(self, scheduler: Scheduler[Any]) -> None:
+        """Count ``scheduler``'s events, and read its gauges."""
         source = _Source(scheduler)
+        scheduler.on_event(source.counts)
         scheduler._read_beside(source.read_beside)
         self._sources.append(weakref.ref(source))
 
     def describe(self) -> Iterator[Metric]:
-        return iter(())  # not known before a scrape; nothing to check at registration
+        return iter(())  # known at scrapes only; nothing to check at registration
 
     def collect(self) -> Iterator[Metric]:
         sources = [s for s in (ref() for ref in self._sources) if s is not None]
+        yield from self._counters(sources)
+        yield from self._histograms(sources)
+        yield from self._gauges(sources)
+
+    @staticmethod
+    def _counters(sources: list[_Source]) -> Iterator[Metric]:
+        for counter, (name, text, labels) in _COUNTERS.items():
+            family = CounterMetricFamily(name, text, labels=labels)
+            added: dict[tuple[str, ...], int] = {}
+            for source in sources:
+                for key, value in list(source.counts.counters[counter].items()):
+                    added[key] = added.get(key, 0) + value
+            if not labels:  # a counter without labels is 0 before its first count
+                added.setdefault((), 0)
+            for key, value in sorted(added.items()):
+                family.add_metric(key, value)
+            yield family
+
+    @staticmethod
+    def _histograms(sources: list[_Source]) -> Iterator[Metric]:
+        for histogram, (name, text, labels, bounds) in _HISTOGRAMS.items():
+            family = HistogramMetricFamily(name, text, labels=labels)
+            added: dict[tuple[str, ...], list[float]] = {}
+            for source in sources:
+                for key, buckets in list(source.counts.histograms[histogram].items()):
+                    into = added.setdefault(key, [0.0] * len(buckets))
+                    for index, value in enumerate(buckets[:]):
+                        into[index] += value
+            for key, buckets in sorted(added.items()):
+                cumulative, running = [], 0.0
+                upper = (*map(floatToGoString, bounds), "+Inf")
+                for bound, count in zip(upper, buckets[:-1], strict=True):
+                    running += count
+                    cumulative.append((bound, running))
+                family.add_metric(key, cumulative, buckets[-1])
+            yield family
+
+    @staticmethod
+    def _gauges(sources: list[_Source]) -> Iterator[Metric]:
         held = GaugeMetricFamily(
             "anarchon_leases_held",
             "Runs (and timer firings) holding a lease on this instance.",
@@ -256,3 +241,56 @@ class _Gauges(Collector):
                 pending.add_metric([prefix, kind], count)
         yield alive
         yield pending
+
+
+#: The metrics of each registry instrumented so far.
+_registered: weakref.WeakKeyDictionary[CollectorRegistry, SchedulerMetrics] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def instrument(
+    scheduler: Scheduler[Any], registry: CollectorRegistry = REGISTRY
+) -> SchedulerMetrics:
+    """Count ``scheduler``'s decisions in ``registry`` (prometheus_client's default
+    registry unless given); its metrics are then served wherever that registry is
+    (``prometheus_client.start_http_server``, ``make_asgi_app``, ``make_wsgi_app``)."""
+    metrics = _registered.get(registry)
+    if metrics is None:
+        metrics = _registered[registry] = SchedulerMetrics.register(registry)
+    metrics.add(scheduler)
+    return metrics
+
+
+@dataclass(eq=False)
+class _Source:
+    """One instrumented scheduler: what the gauges read of it."""
+
+    scheduler: Scheduler[Any]
+    counts: _Counts = field(default_factory=_Counts)
+    #: The store's last answer (None until read, and after a read failed).
+    instances: int | None = None
+    timers: dict[str, int] = field(default_factory=dict)
+    #: A scrape since the last read of the store.
+    wanted: bool = True
+
+    async def read_beside(self, conn: Connection) -> None:
+        """Read the store's gauges while scrapes ask for them (a scheduler's task)."""
+        inspector = Inspector._over(self.scheduler.backend, conn)
+        while True:
+            if self.wanted:
+                self.wanted = False
+                await self._read(inspector)
+                await anyio.sleep(STORE_READ_SEC)
+            await anyio.sleep(_LOOK_SEC)
+
+    async def _read(self, inspector: Inspector) -> None:
+        try:
+            instances = await inspector.instances()
+            timers = await inspector.timers()
+        except Exception as exc:
+            log.debug("reading the store's gauges failed (read again later): %s", exc)
+            self.instances, self.timers = None, {}
+            return
+        self.instances = len(instances)
+        self.timers = {kind.kind: kind.pending for kind in timers}
