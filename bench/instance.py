@@ -70,9 +70,32 @@ async def open_client(kind: str, url: str, loop: str) -> tuple[Any, Any]:
     raise SystemExit(f"unknown client {kind!r}")
 
 
+async def alternate(scheduler: Any, phases: list[tuple[float, float, bool]]) -> None:
+    """Watch ``scheduler`` (metrics and an events stream) every other two seconds, from
+    half a second after a whole second (between its slots' instants): ``phases`` gets
+    (time, process CPU time, watched from then on) at each switch."""
+    hub = scheduler._context.events
+    (counting,) = hub.hooks  # what instrument() added; taken off while not watched
+    hub.hooks.remove(counting)
+    watched = False
+    async with anyio.create_task_group() as group:
+        while True:
+            now = time.time()
+            await anyio.sleep(int(now) + 2.5 - (int(now) % 2) - now)
+            watched = not watched
+            if watched:
+                hub.hooks.append(counting)
+                stream = scheduler.events()
+                group.start_soon(consume, stream)
+            else:
+                hub.hooks.remove(counting)
+                stream.close()
+            phases.append((time.time(), time.process_time(), watched))
+
+
 def observe(scheduler: Any, what: str) -> None:
     """Metrics and spans of ``scheduler``, as ``what`` asks (see InstanceConfig)."""
-    if what in ("watched", "all"):
+    if what in ("watched", "all", "metrics", "alternate"):
         from prometheus_client import CollectorRegistry
 
         from anarchon.prometheus import instrument
@@ -97,6 +120,7 @@ def main() -> None:
     config = json.loads(sys.argv[1])
     runs: list[tuple[int, float, int]] = []
     samples: list[tuple[float, float]] = []
+    phases: list[tuple[float, float, bool]] = []
     handler_ms = float(config["handler_ms"])
     events = bool(config["events"])
 
@@ -140,8 +164,10 @@ def main() -> None:
         await anyio.sleep(window["start_at"] - time.time())
         async with anyio.create_task_group() as group:
             group.start_soon(sample_cpu)
-            if config["observe"] in ("watched", "all"):
+            if config["observe"] in ("watched", "all", "events"):
                 group.start_soon(consume, scheduler.events())
+            if config["observe"] == "alternate":
+                group.start_soon(alternate, scheduler, phases)
             # SIGTERM: a graceful stop before end_at (leases given back, as on a deploy).
             with anyio.open_signal_receiver(signal.SIGTERM) as signals:
                 async with scheduler:
@@ -154,7 +180,8 @@ def main() -> None:
             await close()
 
     anyio.run(run_for_a_while, backend=config["loop"])
-    print(json.dumps({"result": {"name": config["name"], "runs": runs, "cpu": samples}}))
+    result = {"name": config["name"], "runs": runs, "cpu": samples, "phases": phases}
+    print(json.dumps({"result": result}))
 
 
 if __name__ == "__main__":

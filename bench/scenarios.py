@@ -3,6 +3,8 @@ JSON-able result, and has a Markdown rendering of it."""
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import secrets
 import signal
 import time
@@ -737,57 +739,69 @@ def _side_by_side(url: str, observes: Sequence[str], seconds: float) -> list[Res
 
 def scenario_observe(url: str | None, mode: Mode) -> Result:
     """Instance CPU per run at 1 instance x 1000 jobs/s with metrics and an events stream
-    on ("watched"), next to an instance with them off running the same load at the same
-    time, in rounds (the two swap places); then OpenTelemetry spans too ("all"). The
-    ceiling: "watched" costs at most 5% more CPU per run than off."""
-    seconds = mode.pick(8, 20)
-    rounds = [("off", "watched"), ("watched", "off"), ("off", "watched"), ("off", "all")]
-    rows = []
+    on ("watched") and off, in one instance that switches between the two every two
+    seconds (so that both see the same machine, server and process): the ceiling is 5%
+    more CPU per run watched than off. Then OpenTelemetry spans too ("all"), in an
+    instance beside one with nothing on, at the same time."""
     with server(url) as live:
-        for number, observes in enumerate(rounds, 1):
-            measured = {row["observe"]: row for row in _side_by_side(live, observes, seconds)}
-            off = measured["off"]["cpu_us_per_slot"]
-            for what, row in measured.items():
-                if what != "off" and off and row["cpu_us_per_slot"]:
-                    rows.append(
-                        {
-                            "round": number,
-                            "observe": what,
-                            "decided_per_sec": row["decided_per_sec"],
-                            "off_decided_per_sec": measured["off"]["decided_per_sec"],
-                            "cpu_us_per_slot": row["cpu_us_per_slot"],
-                            "off_cpu_us_per_slot": off,
-                            "cpu_vs_off": row["cpu_us_per_slot"] / off - 1,
-                        }
-                    )
-    watched = sorted(row["cpu_vs_off"] for row in rows if row["observe"] == "watched")
-    median = watched[len(watched) // 2] if watched else None
-    return {"rows": rows, "watched_median_vs_off": median, "ceiling": 0.05}
+        config = InstanceConfig(live, new_prefix("observe"), "switching", 1000,
+                                observe="alternate")  # fmt: skip
+        (result,), start_at, _, _ = run_instances([config], mode.pick(24, 64))
+        beside = {row["observe"]: row for row in _side_by_side(live, ("off", "all"), 10)}
+    phases = result["phases"]
+    starts = sorted(start_ms / 1000 for _, start_ms, _ in result["runs"])
+    per_phase: list[tuple[bool, float, int]] = []
+    for (t0, c0, watched), (t1, c1, _) in itertools.pairwise(phases):
+        if t0 >= start_at + 2:  # after the warm-up
+            runs = bisect.bisect_left(starts, t1) - bisect.bisect_left(starts, t0)
+            per_phase.append((watched, c1 - c0, runs))
+    totals = {
+        watched: (sum(c for w, c, _ in per_phase if w == watched),
+                  sum(n for w, _, n in per_phase if w == watched))
+        for watched in (False, True)
+    }  # fmt: skip
+    cpu = {w: cpu_sec / runs * 1e6 if runs else None for w, (cpu_sec, runs) in totals.items()}
+    # Each watched phase against the phases off on either side of it: the spread.
+    ratios = []
+    for index, (watched, cpu_sec, runs) in enumerate(per_phase):
+        around = [p for p in per_phase[max(index - 1, 0) : index + 2] if not p[0]]
+        if watched and runs and around and all(p[2] for p in around):
+            off_us = sum(p[1] for p in around) / sum(p[2] for p in around)
+            ratios.append(cpu_sec / runs / off_us - 1)
+    vs_off = cpu[True] / cpu[False] - 1 if cpu[True] and cpu[False] else None
+    return {
+        "off_cpu_us_per_run": cpu[False],
+        "watched_cpu_us_per_run": cpu[True],
+        "watched_vs_off": vs_off,
+        "phases": len(per_phase),
+        "runs": sum(n for _, _, n in per_phase),
+        "phase_ratios": ratios,
+        "beside": beside,
+        "ceiling": 0.05,
+    }
 
 
 def markdown_observe(result: Result) -> str:
+    ratios = sorted(result["phase_ratios"])
+    spread = f"{ratios[0] * 100:+.1f}% to {ratios[-1] * 100:+.1f}%" if ratios else "-"
+    off, watched, versus = (
+        result["off_cpu_us_per_run"], result["watched_cpu_us_per_run"], result["watched_vs_off"]
+    )  # fmt: skip
+    beside = result["beside"]
+    all_vs = beside["all"]["cpu_us_per_slot"] / beside["off"]["cpu_us_per_slot"] - 1
     lines = [
-        "| round | watching (1 x 1000 jobs/s) | decided/s (off) | CPU µs per run (off) "
-        "| vs off | ceiling |",
-        "| --- | --- | --- | --- | --- | --- |",
-    ]
-    for row in result["rows"]:
-        lines.append(
-            f"| {row['round']} | {row['observe']} | {row['decided_per_sec']:.0f} "
-            f"({row['off_decided_per_sec']:.0f}) | {row['cpu_us_per_slot']:.0f} "
-            f"({row['off_cpu_us_per_slot']:.0f}) | {row['cpu_vs_off'] * 100:+.1f}% | "
-            f"{'+5%' if row['observe'] == 'watched' else '-'} |"
-        )
-    median = result["watched_median_vs_off"]
-    lines += [
+        "| 1 x 1000 jobs/s | CPU µs per run | vs off | ceiling |",
+        "| --- | --- | --- | --- |",
+        f"| off | {_num(off, '.0f')} | | |",
+        f"| watched: metrics and an events stream | {_num(watched, '.0f')} | "
+        f"**{'-' if versus is None else f'{versus * 100:+.1f}%'}** | +5% |",
+        f"| all: and OpenTelemetry spans (SDK), beside an instance off | "
+        f"{beside['all']['cpu_us_per_slot']:.0f} ({beside['off']['cpu_us_per_slot']:.0f} off) "
+        f"| {all_vs * 100:+.1f}% | |",
         "",
-        f"watched, median over its rounds: {'-' if median is None else f'{median * 100:+.1f}%'}"
-        " CPU per run against off (ceiling +5%).",
-        "",
-        "Each round runs an instance with nothing watching (off: no event is made) and "
-        "one watched, at the same time, each with 1000 jobs every second under a prefix "
-        "of its own. watched: anarchon.prometheus and a stream of every event, consumed. "
-        "all: those, and anarchon.otel spans (an SDK tracer provider exporting nothing).",
+        f"One instance, switching every 2 s: {result['phases']} phases, {result['runs']:,} "
+        f"runs; each watched phase against the phases off around it: {spread}. Off, no "
+        "event is made; watched: anarchon.prometheus and a stream of every event, consumed.",
     ]
     return "\n".join(lines)
 

@@ -102,6 +102,9 @@ class _Counts:
         self.histograms: dict[str, dict[tuple[str, ...], list[float]]] = {
             name: {} for name in _HISTOGRAMS
         }
+        # What every run counts, at hand.
+        self._runs = self.counters["runs"]
+        self._claims = self.counters["claims"]
 
     def count(self, counter: str, labels: tuple[str, ...]) -> None:
         counts = self.counters[counter]
@@ -119,7 +122,7 @@ class _Counts:
         """Count one event (a hook of the scheduler)."""
         if isinstance(event, RunFinished):
             labels = (event.run.job, event.outcome)
-            self.count("runs", labels)
+            self._runs[labels] = self._runs.get(labels, 0) + 1
             self.observe("duration", labels, event.duration_ms / 1000)
         elif isinstance(event, RunStarted):
             job = event.run.job
@@ -127,7 +130,8 @@ class _Counts:
             if event.run.trigger == "takeover":
                 self.count("takeovers", (job,))
         elif isinstance(event, ClaimAnswered):
-            self.count("claims", (event.job, event.answer))
+            claim = (event.job, event.answer)
+            self._claims[claim] = self._claims.get(claim, 0) + 1
         elif isinstance(event, RunRetried):
             self.count("retries", (event.job,))
         elif isinstance(event, LeaseLost):
