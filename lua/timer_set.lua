@@ -3,7 +3,9 @@
 -- ARGV: key, at_ms (epoch ms, or '' to count delay_ms from the server's clock),
 --       delay_ms, schedule ('' for a one-shot timer), payload,
 --       hint channel ('' or absent for none)
--- Replies {gen, due_ms}: the new generation and when it is due.
+-- Replies {gen, due_ms, replaced}: the new generation, when it is due, and 1 if it
+-- replaced a timer the key had (one pending or waiting for its retry, or the next
+-- generation of a firing), else 0.
 -- When the key becomes the first of the kind (bucket) to need attention, the set is
 -- published on the hint channel as '<due_ms> <KEYS[2]>': instances that sleep until a
 -- later time look then. A hint is never relied on (instances also poll).
@@ -25,6 +27,8 @@ if at_ms ~= '' then due_ms = tonumber(at_ms) else due_ms = now + tonumber(delay_
 local gen = redis.call('HINCRBY', meta_key, 'gen', 1)
 
 local t = decode_timer(redis.call('HGET', timers_key, key))
+local replaced = 0
+if t and not (t.status == 'f' and not t.due_ms) then replaced = 1 end
 if t and t.status == 'f' then
   t.gen, t.due_ms, t.schedule, t.payload = gen, due_ms, schedule, payload
 else
@@ -37,4 +41,4 @@ if hint_channel ~= '' and t.status == 'p' then
     redis.call('PUBLISH', hint_channel, int(due_ms) .. ' ' .. due_key)
   end
 end
-return {gen, int(due_ms)}
+return {gen, int(due_ms), replaced}

@@ -138,7 +138,7 @@ class TimerMachine(RuleBasedStateMachine):
             [key, "" if at_ms is None else at_ms, "" if delay_ms is None else delay_ms,
              schedule, payload],
         )  # fmt: skip
-        assert (int(raw[0]), int(raw[1])) == expected
+        assert (int(raw[0]), int(raw[1]), int(raw[2]) == 1) == expected
         self._new_gen(expected[0])
 
     @rule(key=st.sampled_from(KEYS))

@@ -97,15 +97,18 @@ class KindModel:
         return self.gen
 
     def set(self, key: str, now: int, at_ms: int | None, delay_ms: int | None,
-            schedule: str, payload: str) -> tuple[int, int]:  # fmt: skip
+            schedule: str, payload: str) -> tuple[int, int, bool]:  # fmt: skip
+        """The new generation, when it is due, and whether it replaced a timer the key
+        had (what a cancel would have found)."""
         due_ms = at_ms if at_ms is not None else now + (delay_ms or 0)
         gen = self._next_gen()
         old = self.timers.get(key)
+        replaced = old is not None and not (old.status == "firing" and old.due_ms is None)
         if old is not None and old.status == "firing":
             old.gen, old.due_ms, old.schedule, old.payload = gen, due_ms, schedule, payload
         else:
             self.timers[key] = Timer(gen, due_ms, "pending", schedule, payload)
-        return gen, due_ms
+        return gen, due_ms, replaced
 
     def cancel(self, key: str) -> bool:
         timer = self.timers.get(key)

@@ -305,6 +305,14 @@ MUTANTS: list[Mutant] = [
         (TIMER_MACHINE,),
     ),
     Mutant(
+        "timer-set-replaced",
+        "timer_set.lua",
+        "if t and not (t.status == 'f' and not t.due_ms) then replaced = 1 end",
+        "if t then replaced = 1 end",
+        "a set while the key fires with nothing after it says it replaced a timer",
+        (TIMER_MACHINE,),
+    ),
+    Mutant(
         "timer-set-no-hint",
         "timer_set.lua",
         "if first[1] == key then",

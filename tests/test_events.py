@@ -57,8 +57,8 @@ async def test_the_events_of_a_fleet_match_what_the_store_recorded(
 ) -> None:
     """Two instances: every attempt the store recorded was started, claimed and finished
     in the events of the instance that ran it, with its outcome; a failure's retry is an
-    event; a timer set and fired is one of each; the streams end when the instances
-    stop."""
+    event; a timer set, replaced and fired is one event each; the streams end when the
+    instances stop."""
     seen: dict[str, list[Event]] = {"a": [], "b": []}
     fired: list[TimerRun] = []
     schedulers = tick_and_flaky_fleet(server_url, prefix, ("a", "b"))
@@ -77,6 +77,8 @@ async def test_the_events_of_a_fleet_match_what_the_store_recorded(
             async with AsyncExitStack() as stack:
                 for scheduler in schedulers:
                     await stack.enter_async_context(scheduler)
+                # Set, then replaced before it fires: the second one fires.
+                first = await schedulers[0].set_timer("remind", "user:42", delay_ms=600_000)
                 generation = await schedulers[0].set_timer("remind", "user:42", delay_ms=300)
                 await wait_until(lambda: len(fired) == 1, 20, "the timer to fire")
                 history = await settled_history(schedulers[0], {"tick": 3, "flaky": 2})
@@ -116,12 +118,10 @@ async def test_the_events_of_a_fleet_match_what_the_store_recorded(
     )
     (retry,) = of(everything, RunRetried)
     assert (retry.job, retry.attempt, retry.slot_ms) == ("flaky", 1, failure.run.slot_ms)
-    (timer_set,) = of(seen["a"], TimerSet)
-    assert (timer_set.kind, timer_set.key, timer_set.generation) == (
-        "remind",
-        "user:42",
-        generation,
-    )
+    assert [(s.kind, s.key, s.generation, s.replaced) for s in of(seen["a"], TimerSet)] == [
+        ("remind", "user:42", first, False),
+        ("remind", "user:42", generation, True),
+    ]
     (timer_fired,) = of(everything, TimerFired)
     assert (timer_fired.run.key, timer_fired.run.generation, timer_fired.outcome) == (
         "user:42",

@@ -71,7 +71,7 @@ async def test_a_timer_set_claimed_and_rearmed_keeps_its_payload_and_grows_its_g
     timers: TimerStore, server_url: str
 ) -> None:
     payload = encode_payload(bytes(range(256)))  # not UTF-8: stored as base64
-    [(gen, due_ms)] = await timers.set_many("remind", [("user:42", None, 0, "", payload)])
+    [(gen, due_ms, _)] = await timers.set_many("remind", [("user:42", None, 0, "", payload)])
     state = await timers.get("remind", "user:42")
     assert state is not None and state.status == "pending" and state.gen == gen
     assert state.due_ms == due_ms and decode_payload(state.payload) == bytes(range(256))

@@ -127,12 +127,15 @@ class SlotSkipped(Event):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TimerSet(Event):
-    """A key's timer was set (replacing what was set before), through this scheduler."""
+    """A key's timer was set through this scheduler. ``replaced``: the key had a timer
+    (pending, waiting for its retry, or the next one of a firing), which this one
+    replaced."""
 
     kind: str
     key: str
     generation: int
     due_ms: int
+    replaced: bool
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -704,13 +704,13 @@ class Scheduler(Generic[K]):
                 for (timer_key, _, delay, _, _), reply in zip(part, replies, strict=True):
                     if isinstance(reply, BaseException):
                         raise reply
-                    generation, due_ms = reply
+                    generation, due_ms, replaced = reply
                     generations.append(generation)
                     if self._context.events.on:
                         self._context.events.emit(
                             TimerSet(
                                 instance=self.instance_id, kind=name, key=timer_key,
-                                generation=generation, due_ms=due_ms,
+                                generation=generation, due_ms=due_ms, replaced=replaced,
                             )
                         )  # fmt: skip
                     if fired_here:

@@ -337,13 +337,15 @@ class TimerStore:
         kind: str,
         timers: Sequence[tuple[str, int | None, int | None, str, str]],
         buckets: int = 1,
-    ) -> list[tuple[int, int] | ServerReplyError]:
+    ) -> list[tuple[int, int, bool] | ServerReplyError]:
         """Set timers in one round trip: each ``(key, at_ms, delay_ms, schedule,
-        payload)``; replies ``(generation, due_ms)`` or the error reply."""
+        payload)``; replies ``(generation, due_ms, replaced)`` or the error reply."""
         calls = [self._set_call(kind, *timer, buckets) for timer in timers]
         replies = await run_scripts(self.conn, calls)
         return [
-            reply if isinstance(reply, ServerReplyError) else (int(reply[0]), int(reply[1]))
+            reply
+            if isinstance(reply, ServerReplyError)
+            else (int(reply[0]), int(reply[1]), int(reply[2]) == 1)
             for reply in replies
         ]
 
