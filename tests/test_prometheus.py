@@ -11,10 +11,10 @@ from typing import Any
 
 import anyio
 import pytest
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, generate_latest
 
 import anarchon.prometheus
-from anarchon import Run, Scheduler, TimerRun
+from anarchon import RedisBackend, Run, Scheduler, SchedulerStateError, TimerRun
 from anarchon._embedded import free_port
 from anarchon.prometheus import instrument
 from tests.helpers import (
@@ -174,4 +174,27 @@ async def test_the_gauges_show_the_leases_held_the_instances_alive_and_the_timer
         await wait_until(
             lambda: value("anarchon_timers_pending", **pending) == 2, 30, "two timers pending"
         )
-    assert value("anarchon_leases_held", job="long") is None  # stopped: none held
+    # Stopped: no lease held, and nothing read of the store any more, so nothing shown.
+    assert value("anarchon_leases_held", job="long") is None
+    assert value("anarchon_instances_alive", prefix=prefix) is None
+
+
+async def test_a_started_scheduler_is_refused_and_a_restricted_registry_has_the_metrics(
+    server_url: str, prefix: str
+) -> None:
+    registry = CollectorRegistry()
+    scheduler = Scheduler(RedisBackend(redis=server_url, prefix=prefix))
+
+    @scheduler.job(OneShot.in_ms(100), name="once")
+    async def once() -> None:
+        pass
+
+    async with scheduler:
+        with pytest.raises(SchedulerStateError, match="before its start"):
+            instrument(scheduler, registry)
+        assert scheduler._context.events.hooks == []  # nothing was hooked
+    other = Scheduler(RedisBackend(redis=server_url, prefix=prefix))
+    instrument(other, registry)
+    unreachable = "anarchon_server_unreachable_total"
+    only = generate_latest(registry.restricted_registry([unreachable])).decode()
+    assert f"{unreachable} 0.0" in only and "anarchon_claims" not in only, only

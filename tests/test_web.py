@@ -306,21 +306,57 @@ def test_actions_are_refused_unless_allowed_and_then_without_the_token(
         web.wait_serving()
     status, page = read_only.get("/")
     assert status == 200 and "No job registered yet." in page and 'id="token"' not in page
-    assert read_only.post("/jobs/report/pause", f"token={TOKEN}") == 403
-    assert allowed.post("/jobs/report/pause") == 401
-    assert allowed.post("/jobs/report/pause", "token=guess") == 401
-    assert allowed.post("/jobs/report/pause", headers={"Authorization": "Bearer guess"}) == 401
+    assert read_only.post("/actions/pause/report", f"token={TOKEN}") == 403
+    assert allowed.post("/actions/pause/report") == 401
+    assert allowed.post("/actions/pause/report", "token=guess") == 401
+    assert allowed.post("/actions/pause/report", headers={"Authorization": "Bearer guess"}) == 401
     # The token is right; the job is unknown: refused, in one message.
-    status, page = allowed.request("/jobs/report/pause", b"", {"Authorization": f"Bearer {TOKEN}"})
+    bearer = {"Authorization": f"Bearer {TOKEN}"}
+    status, page = allowed.request("/actions/pause/report", b"", bearer)
     assert status == 409 and "report" in page, page
     lines = [line for line in made_up.log().splitlines() if "the actions' token is" in line]
     assert len(lines) == 1, made_up.log()
     token = lines[0].rsplit(" ", 1)[1]
-    assert made_up.post("/jobs/report/pause", f"token={TOKEN}") == 401
-    assert made_up.post("/jobs/report/pause", f"token={token}") == 409
+    assert made_up.post("/actions/pause/report", f"token={TOKEN}") == 401
+    assert made_up.post("/actions/pause/report", f"token={token}") == 409
+    # Bound to 127.0.0.1: it answers only to the loopback names.
+    assert allowed.request("/", None, {"Host": "dashboard.example"})[0] == 400
     assert read_only.end(signal.SIGINT) == 130, read_only.log()
     for web in (allowed, made_up):
         assert web.end() == 0, web.log()
+
+
+def test_a_job_whose_name_has_slashes_has_its_page_and_its_actions(
+    server_url: str, prefix: str, tmp_path: Path, webs: list[WebCommand]
+) -> None:
+    register_jobs(server_url, prefix, ["reports/daily"])
+    web = WebCommand(tmp_path, server_url, prefix, "--allow-actions", "--token", TOKEN)
+    webs.append(web)
+    web.wait_serving()
+    status, page = web.get("/jobs/reports/daily")
+    assert status == 200 and "Job reports/daily" in page, page
+    assert 'action="/actions/pause/reports/daily"' in page
+    status, page = web.request(
+        "/actions/pause/reports/daily", f"token={TOKEN}&next=/jobs/reports/daily".encode()
+    )
+    assert status == 200 and "Done: reports/daily paused." in page, page
+    jobs, _ = read_store(server_url, prefix)
+    assert jobs["reports/daily"].paused
+    assert web.get("/jobs/reports/weekly")[0] == 404
+    assert web.end() == 0, web.log()
+
+
+def register_jobs(url: str, prefix: str, names: list[str]) -> None:
+    """Register ``names`` in the store (an instance that starts and stops)."""
+
+    async def register() -> None:
+        scheduler = Scheduler(RedisBackend(redis=url, prefix=prefix), instance_id="once")
+        for name in names:
+            scheduler.add_job(lambda: None, "0 0 1 1 *", name=name)
+        async with scheduler:
+            pass
+
+    anyio.run(register)
 
 
 def test_a_server_that_stops_answering_is_a_503_page_until_it_answers_again(

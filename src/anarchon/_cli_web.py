@@ -63,10 +63,13 @@ def run_web(args: argparse.Namespace) -> int:
     if args.allow_actions and not token:
         token = secrets.token_urlsafe(18)
         print(f"anarchon web: the actions' token is {token}", file=sys.stderr, flush=True)
+    # Bound to this machine only: the pages answer only to its loopback names, so that
+    # no web page elsewhere can read them through a name that points here.
+    loopback = ["127.0.0.1", "localhost", "::1", "[::1]"] if _loopback(args.host) else None
     try:
         app = dashboard(
             store_backend(args), allow_actions=args.allow_actions, token=token,
-            refresh_sec=args.refresh,
+            refresh_sec=args.refresh, allowed_hosts=loopback,
         )  # fmt: skip
     except InvalidOptionError as exc:
         raise UsageError(str(exc)) from None

@@ -209,17 +209,20 @@ class Inspector:
         strategy = str(definitions[name].get("strategy", "lease"))
         return await self._read_history(name, strategy, limit)
 
+    async def recent(self, limit: int = 100) -> dict[str, list[RunResult]]:
+        """Every job's newest ``limit`` recorded attempts, newest first, by job name."""
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise InvalidOptionError(f"limit must be a whole number, 1 or more, got {limit!r}")
+        definitions = await self._definitions()
+        return {
+            name: await self._read_history(name, str(definition.get("strategy", "lease")), limit)
+            for name, definition in sorted(definitions.items())
+        }
+
     async def failures(self, limit: int = 20) -> list[RunResult]:
         """The newest ``limit`` attempts, across the jobs, that failed, were interrupted
         (their runner vanished) or were cancelled."""
-        found: list[RunResult] = []
-        definitions = await self._definitions()
-        for name, definition in definitions.items():
-            strategy = str(definition.get("strategy", "lease"))
-            recent = await self._read_history(name, strategy, max(limit * 5, 100))
-            found += [r for r in recent if r.status in _FAILED]
-        found.sort(key=lambda r: (r.finished_at, r.slot_ms, r.attempt), reverse=True)
-        return found[:limit]
+        return newest_failures(await self.recent(max(limit * 5, 100)), limit)
 
     async def timers(self) -> list[TimerKindInfo]:
         """Each kind of timer the fleet fires: how many keys have one pending, and the
@@ -421,3 +424,11 @@ def _lease(job: str, slot_id: str, raw: Any, now_ms: int) -> LeaseInfo | None:
         trigger=cast(Trigger, trigger),
         left_ms=max(int(until_ms) - now_ms, 0),
     )
+
+
+def newest_failures(recent: dict[str, list[RunResult]], limit: int) -> list[RunResult]:
+    """The newest ``limit`` attempts of ``recent`` that failed, were interrupted or were
+    cancelled, across the jobs."""
+    found = [r for results in recent.values() for r in results if r.status in _FAILED]
+    found.sort(key=lambda r: (r.finished_at, r.slot_ms, r.attempt), reverse=True)
+    return found[:limit]

@@ -34,6 +34,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
+from ._errors import SchedulerStateError
 from ._events import (
     ClaimAnswered,
     Event,
@@ -161,14 +162,25 @@ class SchedulerMetrics(Collector):
         return metrics
 
     def add(self, scheduler: Scheduler[Any]) -> None:
-        """Count ``scheduler``'s events, and read its gauges."""
+        """Count ``scheduler``'s events, and read its gauges (before its start)."""
+        state = scheduler._context.state
+        if state != "new":
+            raise SchedulerStateError(
+                f"instrument a scheduler before its start (this one is {state}): its gauges "
+                "read the store beside its work from the start on"
+            )
         source = _Source(scheduler)
         scheduler.on_event(source.counts)
         scheduler._read_beside(source.read_beside)
         self._sources.append(weakref.ref(source))
 
     def describe(self) -> Iterator[Metric]:
-        return iter(())  # known at scrapes only; nothing to check at registration
+        """The metrics' names (for the registry's checks and ``restricted_registry``)."""
+        for name, text, labels in _COUNTERS.values():
+            yield CounterMetricFamily(name, text, labels=labels)
+        for name, text, labels, _ in _HISTOGRAMS.values():
+            yield HistogramMetricFamily(name, text, labels=labels)
+        yield from self._gauges([])
 
     def collect(self) -> Iterator[Metric]:
         sources = [s for s in (ref() for ref in self._sources) if s is not None]
@@ -281,12 +293,15 @@ class _Source:
     async def read_beside(self, conn: Connection) -> None:
         """Read the store's gauges while scrapes ask for them (a scheduler's task)."""
         inspector = Inspector._over(self.scheduler.backend, conn)
-        while True:
-            if self.wanted:
-                self.wanted = False
-                await self._read(inspector)
-                await anyio.sleep(STORE_READ_SEC)
-            await anyio.sleep(_LOOK_SEC)
+        try:
+            while True:
+                if self.wanted:
+                    self.wanted = False
+                    await self._read(inspector)
+                    await anyio.sleep(STORE_READ_SEC)
+                await anyio.sleep(_LOOK_SEC)
+        finally:  # stopped: nothing read any more, so nothing shown
+            self.instances, self.timers = None, {}
 
     async def _read(self, inspector: Inspector) -> None:
         try:

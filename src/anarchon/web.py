@@ -21,9 +21,10 @@ from __future__ import annotations
 import html
 import json
 import logging
+import math
 import secrets
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import Any
@@ -31,13 +32,15 @@ from urllib.parse import parse_qs, quote
 
 import anyio
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 
 from ._backend import RedisBackend
 from ._errors import AnarchonError, ConnectionFailedError, InvalidOptionError
-from ._inspector import Inspector
+from ._inspector import Inspector, newest_failures
 from ._structures import InstanceInfo, JobInfo, LeaseInfo, RunResult, TimerKindInfo
 from .clients import ServerReplyError
 
@@ -47,8 +50,10 @@ log = logging.getLogger("anarchon")
 
 #: Attempts shown in a job's strip of cells, and read for the lateness chart.
 STRIP = 30
-#: Attempts a job's page lists.
+#: Attempts a job's page lists (and the overview reads, for the recent failures).
 HISTORY = 100
+#: A page is made within this many seconds, or it says the server did not answer.
+PAGE_SEC = 20.0
 _ACTIONS = {"pause": "paused", "resume": "resumed", "run-now": "asked to run now"}
 
 
@@ -58,10 +63,15 @@ def dashboard(
     allow_actions: bool = False,
     token: str | None = None,
     refresh_sec: float = 5.0,
+    allowed_hosts: Sequence[str] | None = None,
 ) -> Starlette:
-    """The dashboard of ``backend``'s store as an ASGI application. With
-    ``allow_actions``, pause, resume and run-now are offered to whoever gives
-    ``token`` (required then); the pages refresh every ``refresh_sec`` (0: never)."""
+    """The dashboard of ``backend``'s store as an ASGI application of its own (serve it
+    with any ASGI server; its lifespan closes its connection). With ``allow_actions``,
+    pause, resume and run-now are offered to whoever gives ``token`` (required then);
+    the pages refresh every ``refresh_sec`` (0: never). ``allowed_hosts``: the only
+    names the pages answer to in the Host header (``anarchon web`` bound to a loopback
+    address gives the loopback names, so that no other web page can read them through
+    a name that points at this machine)."""
     if not isinstance(backend, RedisBackend):
         raise InvalidOptionError(
             f"the dashboard reads a RedisBackend or ValkeyBackend, got {type(backend).__name__}"
@@ -70,7 +80,7 @@ def dashboard(
         raise InvalidOptionError("allow_actions needs a token: give token='...'")
     if isinstance(refresh_sec, bool) or not isinstance(refresh_sec, int | float):
         raise InvalidOptionError(f"refresh_sec must be a number of seconds, got {refresh_sec!r}")
-    if refresh_sec < 0:
+    if not math.isfinite(refresh_sec) or refresh_sec < 0:
         raise InvalidOptionError(f"refresh_sec must be 0 (never) or more, got {refresh_sec!r}")
     site = _Site(backend, token if allow_actions else None, refresh_sec)
 
@@ -81,12 +91,17 @@ def dashboard(
         finally:
             await site.close()
 
+    middleware = []
+    if allowed_hosts is not None:
+        middleware.append(Middleware(TrustedHostMiddleware, allowed_hosts=list(allowed_hosts)))
     return Starlette(
         routes=[
             Route("/", site.overview),
-            Route("/jobs/{job}", site.job_page),
-            Route("/jobs/{job}/{action}", site.act, methods=["POST"]),
+            # Job names may hold slashes.
+            Route("/jobs/{job:path}", site.job_page),
+            Route("/actions/{action}/{job:path}", site.act, methods=["POST"]),
         ],
+        middleware=middleware,
         lifespan=lifespan,
     )
 
@@ -102,28 +117,40 @@ class _Site:
         self._inspector: Inspector | None = None
         self._opening = anyio.Lock()
 
-    async def close(self) -> None:
-        inspector, self._inspector = self._inspector, None
-        if inspector is not None:
-            await inspector.__aexit__(None, None, None)
+    async def close(self, inspector: Inspector | None = None) -> None:
+        """Close the Inspector (``inspector``, if it is still the one in use)."""
+        async with self._opening:
+            if self._inspector is None or inspector not in (None, self._inspector):
+                return
+            closing, self._inspector = self._inspector, None
+        await closing.__aexit__(None, None, None)
 
     async def _read(
         self, reading: Callable[[Inspector], Awaitable[str]], refused: int = 404
     ) -> tuple[str, int]:
         """A page's body and status: what ``reading`` rendered (200), or what went wrong:
-        the server (503), or the request (``refused``: an unknown job, a refused run)."""
+        the server (503: it did not answer, within PAGE_SEC for the whole page), the
+        request (``refused``: an unknown job, a refused run), or the store's contents
+        (500)."""
+        inspector = None
         try:
-            async with self._opening:
-                if self._inspector is None:
-                    inspector = Inspector(self.backend)
-                    await inspector.__aenter__()
-                    self._inspector = inspector
-            return await reading(self._inspector), 200
-        except (ConnectionFailedError, ServerReplyError) as exc:
-            await self.close()  # opened again at the next request
-            return _message("error", f"the server did not answer as expected: {exc}"), 503
+            with anyio.fail_after(PAGE_SEC):
+                async with self._opening:
+                    if self._inspector is None:
+                        opened = Inspector(self.backend)
+                        await opened.__aenter__()
+                        self._inspector = opened
+                    inspector = self._inspector
+                return await reading(inspector), 200
+        except (ConnectionFailedError, ServerReplyError, TimeoutError) as exc:
+            await self.close(inspector)  # opened again at the next request
+            why = str(exc) or f"no answer within {PAGE_SEC:g} s"
+            return _message("error", f"the server did not answer as expected: {why}"), 503
         except AnarchonError as exc:
             return _message("error", str(exc)), refused
+        except Exception as exc:  # what the store holds could not be read
+            log.exception("anarchon web: a page could not be made")
+            return _message("error", f"the page could not be made: {exc!r}"), 500
 
     # ------------------------------------------------------------------ pages
 
@@ -133,8 +160,8 @@ class _Site:
             leases = await inspector.leases()
             instances = await inspector.instances()
             timers = await inspector.timers()
-            failures = await inspector.failures(10)
-            recent = {job.name: await inspector.history(job.name, STRIP) for job in jobs}
+            recent = await inspector.recent(HISTORY)
+            failures = newest_failures(recent, 10)
             return "".join(
                 [
                     _done(request),
@@ -145,7 +172,7 @@ class _Site:
                     _section("Recent failures", _results_table(failures, with_job=True)),
                     _section(
                         "Fire lateness (slot to start)",
-                        _lateness_chart(r for results in recent.values() for r in results),
+                        _lateness_chart(r for results in recent.values() for r in results[:STRIP]),
                     ),
                 ]
             )
@@ -289,7 +316,9 @@ def _strip(results: list[RunResult]) -> str:
         title = f"{_clock(r.slot)} attempt {r.attempt} {r.status} on {r.runner}"
         if r.error:
             title += f": {r.error}"
-        cells.append(f'<span class="cell {r.status}" title="{html.escape(title)}"></span>')
+        cells.append(
+            f'<span class="cell {html.escape(r.status)}" title="{html.escape(title)}"></span>'
+        )
     return f'<span class="strip">{"".join(cells)}</span>' if cells else "-"
 
 
@@ -297,7 +326,7 @@ def _buttons(job: JobInfo, back: str) -> str:
     forms = []
     for action in ("resume" if job.paused else "pause", "run-now"):
         forms.append(
-            f'<form class="action" method="post" action="/jobs/{quote(job.name)}/{action}">'
+            f'<form class="action" method="post" action="/actions/{action}/{quote(job.name)}">'
             f'<input type="hidden" name="token"><input type="hidden" name="next" '
             f'value="{html.escape(back)}"><button type="submit" '
             f'data-job="{html.escape(job.name)}" data-action="{action}">{action}</button></form>'
@@ -394,7 +423,7 @@ def _results_table(results: list[RunResult], *, with_job: bool) -> str:
             str(r.attempt),
             html.escape(r.trigger),
             html.escape(r.runner),
-            f'<span class="badge {r.status}">{html.escape(r.status)}</span>',
+            f'<span class="badge {html.escape(r.status)}">{html.escape(r.status)}</span>',
             _clock(r.started_at),
             "-" if r.status == "skipped" else f"{took:.3f} s",
             f'<span class="error">{html.escape(r.error or "")}</span>',
@@ -524,16 +553,28 @@ _SCRIPT = """
   });
   const every = Number(document.body.dataset.refreshMs);
   const updated = document.getElementById('updated');
+  // One refresh at a time, each given up after 30 s; the next one is planned when it
+  // ends. A page that is not the dashboard's (a proxy's error) leaves this one as it is.
   async function refresh() {
+    const giveUp = new AbortController();
+    const timer = setTimeout(() => giveUp.abort(), 30000);
     try {
-      const reply = await fetch(location.pathname, {cache: 'no-store'});
+      const reply = await fetch(location.pathname, {cache: 'no-store', signal: giveUp.signal});
       const page = new DOMParser().parseFromString(await reply.text(), 'text/html');
-      document.getElementById('main').replaceWith(page.getElementById('main'));
-      updated.textContent = page.getElementById('updated').textContent;
+      const main = page.getElementById('main');
+      if (main) {
+        document.getElementById('main').replaceWith(main);
+        updated.textContent = page.getElementById('updated').textContent;
+      } else {
+        updated.textContent = 'the dashboard answered ' + reply.status + '; trying again';
+      }
     } catch (error) {
       updated.textContent = 'the dashboard does not answer (' + error + ')';
+    } finally {
+      clearTimeout(timer);
+      setTimeout(refresh, every);
     }
   }
-  if (every > 0) setInterval(refresh, every);
+  if (every > 0) setTimeout(refresh, every);
 })();
 """
