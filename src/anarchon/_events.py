@@ -40,6 +40,9 @@ __all__ = [
 
 log = logging.getLogger("anarchon")
 
+#: How long a consumer that waited lets events gather before it takes them (seconds).
+GATHER_SEC = 0.005
+
 #: How a claim of a slot was answered: this instance runs it ("won"), another runs it
 #: ("running": this one backs it up), an older run of the job is not settled
 #: ("overlap"), it is settled already ("done"), or the server refused the claim
@@ -221,6 +224,9 @@ class EventStream:
             if self._ready is None:  # one event for every consumer waiting
                 self._ready = anyio.Event()
             await self._ready.wait()
+            # Woken by the first event of a burst: let the rest of it gather, so that a
+            # consumer wakes once per burst rather than once per event.
+            await anyio.sleep(GATHER_SEC)
         return self._queue.popleft()
 
     def close(self) -> None:
