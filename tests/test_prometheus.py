@@ -69,7 +69,9 @@ async def test_the_counters_and_histograms_match_the_recorded_runs(
     # claim found the job paused.
     skipped = [r for r in history["held"] if r.status == "skipped"]
     assert value("anarchon_skipped_slots_total", job="held", reason="paused") == len(skipped)
-    assert value("anarchon_runs_total", job="held", outcome="ok") == 0
+    # A slot may have run before the pause: what ran is what the store recorded.
+    held_ok = [r for r in history["held"] if r.status == "ok"]
+    assert value("anarchon_runs_total", job="held", outcome="ok") == len(held_ok)
 
 
 def scrape(port: int) -> dict[str, float]:
