@@ -216,8 +216,6 @@ class EventStream:
         return self
 
     async def __anext__(self) -> Event:
-        if self._queue:
-            return self._queue.popleft()
         while not self._queue:
             if self._ended:
                 raise StopAsyncIteration
