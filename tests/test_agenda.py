@@ -19,6 +19,11 @@ from anarchon._job import Job, overlap_policy
 from anarchon._schedule import IntervalSchedule, SlotClock
 
 LEASE_MS = 30_000
+# The agenda's clock is its caller's ``now_ms``: the tests hand it a fixed instant (half
+# past an hour, on a 10 s boundary), so slot ages are exact to the millisecond and no
+# slot of an hourly job comes due of its own (on the wall clock, one did when a run
+# happened within 2 s after an hour struck).
+NOW_MS = 1_800_001_800_000
 
 
 def a_job(overlap: str = "skip") -> Job:
@@ -40,8 +45,10 @@ def an_agenda(job: Job) -> Agenda:
 
 
 def due(slot_ms: int, *, first: bool, may_start: bool, failures: int = 0) -> _Due:
+    """A claim due at its slot's instant (claims compare by instant and sequence, so
+    each of a test's claims has an instant of its own)."""
     return _Due(
-        _now_ms() - 1, 0, "job", str(slot_ms), slot_ms, "schedule", first,
+        slot_ms, 0, "job", str(slot_ms), slot_ms, "schedule", first,
         failures=failures, may_start=may_start,
     )  # fmt: skip
 
@@ -49,7 +56,7 @@ def due(slot_ms: int, *, first: bool, may_start: bool, failures: int = 0) -> _Du
 def pop(agenda: Agenda, *dues: _Due) -> list[_Due]:
     for item in dues:
         agenda.push(item)
-    return agenda._pop_due(_now_ms())
+    return agenda._pop_due(NOW_MS)
 
 
 def test_a_waiting_claim_past_the_start_limit_is_skipped_loudly(
@@ -58,7 +65,7 @@ def test_a_waiting_claim_past_the_start_limit_is_skipped_loudly(
     job = a_job("wait")
     limit_ms = job.start_limit_ms(LEASE_MS)
     assert limit_ms < job.keep_ms(LEASE_MS) - max(job.late_window_ms, job.catch_up_ms)
-    now = int(_now_ms())
+    now = NOW_MS
     young = due(now - limit_ms + 5_000, first=False, may_start=True)
     old = due(now - limit_ms - 5_000, first=False, may_start=True)
     backup = due(now - 10 * limit_ms, first=False, may_start=False)  # starts nothing
@@ -70,7 +77,7 @@ def test_a_waiting_claim_past_the_start_limit_is_skipped_loudly(
 
 def test_a_failed_first_claim_too_late_to_start_is_asked_without_the_right_to_start() -> None:
     job = a_job()
-    now = int(_now_ms())
+    now = NOW_MS
     failed = due(now - job.late_window_ms - 1_000, first=True, may_start=True, failures=2)
     (claimed,) = pop(an_agenda(job), failed)
     assert claimed is failed and not claimed.first and not claimed.may_start
@@ -78,7 +85,7 @@ def test_a_failed_first_claim_too_late_to_start_is_asked_without_the_right_to_st
 
 def test_of_a_backlog_of_scheduled_slots_only_the_newest_may_start() -> None:
     job = a_job()
-    now = int(_now_ms())
+    now = NOW_MS
     older = due(now - 2_000, first=True, may_start=True)
     older_failed = due(now - 1_500, first=True, may_start=True, failures=1)
     newest = due(now - 1_000, first=True, may_start=True)
@@ -92,7 +99,7 @@ def test_a_backlog_of_an_overlapping_job_is_claimed_whole() -> None:
     """Only a job without overlap keeps the newest of a backlog: slots of a job that
     allows overlap may run side by side, so each of them is claimed."""
     job = a_job("allow")
-    now = int(_now_ms())
+    now = NOW_MS
     backlog = [due(now - gap, first=True, may_start=True) for gap in (2_000, 1_500, 1_000)]
     claimed = pop(an_agenda(job), *backlog)
     assert sorted(d.slot_ms for d in claimed) == sorted(d.slot_ms for d in backlog)
@@ -120,11 +127,6 @@ async def test_a_sleep_toward_a_far_claim_re_reads_the_clock_within_the_cap() ->
             await anyio.sleep(0.2)
             far.at_ms = _now_ms()  # the clock "jumped": the claim is due now
     assert got == [far]
-
-
-# The agenda's clock is its caller's ``now_ms``: the tests below hand it a fixed instant
-# (half past an hour, on a 10 s boundary), so slot ages are exact to the millisecond.
-NOW_MS = 1_800_001_800_000
 
 
 def a_job_with(
