@@ -41,6 +41,11 @@ class OneShot:
         return cls(at.replace(microsecond=0) + timedelta(seconds=1))
 
 
+#: A schedule that is never due: only ``run_now`` runs the job (a cron string, even a
+#: yearly one, strikes during some test run).
+NEVER = OneShot(datetime(2000, 1, 1, tzinfo=UTC))
+
+
 class Seconds:
     """A schedule that fires at ``count`` whole seconds in a row, the first at least
     ``delay_ms`` from now."""

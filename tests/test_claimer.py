@@ -13,7 +13,6 @@ import logging
 import secrets
 import time
 from collections.abc import Iterator
-from datetime import UTC, datetime
 
 import anyio
 import pytest
@@ -34,12 +33,9 @@ from anarchon._lease import JobKeys
 from anarchon._store import AttemptEnd, ClaimRequest
 from anarchon.clients import ServerReplyError
 from tests.faults import FaultProxy, oom
-from tests.helpers import OneShot, claim_as, claim_for_a_dead_runner, wait_until
+from tests.helpers import NEVER, OneShot, claim_as, claim_for_a_dead_runner, wait_until
 
 pytestmark = pytest.mark.anyio
-
-#: A schedule that is never due: only ``run_now`` runs the job.
-NEVER = OneShot(datetime(2000, 1, 1, tzinfo=UTC))
 
 
 @pytest.fixture

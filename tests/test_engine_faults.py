@@ -25,7 +25,7 @@ from anarchon import ConnectionFailedError, RedisBackend, Run, Scheduler
 from anarchon._lease import JobKeys
 from anarchon.clients import ServerReplyError
 from tests.faults import FaultProxy, oom
-from tests.helpers import Ledger, OneShot, claim_as, claim_for_a_dead_runner, wait_until
+from tests.helpers import NEVER, Ledger, OneShot, claim_as, claim_for_a_dead_runner, wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -566,7 +566,7 @@ async def test_run_now_whose_claim_reply_was_lost_runs_once_and_returns_its_resu
     fences: list[int] = []
     scheduler = Scheduler(RedisBackend(redis=SendClient(proxy.url), prefix=prefix), lease_ms=2000)
 
-    @scheduler.job("0 0 1 1 *", name="report")  # not due during the test
+    @scheduler.job(NEVER, name="report")
     async def report(run: Run) -> None:
         fences.append(run.fence)
 
@@ -591,7 +591,7 @@ async def test_run_now_won_after_tries_that_took_longer_than_the_lease_runs_the_
         RedisBackend(redis=SendClient(proxy.url), prefix=prefix), lease_ms=lease_ms
     )
 
-    @scheduler.job("0 0 1 1 *", name="report")  # not due during the test
+    @scheduler.job(NEVER, name="report")
     async def report(run: Run) -> None:
         ran.append(run.attempt)
 
@@ -621,7 +621,7 @@ async def test_run_now_while_the_server_is_unreachable_raises_connection_failed_
 ) -> None:
     scheduler = Scheduler(RedisBackend(redis=SendClient(proxy.url), prefix=prefix), lease_ms=2000)
 
-    @scheduler.job("0 0 1 1 *", name="report")  # not due during the test
+    @scheduler.job(NEVER, name="report")
     async def report() -> None:
         pass
 

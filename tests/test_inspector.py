@@ -25,7 +25,7 @@ from anarchon import (
 )
 from anarchon._registry import REGISTRATION_TTL_MS, RegistryKeys
 from tests.faults import FaultProxy
-from tests.helpers import OneShot, long_job_fleet, wait_until
+from tests.helpers import NEVER, OneShot, long_job_fleet, wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -46,7 +46,7 @@ async def test_the_inspector_sees_jobs_leases_instances_and_history_of_a_running
             started.set()
             await release.wait()
 
-        @scheduler.job("0 3 * * *", name="report", timezone="Europe/Athens", max_attempts=5)
+        @scheduler.job("0 3 1 1 *", name="report", timezone="Europe/Athens", max_attempts=5)
         async def report() -> None:
             pass
 
@@ -70,17 +70,18 @@ async def test_the_inspector_sees_jobs_leases_instances_and_history_of_a_running
         release.set()
 
     assert sorted(jobs) == ["long", "report"]
-    daily = jobs["report"]
-    assert (daily.cron, daily.timezone, daily.strategy) == (
-        "0 3 * * *",
+    # 03:00 Athens on 1 January: no clock change that day, and no slot during a run.
+    yearly = jobs["report"]
+    assert (yearly.cron, yearly.timezone, yearly.strategy) == (
+        "0 3 1 1 *",
         "Europe/Athens",
         "lease",
     )
-    assert daily.options["max_attempts"] == 5 and not daily.paused and daily.last is None
-    assert daily.next_fire is not None and daily.next_fire.timestamp() > time.time()
-    local = daily.next_fire.astimezone(ZoneInfo("Europe/Athens"))
-    assert (local.hour, local.minute) == (3, 0)
-    assert daily.first_seen is not None
+    assert yearly.options["max_attempts"] == 5 and not yearly.paused and yearly.last is None
+    assert yearly.next_fire is not None and yearly.next_fire.timestamp() > time.time()
+    local = yearly.next_fire.astimezone(ZoneInfo("Europe/Athens"))
+    assert (local.month, local.day, local.hour, local.minute) == (1, 1, 3, 0)
+    assert yearly.first_seen is not None
 
     (lease,) = leases
     assert (lease.job, lease.status, lease.attempt) == ("long", "running", 1)
@@ -201,7 +202,7 @@ async def test_a_fleet_run_given_back_by_a_stopping_instance_is_run_by_another(
     """A run the fleet was asked for keeps the job's attempts: the instance running it
     stops (and gives it back), and another one runs attempt 2 at once."""
     async with (
-        long_job_fleet(server_url, prefix, "0 0 1 1 *", stop_grace_ms=0) as fleet,
+        long_job_fleet(server_url, prefix, NEVER, stop_grace_ms=0) as fleet,
         Inspector(RedisBackend(redis=server_url, prefix=prefix)) as inspector,
     ):
         await inspector.run_now("long")

@@ -18,7 +18,7 @@ from anarchon import RedisBackend, Run, RunOverlapError, RunResult, Scheduler
 from anarchon._lease import JobKeys
 from anarchon._schedule import iso_ms
 from anarchon._store import AttemptEnd, ClaimRequest
-from tests.helpers import CommandLog, Ledger, OneShot, Seconds, wait_until
+from tests.helpers import NEVER, CommandLog, Ledger, OneShot, Seconds, wait_until
 from tests.servers import ServerSpec
 
 pytestmark = pytest.mark.anyio
@@ -299,7 +299,7 @@ async def test_run_now_runs_here_as_a_manual_run_recorded_in_history(
     runs: list[Run] = []
     scheduler = Scheduler(RedisBackend(redis=server_url, prefix=prefix), instance_id="here")
 
-    @scheduler.job("0 0 1 1 *", name="yearly")
+    @scheduler.job(NEVER, name="yearly")
     async def yearly(run: Run) -> None:
         runs.append(run)
 
@@ -323,7 +323,7 @@ async def test_a_failed_run_now_is_one_attempt_and_is_not_retried(
     calls: list[int] = []
     scheduler = Scheduler(RedisBackend(redis=server_url, prefix=prefix), retry_delay_ms=100)
 
-    @scheduler.job("0 0 1 1 *", name="yearly", max_attempts=3)
+    @scheduler.job(NEVER, name="yearly", max_attempts=3)
     async def yearly(run: Run) -> None:
         calls.append(run.attempt)
         raise RuntimeError("the report failed")
