@@ -17,11 +17,13 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter, defaultdict
-from contextlib import ExitStack
+from contextlib import ExitStack, suppress
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 
 import anyio
@@ -43,6 +45,12 @@ SLOW_AT_MS = 2_000
 SLOW_WORK_SEC = 2.0
 #: How long after the slow job's first attempt starts its runner is killed.
 KILL_AFTER_SEC = 0.6
+#: How long the instances have to start Python and import anarchon (a loaded machine
+#: takes seconds), and how long after they all have the demo's first slot comes.
+READY_SEC = 60
+#: How long the instances have to exit after their SIGTERM.
+STOP_SEC = 15
+START_AFTER_SEC = 1.5
 
 
 @dataclass
@@ -141,35 +149,42 @@ def _instance(url: str, prefix: str, name: str, jobs: int, started_ms: int) -> S
 
 
 def _instance_main(argv: list[str]) -> None:
-    """``python -m anarchon._demo instance URL PREFIX NAME JOBS STARTED_MS EVENT_LOOP
-    VERBOSE``: one instance, until SIGTERM."""
+    """``python -m anarchon._demo instance URL PREFIX NAME JOBS EVENT_LOOP VERBOSE``: one
+    instance, until SIGTERM. It says "ready" once imported, and starts when the parent
+    writes the demo's first slot (epoch ms) on its stdin."""
     import logging
 
     from ._serve import serve
 
-    url, prefix, name, jobs, started_ms, event_loop, verbose = argv
+    url, prefix, name, jobs, event_loop, verbose = argv
     logging.basicConfig(
         # The failure the demo makes on purpose is retried: its WARNING is left out.
         level=logging.INFO if verbose == "1" else logging.ERROR,
         format=f"%(asctime)s {name} %(levelname)s %(name)s: %(message)s",
     )
-    scheduler = _instance(url, prefix, name, int(jobs), int(started_ms))
-
-    async def main() -> None:
-        _emit("ready", runner=name)
-        async with anyio.create_task_group() as group:
-            group.start_soon(_stop_when_the_parent_is_gone, scheduler)
-            await serve(scheduler, wait_for_server_sec=10)
-            group.cancel_scope.cancel()
-
-    anyio.run(main, backend=event_loop)
+    _emit("ready", runner=name)
+    line = _read_line(sys.stdin.fileno())
+    if not line.strip():
+        return  # the parent is gone before the start
+    threading.Thread(target=_stop_when_the_parent_is_gone, daemon=True).start()
+    scheduler = _instance(url, prefix, name, int(jobs), int(line))
+    anyio.run(partial(serve, scheduler, wait_for_server_sec=10), backend=event_loop)
 
 
-async def _stop_when_the_parent_is_gone(scheduler: Scheduler[Any]) -> None:
-    """The parent holds this instance's stdin open and never writes: its end (the parent
-    exited, however it died) stops the instance, so none outlives the demo."""
-    await anyio.to_thread.run_sync(sys.stdin.buffer.read, abandon_on_cancel=True)
-    await scheduler.stop(0)
+def _read_line(fd: int) -> bytes:
+    line = b""
+    while not line.endswith(b"\n") and (chunk := os.read(fd, 1)):
+        line += chunk
+    return line
+
+
+def _stop_when_the_parent_is_gone() -> None:
+    """The parent holds this instance's stdin open and never writes again: its end (the
+    parent exited, however it died) is this instance's SIGTERM, so none outlives the
+    demo. A daemon thread on the raw descriptor: it holds neither the exit nor a lock."""
+    while os.read(sys.stdin.fileno(), 4096):
+        pass
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 # ------------------------------------------------------------------ the parent
@@ -179,7 +194,11 @@ async def _stop_when_the_parent_is_gone(scheduler: Scheduler[Any]) -> None:
 class _Watch:
     """What the parent saw."""
 
-    started_ms: int
+    instances: int
+    #: The demo's first slot (epoch ms), once every instance is ready.
+    started_ms: int = 0
+    ready: set[str] = field(default_factory=set)
+    all_ready: anyio.Event = field(default_factory=anyio.Event)
     starts: list[dict[str, Any]] = field(default_factory=list)
     ends: list[dict[str, Any]] = field(default_factory=list)
     fired: list[dict[str, Any]] = field(default_factory=list)
@@ -192,8 +211,7 @@ async def _run(
 ) -> DemoSummary:
     prefix = f"demo{int(time.time())}:"
     await _check_reachable(url, prefix)
-    started_ms = math.ceil(time.time() + 1.5) * 1000  # the instances are up by then
-    watch = _Watch(started_ms)
+    watch = _Watch(instances)
     names = [f"instance-{index + 1}" for index in range(instances)]
     _out(
         f"{instances} instances (processes), {jobs} jobs firing every second, a slow job, a "
@@ -208,14 +226,15 @@ async def _run(
             for name in names:
                 command = [
                     sys.executable, "-m", "anarchon._demo", "instance", url, prefix, name,
-                    str(jobs), str(started_ms), event_loop, "1" if verbose else "0",
+                    str(jobs), event_loop, "1" if verbose else "0",
                 ]  # fmt: skip
                 process = await anyio.open_process(
                     command, env=env, stdin=subprocess.PIPE, stderr=None
                 )
                 processes[name] = process
                 group.start_soon(_read_events, process, name, watch, processes, group)
-            stopping_ms = await _scenes(url, prefix, seconds, instances, watch, processes)
+            if await _start(watch, processes):
+                stopping_ms = await _scenes(url, prefix, seconds, instances, watch, processes)
             group.cancel_scope.cancel()
     finally:
         # Ctrl-C or an error: no instance outlives the demo.
@@ -224,7 +243,28 @@ async def _run(
                 if process.returncode is None:
                     process.kill()
                 await process.aclose()
+    if not watch.started_ms:
+        sys.exit(
+            f"anarchon demo: {instances - len(watch.ready)} of {instances} instances did not "
+            f"start within {READY_SEC} s (their errors, if any, are above)"
+        )
     return _summary(watch, jobs, stopping_ms)
+
+
+async def _start(watch: _Watch, processes: dict[str, Process]) -> bool:
+    """Once every instance is ready (Python started, anarchon imported: seconds on a
+    loaded machine), the demo's first slot is a whole second at least 1.5 s later: each
+    instance's scheduler is up by then. False if one was not ready in time."""
+    with anyio.move_on_after(READY_SEC):
+        await watch.all_ready.wait()
+    if not watch.all_ready.is_set():
+        return False
+    watch.started_ms = math.ceil(time.time() + START_AFTER_SEC) * 1000
+    for process in processes.values():
+        assert process.stdin is not None
+        with suppress(anyio.BrokenResourceError):  # it died since: the others go on
+            await process.stdin.send(f"{watch.started_ms}\n".encode())
+    return True
 
 
 async def _scenes(
@@ -249,11 +289,12 @@ async def _scenes(
     for name, process in processes.items():
         if name not in watch.killed and process.returncode is None:
             process.send_signal(signal.SIGTERM)
-    with anyio.move_on_after(15):
+    with anyio.move_on_after(STOP_SEC):
         for process in processes.values():
             await process.wait()
-    for process in processes.values():
+    for name, process in processes.items():
         if process.returncode is None:
+            _out(f"  {name} did not exit within {STOP_SEC} s of its SIGTERM: killed")
             process.kill()
     return stopping_ms
 
@@ -289,7 +330,11 @@ async def _read_events(
 
 def _show(event: dict[str, Any], watch: _Watch, processes: dict[str, Process], group: Any) -> None:
     kind = event.get("event")
-    if kind == "start":
+    if kind == "ready":
+        watch.ready.add(event["runner"])
+        if len(watch.ready) == watch.instances:
+            watch.all_ready.set()
+    elif kind == "start":
         watch.starts.append(event)
         job, attempt, runner = event["job"], event["attempt"], event["runner"]
         what = f"  {_clock(event['slot_ms'])}  {job:<8} ran on {runner}  (fence {event['fence']})"
