@@ -14,9 +14,9 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 import pytest
@@ -34,6 +34,7 @@ pytestmark = pytest.mark.slow
 TOKEN = "open-sesame-42"
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
+T = TypeVar("T")
 
 
 class WebCommand:
@@ -173,10 +174,23 @@ def fleet_has_shown_itself(url: str, prefix: str) -> bool:
     return running and last.get("flaky") == "failed" and last.get("report") == "ok"
 
 
-def texts(browser: Any, xpath: str) -> list[str]:
+def on_each(browser: Any, xpath: str, do: Callable[[Any], T]) -> list[T]:
+    """``do`` on each element at ``xpath``. The page refreshes itself in place: an
+    element found may be replaced before ``do`` reaches it, and then all are found
+    again (a loaded machine reads slower than a refresh every second)."""
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.by import By
 
-    return [element.text for element in browser.find_elements(By.XPATH, xpath)]
+    for _ in range(20):
+        try:
+            return [do(element) for element in browser.find_elements(By.XPATH, xpath)]
+        except StaleElementReferenceException:
+            continue
+    raise AssertionError(f"{xpath}: replaced by each refresh before it could be read")
+
+
+def texts(browser: Any, xpath: str) -> list[str]:
+    return on_each(browser, xpath, lambda element: str(element.text))
 
 
 def section(title: str) -> str:
@@ -225,10 +239,12 @@ def test_the_dashboard_shows_a_running_fleet_and_pauses_a_job_only_with_its_toke
     assert sorted(texts(browser, section("Jobs") + "//tbody/tr/td[1]")) == [
         "flaky", "report", "slow",
     ]  # fmt: skip
-    report_cells = browser.find_elements(
-        By.XPATH, section("Jobs") + "//tr[td[1]='report']//span[contains(@class, 'cell')]"
+    report_cells = on_each(
+        browser,
+        section("Jobs") + "//tr[td[1]='report']//span[contains(@class, 'cell')]",
+        lambda cell: str(cell.get_attribute("class")),
     )
-    assert report_cells and "ok" in report_cells[-1].get_attribute("class")
+    assert report_cells and "ok" in report_cells[-1]
     shown = [
         row.split(" ")
         for row in texts(browser, section("Runs in progress") + "//tbody/tr")
@@ -263,7 +279,7 @@ def test_the_dashboard_shows_a_running_fleet_and_pauses_a_job_only_with_its_toke
     # A job's page: its definition and its history.
     browser.find_element(By.LINK_TEXT, "slow").click()
     wait.until(lambda b: texts(b, "//h2") and texts(b, "//h2")[0] == "Job slow")
-    assert "*/2 * * * * *" in browser.find_element(By.CSS_SELECTOR, "table.details").text
+    assert "*/2 * * * * *" in texts(browser, "//table[@class='details']")[0]
     statuses = texts(browser, section("History") + "//tbody/tr/td[5]")
     assert "skipped" in statuses and set(statuses) <= {"ok", "skipped", "cancelled"}
     screenshot(browser, tmp_path, "web-job.png")
@@ -274,8 +290,8 @@ def test_the_dashboard_shows_a_running_fleet_and_pauses_a_job_only_with_its_toke
         field = browser.find_element(By.ID, "token")
         field.clear()
         field.send_keys(token)
-        pause = "button[data-job='report'][data-action='pause']"
-        browser.find_element(By.CSS_SELECTOR, pause).click()
+        pause = "//button[@data-job='report'][@data-action='pause']"
+        assert on_each(browser, pause, lambda button: button.click()), "no pause button"
         message = wait.until(lambda b: b.find_elements(By.CSS_SELECTOR, "p.message"))
         return str(message[0].text)
 
