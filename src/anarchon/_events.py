@@ -41,7 +41,7 @@ __all__ = [
 log = logging.getLogger("anarchon")
 
 #: How long a consumer that waited lets events gather before it takes them (seconds).
-GATHER_SEC = 0.005
+GATHER_SEC = 0.05
 
 #: How a claim of a slot was answered: this instance runs it ("won"), another runs it
 #: ("running": this one backs it up), an older run of the job is not settled
