@@ -48,9 +48,9 @@ KILL_AFTER_SEC = 0.6
 #: How long the instances have to start Python and import anarchon (a loaded machine
 #: takes seconds), and how long after they all have the demo's first slot comes.
 READY_SEC = 60
+START_AFTER_SEC = 1.5
 #: How long the instances have to exit after their SIGTERM.
 STOP_SEC = 15
-START_AFTER_SEC = 1.5
 
 
 @dataclass
