@@ -103,6 +103,7 @@ async def run_exactly_once(
                     await ledger.record(run)
 
                 scheduler.add_job(handler, "* * * * * *", name=name)
+            ledger.watch(scheduler)
             schedulers.append(scheduler)
         for scheduler in schedulers:
             await stack.enter_async_context(scheduler)
