@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from contextlib import AsyncExitStack
+from datetime import UTC, datetime
 from typing import Any
 
 import anyio
@@ -68,6 +69,7 @@ async def test_the_events_of_a_fleet_match_what_the_store_recorded(
         async def remind(fire: TimerRun) -> None:
             fired.append(fire)
 
+    began = datetime.now(UTC)
     # The consumers end by themselves: each stream ends once its instance has stopped.
     with anyio.fail_after(60):
         async with anyio.create_task_group() as consumers:
@@ -82,8 +84,12 @@ async def test_the_events_of_a_fleet_match_what_the_store_recorded(
                 generation = await schedulers[0].set_timer("remind", "user:42", delay_ms=300)
                 await wait_until(lambda: len(fired) == 1, 20, "the timer to fire")
                 history = await settled_history(schedulers[0], {"tick": 3, "flaky": 2})
+    ended = datetime.now(UTC)
     for name, events in seen.items():
         assert all(event.instance == name for event in events), events
+        # Stamped in UTC as they happened, in the order they happened.
+        stamps = [event.at for event in events]
+        assert stamps == sorted(stamps) and began <= stamps[0] and stamps[-1] <= ended, stamps
     everything = [event for events in seen.values() for event in events]
     for job in ("tick", "flaky"):
         for result in history[job]:

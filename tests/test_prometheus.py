@@ -17,6 +17,7 @@ import anarchon.prometheus
 from anarchon import RedisBackend, Run, Scheduler, SchedulerStateError, TimerRun
 from anarchon._embedded import free_port
 from anarchon.prometheus import instrument
+from tests.faults import FaultProxy
 from tests.helpers import (
     OneShot,
     claim_for_a_dead_runner,
@@ -179,6 +180,47 @@ async def test_the_gauges_show_the_leases_held_the_instances_alive_and_the_timer
     # Stopped: no lease held, and nothing read of the store any more, so nothing shown.
     assert value("anarchon_leases_held", job="long") is None
     assert value("anarchon_instances_alive", prefix=prefix) is None
+
+
+async def test_a_lost_lease_an_outage_and_a_timer_firing_are_counted(
+    server_url: str, prefix: str
+) -> None:
+    """The server frozen during a run longer than its lease: one lease lost and one
+    outage counted; then a timer set and fired: one firing counted, by outcome."""
+    registry = CollectorRegistry()
+    fired: list[TimerRun] = []
+    with FaultProxy(server_url) as proxy:
+        scheduler = Scheduler(
+            RedisBackend(redis=proxy.url, prefix=prefix), lease_ms=1500, heartbeat_ms=500
+        )
+        started = anyio.Event()
+
+        @scheduler.job(OneShot.in_ms(100), name="long")
+        async def long() -> None:
+            started.set()
+            await anyio.sleep(30)
+
+        @scheduler.timer("remind")
+        async def remind(fire: TimerRun) -> None:
+            fired.append(fire)
+
+        instrument(scheduler, registry)
+
+        def value(name: str, **labels: str) -> float:
+            return registry.get_sample_value(name, labels) or 0.0
+
+        lost = ("anarchon_lease_losses_total", {"job": "long"})
+        async with scheduler:
+            await started.wait()
+            proxy.pause()
+            await wait_until(lambda: value(lost[0], **lost[1]) == 1, 20, "a lost lease")
+            proxy.resume()
+            await scheduler.set_timer("remind", "user:42", delay_ms=300)
+            await wait_until(lambda: len(fired) == 1, 20, "the timer to fire")
+            firings = ("anarchon_timer_firings_total", {"kind": "remind", "outcome": "ok"})
+            await wait_until(lambda: value(firings[0], **firings[1]) == 1, 20, "a firing")
+    assert value("anarchon_server_unreachable_total") == 1
+    assert value(lost[0], **lost[1]) == 1 and value(firings[0], **firings[1]) == 1
 
 
 async def test_a_started_scheduler_is_refused_and_a_restricted_registry_has_the_metrics(

@@ -9,6 +9,7 @@ consumer that falls behind loses the oldest events (counted in ``EventStream.dro
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -53,8 +54,19 @@ ClaimAnswer = Literal["won", "running", "overlap", "done", "refused"]
 SkipReason = Literal["overlap", "late", "paused"]
 
 
+#: The last instant an event was stamped with: (epoch seconds, as a datetime).
+_stamp = (0.0, datetime.now(UTC))
+
+
 def _now() -> datetime:
-    return datetime.now(UTC)
+    """Now, in UTC, to the millisecond: the events made within one millisecond (a
+    burst of a thousand claims' answers) share one datetime, made once."""
+    global _stamp
+    seconds = time.time()
+    if 0.0 <= seconds - _stamp[0] < 0.001:
+        return _stamp[1]
+    _stamp = (seconds, datetime.fromtimestamp(seconds, UTC))
+    return _stamp[1]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -198,10 +210,12 @@ class EventStream:
         self._ready: anyio.Event | None = None
 
     def _put(self, event: Event) -> None:
-        if len(self._queue) == self._queue.maxlen:
+        queue = self._queue
+        if len(queue) == queue.maxlen:
             self.dropped += 1
-        self._queue.append(event)
-        self._wake()
+        queue.append(event)
+        if self._ready is not None:
+            self._wake()
 
     def _end(self) -> None:
         self._ended = True

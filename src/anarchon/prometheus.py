@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import weakref
 from bisect import bisect_left
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -103,48 +103,67 @@ class _Counts:
         self.histograms: dict[str, dict[tuple[str, ...], list[float]]] = {
             name: {} for name in _HISTOGRAMS
         }
-        # What every run counts, at hand.
+        # What every run counts, at hand: a run's three events are counted in the
+        # scheduler's hot path, so each goes straight to its own method and rows.
         self._runs = self.counters["runs"]
         self._claims = self.counters["claims"]
+        self._durations = self.histograms["duration"]
+        self._lateness = self.histograms["lateness"]
+        self._by_type: dict[type[Event], Callable[[Any], None]] = {
+            ClaimAnswered: self._claimed,
+            RunStarted: self._started,
+            RunFinished: self._finished,
+            RunRetried: lambda event: self.count("retries", (event.job,)),
+            LeaseLost: lambda event: self.count("lease_losses", (event.job,)),
+            SlotSkipped: lambda event: self.count("skipped", (event.job, event.reason)),
+            TimerFired: self._fired,
+            ServerUnreachable: lambda event: self.count("outages", ()),
+        }
 
     def count(self, counter: str, labels: tuple[str, ...]) -> None:
         counts = self.counters[counter]
         counts[labels] = counts.get(labels, 0) + 1
 
-    def observe(self, histogram: str, labels: tuple[str, ...], value: float) -> None:
-        buckets = self.histograms[histogram].get(labels)
-        bounds = _HISTOGRAMS[histogram][3]
-        if buckets is None:
-            buckets = self.histograms[histogram][labels] = [0.0] * (len(bounds) + 2)
-        buckets[bisect_left(bounds, value)] += 1
-        buckets[-1] += value
-
     def __call__(self, event: Event) -> None:
         """Count one event (a hook of the scheduler)."""
-        if isinstance(event, RunFinished):
-            labels = (event.run.job, event.outcome)
-            self._runs[labels] = self._runs.get(labels, 0) + 1
-            self.observe("duration", labels, event.duration_ms / 1000)
-        elif isinstance(event, RunStarted):
-            job = event.run.job
-            self.observe("lateness", (job,), max(event.late_ms, 0.0) / 1000)
-            if event.run.trigger == "takeover":
-                self.count("takeovers", (job,))
-        elif isinstance(event, ClaimAnswered):
-            claim = (event.job, event.answer)
-            self._claims[claim] = self._claims.get(claim, 0) + 1
-        elif isinstance(event, RunRetried):
-            self.count("retries", (event.job,))
-        elif isinstance(event, LeaseLost):
-            self.count("lease_losses", (event.job,))
-        elif isinstance(event, SlotSkipped):
-            self.count("skipped", (event.job, event.reason))
-        elif isinstance(event, TimerFired):
-            self.count("timer_firings", (event.run.kind, event.outcome))
-            if event.run.trigger == "takeover":
-                self.count("takeovers", (event.run.kind,))
-        elif isinstance(event, ServerUnreachable):
-            self.count("outages", ())
+        count = self._by_type.get(type(event))
+        if count is not None:
+            count(event)
+
+    def _claimed(self, event: ClaimAnswered) -> None:
+        claim = (event.job, event.answer)
+        self._claims[claim] = self._claims.get(claim, 0) + 1
+
+    def _started(self, event: RunStarted) -> None:
+        run = event.run
+        late_sec = event.late_ms / 1000 if event.late_ms > 0 else 0.0
+        _observe(self._lateness, _LATENESS_BUCKETS, (run.job,), late_sec)
+        if run.trigger == "takeover":
+            self.count("takeovers", (run.job,))
+
+    def _finished(self, event: RunFinished) -> None:
+        labels = (event.run.job, event.outcome)
+        self._runs[labels] = self._runs.get(labels, 0) + 1
+        _observe(self._durations, _DURATION_BUCKETS, labels, event.duration_ms / 1000)
+
+    def _fired(self, event: TimerFired) -> None:
+        self.count("timer_firings", (event.run.kind, event.outcome))
+        if event.run.trigger == "takeover":
+            self.count("takeovers", (event.run.kind,))
+
+
+def _observe(
+    rows: dict[tuple[str, ...], list[float]],
+    bounds: tuple[float, ...],
+    labels: tuple[str, ...],
+    value: float,
+) -> None:
+    """Count ``value`` into the bucket row of ``labels`` (made at its first value)."""
+    buckets = rows.get(labels)
+    if buckets is None:
+        buckets = rows[labels] = [0.0] * (len(bounds) + 2)
+    buckets[bisect_left(bounds, value)] += 1
+    buckets[-1] += value
 
 
 class SchedulerMetrics(Collector):
