@@ -71,7 +71,8 @@ def _now() -> datetime:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Event:
-    """Something a scheduler decided or saw: ``instance`` (its id) at ``at`` (UTC)."""
+    """Something a scheduler decided or saw: ``instance`` (its id) at ``at`` (UTC, to the
+    millisecond)."""
 
     instance: str
     at: datetime = field(default_factory=_now)
