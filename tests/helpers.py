@@ -265,6 +265,23 @@ class LongJobFleet:
         return next(s for s in self.schedulers if s.instance_id == self.starts[start].runner)
 
 
+def a_long_run(url: str, prefix: str) -> tuple[Scheduler[Any], anyio.Event]:
+    """An instance (1.5 s leases, a heartbeat every 0.5 s) whose job "long" starts once,
+    soon, sets the returned event and then takes 30 s: freeze its server mid-run and the
+    run loses its lease."""
+    scheduler: Scheduler[Any] = Scheduler(
+        RedisBackend(redis=url, prefix=prefix), lease_ms=1500, heartbeat_ms=500
+    )
+    started = anyio.Event()
+
+    @scheduler.job(OneShot.in_ms(100), name="long")
+    async def long() -> None:
+        started.set()
+        await anyio.sleep(30)
+
+    return scheduler, started
+
+
 @asynccontextmanager
 async def long_job_fleet(
     server_url: str,

@@ -33,7 +33,13 @@ from anarchon import (
     TimerSet,
 )
 from tests.faults import FaultProxy
-from tests.helpers import OneShot, Seconds, settled_history, tick_and_flaky_fleet, wait_until
+from tests.helpers import (
+    Seconds,
+    a_long_run,
+    settled_history,
+    tick_and_flaky_fleet,
+    wait_until,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -223,16 +229,7 @@ async def test_a_hook_that_raises_is_logged_once_and_the_scheduler_goes_on(
 async def test_an_outage_and_a_lost_lease_are_events(proxy: FaultProxy, prefix: str) -> None:
     """The server frozen during a run longer than its lease: the instance says the server
     is unreachable, then that the run lost its lease, then that the server is back."""
-    scheduler = Scheduler(
-        RedisBackend(redis=proxy.url, prefix=prefix), lease_ms=1500, heartbeat_ms=500
-    )
-    started = anyio.Event()
-
-    @scheduler.job(OneShot.in_ms(100), name="long")
-    async def long() -> None:
-        started.set()
-        await anyio.sleep(30)
-
+    scheduler, started = a_long_run(proxy.url, prefix)
     events: list[Event] = []
     scheduler.on_event(events.append)
     async with scheduler:

@@ -4,7 +4,8 @@ that has it, under both event loops."""
 from __future__ import annotations
 
 import time
-from contextlib import AsyncExitStack
+from collections.abc import AsyncIterator, Callable
+from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
 import anyio
@@ -22,6 +23,35 @@ JOBS = 20
 SECONDS = 10
 
 
+@asynccontextmanager
+async def fleet(
+    server_url: str,
+    prefix: str,
+    strategy: str,
+    ledger: Ledger,
+    before: Callable[[Run], None] = lambda run: None,
+) -> AsyncIterator[None]:
+    """Five running instances of twenty jobs every second, each run recorded in
+    ``ledger`` after ``before``; each instance's skips heard by the ledger."""
+    schedulers: list[Scheduler[Any]] = []
+    for index in range(INSTANCES):
+        backend: Any = RedisBackend(redis=server_url, prefix=prefix, strategy=strategy)  # type: ignore[call-overload]
+        scheduler: Scheduler[Any] = Scheduler(backend, instance_id=f"instance-{index}")
+        for job_index in range(JOBS):
+
+            async def handler(run: Run) -> None:
+                before(run)
+                await ledger.record(run)
+
+            scheduler.add_job(handler, "* * * * * *", name=f"job{job_index:02d}")
+        ledger.watch(scheduler)
+        schedulers.append(scheduler)
+    async with AsyncExitStack() as stack:
+        for scheduler in schedulers:
+            await stack.enter_async_context(scheduler)
+        yield
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["lease", "stream-id", "idmp", "script"])
 async def test_each_slot_runs_exactly_once_with_five_instances_and_twenty_jobs(
@@ -30,22 +60,7 @@ async def test_each_slot_runs_exactly_once_with_five_instances_and_twenty_jobs(
     if strategy == "idmp" and not has_idmp(server):
         pytest.skip(NO_IDMP.format(server.id))
     ledger = Ledger(direct, prefix)
-    schedulers: list[Scheduler[Any]] = []
-    for index in range(INSTANCES):
-        backend: Any = RedisBackend(redis=server_url, prefix=prefix, strategy=strategy)  # type: ignore[call-overload]
-        scheduler: Scheduler[Any] = Scheduler(backend, instance_id=f"instance-{index}")
-        for job_index in range(JOBS):
-
-            async def handler(run: Run) -> None:
-                await ledger.record(run)
-
-            scheduler.add_job(handler, "* * * * * *", name=f"job{job_index:02d}")
-        ledger.watch(scheduler)
-        schedulers.append(scheduler)
-
-    async with AsyncExitStack() as stack:
-        for scheduler in schedulers:
-            await stack.enter_async_context(scheduler)
+    async with fleet(server_url, prefix, strategy, ledger):
         all_started_ms = time.time() * 1000
         await anyio.sleep(SECONDS)
         stopping_ms = time.time() * 1000
@@ -66,24 +81,12 @@ async def test_no_slot_runs_twice_nor_is_lost_unheard_across_a_stall_of_the_whol
     a newer slot was due (the stale backlog is dropped, not run late)."""
     ledger = Ledger(direct, prefix)
     stall_at = [0]  # the slot of job00 whose handler stalls, set once all are up
-    schedulers: list[Scheduler[Any]] = []
-    for index in range(INSTANCES):
-        backend: Any = RedisBackend(redis=server_url, prefix=prefix, strategy=strategy)  # type: ignore[call-overload]
-        scheduler: Scheduler[Any] = Scheduler(backend, instance_id=f"instance-{index}")
-        for job_index in range(JOBS):
 
-            async def handler(run: Run) -> None:
-                if run.job == "job00" and run.slot_ms == stall_at[0]:
-                    time.sleep(3.5)  # blocks every instance's loop  # noqa: ASYNC251
-                await ledger.record(run)
+    def stall(run: Run) -> None:
+        if run.job == "job00" and run.slot_ms == stall_at[0]:
+            time.sleep(3.5)  # blocks every instance's loop
 
-            scheduler.add_job(handler, "* * * * * *", name=f"job{job_index:02d}")
-        ledger.watch(scheduler)
-        schedulers.append(scheduler)
-
-    async with AsyncExitStack() as stack:
-        for scheduler in schedulers:
-            await stack.enter_async_context(scheduler)
+    async with fleet(server_url, prefix, strategy, ledger, stall):
         all_started_ms = time.time() * 1000
         stall_at[0] = (int(all_started_ms / 1000) + 3) * 1000
         await anyio.sleep(stall_at[0] / 1000 + 7 - time.time())

@@ -20,6 +20,7 @@ from anarchon.prometheus import instrument
 from tests.faults import FaultProxy
 from tests.helpers import (
     OneShot,
+    a_long_run,
     claim_for_a_dead_runner,
     long_job_fleet,
     settled_history,
@@ -190,15 +191,7 @@ async def test_a_lost_lease_an_outage_and_a_timer_firing_are_counted(
     registry = CollectorRegistry()
     fired: list[TimerRun] = []
     with FaultProxy(server_url) as proxy:
-        scheduler = Scheduler(
-            RedisBackend(redis=proxy.url, prefix=prefix), lease_ms=1500, heartbeat_ms=500
-        )
-        started = anyio.Event()
-
-        @scheduler.job(OneShot.in_ms(100), name="long")
-        async def long() -> None:
-            started.set()
-            await anyio.sleep(30)
+        scheduler, started = a_long_run(proxy.url, prefix)
 
         @scheduler.timer("remind")
         async def remind(fire: TimerRun) -> None:
