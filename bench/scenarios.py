@@ -851,7 +851,7 @@ def markdown_observe(result: Result) -> str:
         return f"{pct(ratios[0])} to {pct(ratios[-1])}" if ratios else "-"
 
     beside = result["beside"]
-    isolated = result["isolated_us_per_run"]
+    isolated, off = result["isolated_us_per_run"], result["off_cpu_us_per_run"]
     all_vs = beside["all"]["cpu_us_per_slot"] / beside["off"]["cpu_us_per_slot"] - 1
     lines = [
         "| 1 x 1000 jobs/s | CPU µs per run | vs off | median of phase pairs | of it outside "
@@ -868,7 +868,7 @@ def markdown_observe(result: Result) -> str:
         f"| {pct(result['median_phase_ratio_outside_collector'])} "
         f"| {_num(result['watched_collector_us_per_run'], '.0f')} | +5% |",
         f"| what watching adds to a run, alone (made, counted, streamed, taken) | "
-        f"{isolated:.1f} | {pct(isolated / result['off_cpu_us_per_run'])} | | | | | | |",
+        f"{isolated:.1f} | {pct(isolated / off) if off else '-'} | | | | | | |",
         f"| all: and OpenTelemetry spans (SDK), beside an instance off | "
         f"{beside['all']['cpu_us_per_slot']:.0f} ({beside['off']['cpu_us_per_slot']:.0f} off) "
         f"| {pct(all_vs)} | | | | | | |",

@@ -58,6 +58,10 @@ class Seconds:
         return next((at for at in self.instants if at > moment), None)
 
 
+#: The share of an exactly-once test's slots that may go unrun, each for a proven reason.
+MOST_NOT_RUN = 0.4
+
+
 class Ledger:
     """Counts runs per job and slot in the server, on a connection of its own.
 
@@ -80,12 +84,12 @@ class Ledger:
         scheduler.on_event(self._heard)
 
     def _heard(self, event: Event) -> None:
-        if isinstance(event, SlotSkipped):
+        if isinstance(event, SlotSkipped) and event.reason == "late":
             heard = self.skips.setdefault((event.job, event.slot_ms), {})
             heard.setdefault(event.instance, time.time() * 1000)
 
     def skipped_everywhere(self) -> list[tuple[str, int]]:
-        """The slots every watched instance said it skips."""
+        """The slots every watched instance said it skips as too late."""
         if not self.instances:
             return []
         return sorted(slot for slot, heard in self.skips.items() if heard.keys() >= self.instances)
@@ -95,7 +99,11 @@ class Ledger:
         await anyio.to_thread.run_sync(self.client.incr, key)
 
     def assert_each_slot_ran_once(
-        self, jobs: list[str], started_ms: float, stopping_ms: float, every_ms: int = 1000
+        self,
+        jobs: list[str],
+        started_ms: float,
+        stopping_ms: float,
+        every_ms: int = 1000,
     ) -> int:
         """No slot ran twice, and every slot due after ``started_ms`` (all instances up)
         and a period before ``stopping_ms`` (the stop began) ran, or was skipped for a
@@ -103,7 +111,9 @@ class Ledger:
         job was still going (overlap protection, when a run ends after its job's next
         instant), or every watched instance said it skips it, each only once a newer
         slot was due (the stale backlog after a stall of the process). On a loaded
-        machine both happen; neither loses a slot a healthy instance could run.
+        machine both happen; neither loses a slot a healthy instance could run. Still,
+        at most ``MOST_NOT_RUN`` of the slots may not run (CI's worst stall, 4 s of a
+        15 s window, left 28% not run; an engine that skips every other slot fails).
         Returns the count of slots due."""
         counts = self.counts()
         duplicates = {slot: n for slot, n in counts.items() if n != 1}
@@ -120,6 +130,9 @@ class Ledger:
             and not self._skipped_late_everywhere(job, slot, every_ms)
         ]
         assert not missed, f"{len(missed)} slots never ran nor were skipped, e.g. {missed[:5]}"
+        assert len(not_run) <= MOST_NOT_RUN * len(expected), (
+            f"{len(not_run)} of {len(expected)} slots did not run, e.g. {not_run[:5]}"
+        )
         return len(expected)
 
     def _skipped_late_everywhere(self, job: str, slot_ms: int, every_ms: int) -> bool:

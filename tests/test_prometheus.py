@@ -14,7 +14,15 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 import anarchon.prometheus
-from anarchon import RedisBackend, Run, Scheduler, SchedulerStateError, TimerRun
+from anarchon import (
+    RedisBackend,
+    Run,
+    RunRetried,
+    Scheduler,
+    SchedulerStateError,
+    ServerBack,
+    TimerRun,
+)
 from anarchon._embedded import free_port
 from anarchon.prometheus import instrument
 from tests.faults import FaultProxy
@@ -198,6 +206,8 @@ async def test_a_lost_lease_an_outage_and_a_timer_firing_are_counted(
             fired.append(fire)
 
         instrument(scheduler, registry)
+        back = anyio.Event()
+        scheduler.on_event(lambda event: back.set() if isinstance(event, ServerBack) else None)
 
         def value(name: str, **labels: str) -> float:
             return registry.get_sample_value(name, labels) or 0.0
@@ -208,6 +218,8 @@ async def test_a_lost_lease_an_outage_and_a_timer_firing_are_counted(
             proxy.pause()
             await wait_until(lambda: value(lost[0], **lost[1]) == 1, 20, "a lost lease")
             proxy.resume()
+            with anyio.fail_after(20):
+                await back.wait()
             await scheduler.set_timer("remind", "user:42", delay_ms=300)
             await wait_until(lambda: len(fired) == 1, 20, "the timer to fire")
             firings = ("anarchon_timer_firings_total", {"kind": "remind", "outcome": "ok"})
@@ -235,3 +247,18 @@ async def test_a_started_scheduler_is_refused_and_a_restricted_registry_has_the_
     unreachable = "anarchon_server_unreachable_total"
     only = generate_latest(registry.restricted_registry([unreachable])).decode()
     assert f"{unreachable} 0.0" in only and "anarchon_claims" not in only, only
+
+
+def test_an_event_of_a_subclass_is_counted_as_its_base_and_others_are_ignored() -> None:
+    """The counts go by the event's type; a subclass of a counted event (made by code
+    beside anarchon's) counts as its base, and an event nobody counts changes nothing."""
+    counts = anarchon.prometheus._Counts()
+
+    class Retried(RunRetried):
+        __slots__ = ()
+
+    for _ in range(2):
+        counts(Retried(instance="a", job="flaky", slot_ms=1000, attempt=1, in_ms=500))
+        counts(ServerBack(instance="a", down_sec=1.0))
+    assert counts.counters["retries"] == {("flaky",): 2}
+    assert all(not rows for name, rows in counts.counters.items() if name != "retries")

@@ -54,25 +54,25 @@ ClaimAnswer = Literal["won", "running", "overlap", "done", "refused"]
 SkipReason = Literal["overlap", "late", "paused"]
 
 
-#: The last instant an event was stamped with: (epoch seconds, as a datetime).
-_stamp = (0.0, datetime.now(UTC))
+#: The last millisecond an event was stamped with: (epoch ms, that instant as a datetime).
+_stamp = (0, datetime.fromtimestamp(0, UTC))
 
 
 def _now() -> datetime:
-    """Now, in UTC, to the millisecond: the events made within one millisecond (a
-    burst of a thousand claims' answers) share one datetime, made once."""
+    """Now, in UTC, truncated to the millisecond: the events made within one
+    millisecond (a burst of a thousand claims' answers) share one datetime, made once."""
     global _stamp
-    seconds = time.time()
-    if 0.0 <= seconds - _stamp[0] < 0.001:
-        return _stamp[1]
-    _stamp = (seconds, datetime.fromtimestamp(seconds, UTC))
-    return _stamp[1]
+    stamp = _stamp
+    ms = int(time.time() * 1000)
+    if ms != stamp[0]:
+        stamp = _stamp = (ms, datetime.fromtimestamp(ms / 1000, UTC))
+    return stamp[1]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Event:
-    """Something a scheduler decided or saw: ``instance`` (its id) at ``at`` (UTC, to the
-    millisecond)."""
+    """Something a scheduler decided or saw: ``instance`` (its id) at ``at`` (UTC,
+    truncated to the millisecond)."""
 
     instance: str
     at: datetime = field(default_factory=_now)

@@ -127,8 +127,14 @@ class _Counts:
     def __call__(self, event: Event) -> None:
         """Count one event (a hook of the scheduler)."""
         count = self._by_type.get(type(event))
-        if count is not None:
-            count(event)
+        if count is None:  # a subclass of a counted event, or not counted: look once
+            kind = type(event)
+            count = next(
+                (self._by_type[base] for base in kind.__mro__ if base in self._by_type),
+                lambda event: None,
+            )
+            self._by_type[kind] = count
+        count(event)
 
     def _claimed(self, event: ClaimAnswered) -> None:
         claim = (event.job, event.answer)
