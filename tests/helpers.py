@@ -90,9 +90,10 @@ class Ledger:
 
     def skipped_everywhere(self) -> list[tuple[str, int]]:
         """The slots every watched instance said it skips as too late."""
-        if not self.instances:
-            return []
-        return sorted(slot for slot, heard in self.skips.items() if heard.keys() >= self.instances)
+        return sorted(slot for slot in self.skips if self._heard_everywhere(slot))
+
+    def _heard_everywhere(self, slot: tuple[str, int]) -> bool:
+        return bool(self.instances) and self.skips.get(slot, {}).keys() >= self.instances
 
     async def record(self, run: Run) -> None:
         key = f"{self.key_prefix}{run.job}:{run.slot_ms}"
@@ -136,11 +137,8 @@ class Ledger:
         return len(expected)
 
     def _skipped_late_everywhere(self, job: str, slot_ms: int, every_ms: int) -> bool:
-        heard = self.skips.get((job, slot_ms), {})
-        return (
-            bool(self.instances)
-            and heard.keys() >= self.instances
-            and all(at_ms >= slot_ms + every_ms for at_ms in heard.values())
+        return self._heard_everywhere((job, slot_ms)) and all(
+            at_ms >= slot_ms + every_ms for at_ms in self.skips[(job, slot_ms)].values()
         )
 
     def history(self, job: str) -> list[tuple[int, str, int]]:

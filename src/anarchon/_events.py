@@ -215,8 +215,7 @@ class EventStream:
         if len(queue) == queue.maxlen:
             self.dropped += 1
         queue.append(event)
-        if self._ready is not None:
-            self._wake()
+        self._wake()
 
     def _end(self) -> None:
         self._ended = True
