@@ -7,13 +7,14 @@ import re
 import secrets
 import signal
 import socket
+import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import IO, Any
 
 import anyio
 import redis
@@ -39,6 +40,34 @@ class OneShot:
         """A whole second at least ``delay_ms`` from now."""
         at = datetime.now(UTC) + timedelta(milliseconds=delay_ms)
         return cls(at.replace(microsecond=0) + timedelta(seconds=1))
+
+
+class SlotOnStdin:
+    """A one-shot schedule for an instance in a process of its own, whose instant the
+    test hands over once the instance has started. The scheduler first asks a schedule
+    when it starts, connected and registered: then this prints ``slot?`` and reads the
+    slot (epoch milliseconds, a line) from stdin. A slot the test chose before it
+    spawned the process would pass unseen if the process were slow to start, as it is
+    on a loaded machine. See ``hand_over_slot``."""
+
+    def __init__(self) -> None:
+        self.at: datetime | None = None
+
+    def next_after(self, moment: datetime, /) -> datetime | None:
+        if self.at is None:
+            print("slot?", flush=True)
+            self.at = datetime.fromtimestamp(int(sys.stdin.readline()) / 1000, UTC)
+        return self.at if moment < self.at else None
+
+
+def hand_over_slot(stdins: list[IO[str]], lead_ms: int = 2000) -> int:
+    """Hand the same slot, a whole second at least ``lead_ms`` from now, to instances
+    that each printed ``slot?`` (``SlotOnStdin``); returns it."""
+    slot_ms = (int(time.time() * 1000 + lead_ms) // 1000 + 1) * 1000
+    for stdin in stdins:
+        stdin.write(f"{slot_ms}\n")
+        stdin.flush()
+    return slot_ms
 
 
 #: A schedule that is never due: only ``run_now`` runs the job (a cron string, even a

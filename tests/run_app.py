@@ -1,8 +1,9 @@
 """A user's application for ``anarchon run`` tests: ``anarchon run tests.run_app:make``.
 
 Configured by the environment: ``APP_URL``, ``APP_PREFIX``, ``APP_LEASE_MS``,
-``APP_STOP_GRACE_MS``, and ``APP_SLOT_MS`` (the one slot of its job ``work``; without
-it, ``work`` fires every second). The handler appends
+``APP_STOP_GRACE_MS``, and ``APP_ONE_SLOT`` (set: its job ``work`` fires once, at the
+slot the test hands over on stdin once the instance has started, ``SlotOnStdin``;
+unset, ``work`` fires every second). The handler appends
 ``start|instance|attempt|fence|server_ms`` to the list ``<APP_PREFIX>log``, then
 works for ``APP_WORK_SEC`` (30 s) and appends ``finish|...``.
 """
@@ -10,13 +11,12 @@ works for ``APP_WORK_SEC`` (30 s) and appends ``finish|...``.
 from __future__ import annotations
 
 import os
-from datetime import UTC, datetime
 
 import anyio
 import redis
 
 from anarchon import RedisBackend, Run, Scheduler
-from tests.helpers import OneShot
+from tests.helpers import SlotOnStdin
 
 
 def make() -> Scheduler:  # type: ignore[type-arg]
@@ -27,10 +27,7 @@ def make() -> Scheduler:  # type: ignore[type-arg]
         stop_grace_ms=int(os.environ.get("APP_STOP_GRACE_MS", "200")),
     )
     work_sec = float(os.environ.get("APP_WORK_SEC", "30"))
-    slot_ms = os.environ.get("APP_SLOT_MS")
-    schedule = (
-        OneShot(datetime.fromtimestamp(int(slot_ms) / 1000, UTC)) if slot_ms else "* * * * * *"
-    )
+    schedule = SlotOnStdin() if os.environ.get("APP_ONE_SLOT") else "* * * * * *"
 
     def note(event: str, run: Run) -> None:
         direct = redis.Redis.from_url(url, decode_responses=True, protocol=2)

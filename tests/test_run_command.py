@@ -16,7 +16,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import anyio
 import pytest
@@ -26,6 +26,7 @@ from anarchon import ConnectionFailedError, RedisBackend, Scheduler, serve
 from anarchon._embedded import free_port
 from anarchon._registry import RegistryKeys
 from tests.faults import FaultProxy
+from tests.helpers import hand_over_slot
 from tests.restartable_server import RestartableServer
 from tests.servers import ServerSpec
 from tests.test_takeover import wait_for
@@ -58,8 +59,9 @@ class RunCommand:
         ]  # fmt: skip
         with open(self.output, "w") as out:
             self.process = subprocess.Popen(
-                command, cwd=ROOT, env=full_env, stdout=out, stderr=subprocess.STDOUT, text=True
-            )
+                command, cwd=ROOT, env=full_env, stdin=subprocess.PIPE, stdout=out,
+                stderr=subprocess.STDOUT, text=True,
+            )  # fmt: skip
 
     def health(self) -> dict[str, Any] | None:
         try:
@@ -67,6 +69,12 @@ class RunCommand:
         except (FileNotFoundError, ValueError):
             return None
         return found
+
+    def wait_asked_for_slot(self, timeout_sec: float = 30) -> IO[str]:
+        """Wait until the app (``APP_ONE_SLOT``) asks for its slot; its stdin."""
+        wait_for(lambda: "slot?" in self.log(), timeout_sec, f"{self.name} to ask for its slot")
+        assert self.process.stdin is not None
+        return self.process.stdin
 
     def wait_live(self, timeout_sec: float = 30) -> None:
         wait_for(lambda: (self.health() or {}).get("live"), timeout_sec, f"{self.name} to run")
@@ -86,6 +94,8 @@ class RunCommand:
         return self.output.read_text()
 
     def end(self) -> None:
+        if self.process.stdin is not None:
+            self.process.stdin.close()
         if self.process.poll() is None:
             self.process.kill()
             self.process.wait()
@@ -132,10 +142,10 @@ def test_sigterm_mid_run_gives_the_lease_back_and_a_backup_runs_attempt_2_at_onc
     server_url: str, prefix: str, direct: redis.Redis, tmp_path: Path, commands: list[RunCommand],
     event_loop: str,
 ) -> None:  # fmt: skip
-    slot_ms = (int(time.time()) + 6) * 1000
-    env = app_env(server_url, prefix, slot_ms=slot_ms)
+    env = app_env(server_url, prefix, one_slot=1)
     for name in ("one", "two"):
         commands.append(RunCommand(tmp_path, name, env, "--event-loop", event_loop))
+    hand_over_slot([command.wait_asked_for_slot() for command in commands])
     for command in commands:
         command.wait_live()
     first = wait_for(lambda: entries(direct, prefix), 20, "attempt 1 to start")[0]
@@ -169,10 +179,10 @@ def test_sigterm_mid_run_gives_the_lease_back_and_a_backup_runs_attempt_2_at_onc
 def test_a_second_sigterm_stops_at_once_without_waiting_out_the_grace_period(
     server_url: str, prefix: str, direct: redis.Redis, tmp_path: Path, commands: list[RunCommand]
 ) -> None:
-    slot_ms = (int(time.time()) + 3) * 1000
-    env = app_env(server_url, prefix, slot_ms=slot_ms, stop_grace_ms=120_000)
+    env = app_env(server_url, prefix, one_slot=1, stop_grace_ms=120_000)
     command = RunCommand(tmp_path, "one", env)
     commands.append(command)
+    hand_over_slot([command.wait_asked_for_slot()])
     command.wait_live()
     wait_for(lambda: entries(direct, prefix), 20, "the run to start")
     command.signal(signal.SIGTERM)

@@ -13,24 +13,24 @@ import pytest
 import redis
 
 from anarchon import RedisBackend, Scheduler
+from tests.helpers import hand_over_slot
 
 ROOT = Path(__file__).resolve().parents[1]
 LEASE_MS = 2000
 HEARTBEAT_MS = 500
 
 
-def start_worker(
-    url: str, prefix: str, name: str, slot_ms: int, loop: str
-) -> subprocess.Popen[str]:
+def start_worker(url: str, prefix: str, name: str, loop: str) -> subprocess.Popen[str]:
     env = dict(os.environ)
     # The caller's path first: a mutant's copy of src/ (python -m tests.mutants) must
     # be the anarchon the workers run.
     paths = [env.get("PYTHONPATH", ""), str(ROOT / "src"), str(ROOT)]
     env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.worker", url, prefix, name, str(slot_ms),
-         str(LEASE_MS), str(HEARTBEAT_MS), loop],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        [sys.executable, "-m", "tests.worker", url, prefix, name, str(LEASE_MS),
+         str(HEARTBEAT_MS), loop],
+        cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     return proc
 
@@ -61,10 +61,13 @@ def wait_for(condition, timeout_sec: float, what: str):  # type: ignore[no-untyp
 def test_a_killed_runner_is_replaced_by_a_backup_within_the_lease(
     server_url: str, prefix: str, direct: redis.Redis, event_loop: str
 ) -> None:
-    slot_ms = (int(time.time()) + 4) * 1000
     names = [f"worker-{i}" for i in range(3)]
-    workers = {name: start_worker(server_url, prefix, name, slot_ms, event_loop) for name in names}
+    workers = {name: start_worker(server_url, prefix, name, event_loop) for name in names}
     try:
+        for proc in workers.values():
+            assert proc.stdout is not None
+            assert proc.stdout.readline().strip() == "slot?"
+        hand_over_slot([proc.stdin for proc in workers.values() if proc.stdin is not None])
         for proc in workers.values():
             assert proc.stdout is not None
             assert proc.stdout.readline().strip() == "ready"

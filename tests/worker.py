@@ -1,8 +1,9 @@
 """A scheduler instance in a process of its own, for tests that kill one.
 
-    python -m tests.worker URL PREFIX INSTANCE SLOT_MS LEASE_MS HEARTBEAT_MS EVENT_LOOP
+    python -m tests.worker URL PREFIX INSTANCE LEASE_MS HEARTBEAT_MS EVENT_LOOP
 
-Runs one job, ``takeover``, due once at SLOT_MS. Its handler appends
+Runs one job, ``takeover``, due once, at the slot the test hands over on stdin once
+the instance has started (``SlotOnStdin``: it prints ``slot?``, then ``ready``). Its handler appends
 ``start|instance|attempt|fence|server_ms`` to the list ``<PREFIX>log``, works for
 30 s, then appends ``finish|...``. SIGTERM stops the instance gracefully.
 """
@@ -10,17 +11,16 @@ Runs one job, ``takeover``, due once at SLOT_MS. Its handler appends
 from __future__ import annotations
 
 import sys
-from datetime import UTC, datetime
 
 import anyio
 import redis
 
 from anarchon import RedisBackend, Run, Scheduler
-from tests.helpers import OneShot, run_until_sigterm
+from tests.helpers import SlotOnStdin, run_until_sigterm
 
 
 def main() -> None:
-    url, prefix, instance, slot_ms, lease_ms, heartbeat_ms, event_loop = sys.argv[1:8]
+    url, prefix, instance, lease_ms, heartbeat_ms, event_loop = sys.argv[1:7]
     log_key = f"{prefix}log"
     direct = redis.Redis.from_url(url, decode_responses=True, protocol=2)
     scheduler = Scheduler(
@@ -36,7 +36,7 @@ def main() -> None:
         server_ms = seconds * 1000 + micros // 1000
         direct.rpush(log_key, f"{event}|{instance}|{run.attempt}|{run.fence}|{server_ms}")
 
-    @scheduler.job(OneShot(datetime.fromtimestamp(int(slot_ms) / 1000, UTC)), name="takeover")
+    @scheduler.job(SlotOnStdin(), name="takeover")
     async def takeover(run: Run) -> None:
         await anyio.to_thread.run_sync(note, "start", run)
         await anyio.sleep(30)
