@@ -748,7 +748,7 @@ def _watching_in_isolation_us(runs: int = 30_000) -> float:
     from anarchon.prometheus import _Counts
 
     hub = EventHub()
-    hub.hooks.append(_Counts())
+    hub.hooks.append(_Counts().take)
     stream = hub.open(1000)
     slot = datetime.now(UTC)
     attempts = [

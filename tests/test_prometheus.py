@@ -258,7 +258,7 @@ def test_an_event_of_a_subclass_is_counted_as_its_base_and_others_are_ignored() 
         __slots__ = ()
 
     for _ in range(2):
-        counts(Retried(instance="a", job="flaky", slot_ms=1000, attempt=1, in_ms=500))
-        counts(ServerBack(instance="a", down_sec=1.0))
+        counts.take(Retried(instance="a", job="flaky", slot_ms=1000, attempt=1, in_ms=500))
+        counts.take(ServerBack(instance="a", down_sec=1.0))
     assert counts.counters["retries"] == {("flaky",): 2}
     assert all(not rows for name, rows in counts.counters.items() if name != "retries")
