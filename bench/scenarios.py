@@ -832,6 +832,7 @@ def scenario_observe(url: str | None, mode: Mode) -> Result:
         "runs": sum(p[3] for p in per_phase),
         "phase_ratios": ratios["cpu"],
         "median_phase_ratio": statistics.median(ratios["cpu"]) if ratios["cpu"] else None,
+        "phase_ratio_interval": _interval(ratios["cpu"]),
         "phase_ratios_outside_collector": ratios["outside"],
         "median_phase_ratio_outside_collector": (
             statistics.median(ratios["outside"]) if ratios["outside"] else None
@@ -840,6 +841,15 @@ def scenario_observe(url: str | None, mode: Mode) -> Result:
         "isolated_us_per_run": _watching_in_isolation_us(),
         "ceiling": 0.05,
     }
+
+
+def _interval(ratios: list[float]) -> tuple[float, float] | None:
+    """About 95% of the time, the mean of many more phase pairs would fall in here (the
+    mean ± 1.96 standard errors; neighbouring pairs share a phase off, so it is rough)."""
+    if len(ratios) < 2:
+        return None
+    mean, error = statistics.fmean(ratios), statistics.stdev(ratios) / len(ratios) ** 0.5
+    return mean - 1.96 * error, mean + 1.96 * error
 
 
 def markdown_observe(result: Result) -> str:
@@ -853,6 +863,13 @@ def markdown_observe(result: Result) -> str:
     beside = result["beside"]
     isolated, off = result["isolated_us_per_run"], result["off_cpu_us_per_run"]
     all_vs = beside["all"]["cpu_us_per_slot"] / beside["off"]["cpu_us_per_slot"] - 1
+    bounds, ratios = result.get("phase_ratio_interval"), result["phase_ratios"]
+    interval = "-"
+    if bounds:
+        interval = (
+            f"is {pct(statistics.fmean(ratios))}, within {pct(bounds[0])} to {pct(bounds[1])} "
+            "at about 95%"
+        )
     lines = [
         "| 1 x 1000 jobs/s | CPU µs per run | vs off | median of phase pairs | of it outside "
         "the garbage collector | vs off | median of phase pairs | in the collector | ceiling |",
@@ -876,10 +893,12 @@ def markdown_observe(result: Result) -> str:
         f"One instance, switching every 2 s: {result['phases']} phases, {result['runs']:,} "
         f"runs; each watched phase against the phases off around it: "
         f"{spread(result['phase_ratios'])} ({spread(result['phase_ratios_outside_collector'])} "
-        "outside the collector). Off, no event is made; watched: anarchon.prometheus and a "
-        "stream of every event, consumed. The collector's full collections come every second "
-        "or two and cost tens of ms each: whether a phase holds one or two moves it by several "
-        "percent, which the medians and the CPU outside the collector do not feel.",
+        f"outside the collector); their mean {interval}: one run is one sample of a noisy "
+        "machine, so judge the ceiling from several. Off, no event is made; watched: "
+        "anarchon.prometheus and a stream of every event, consumed. The collector's full "
+        "collections come every second or two and cost tens of ms each: whether a phase holds "
+        "one or two moves it by several percent, which the medians and the CPU outside the "
+        "collector do not feel.",
     ]
     return "\n".join(lines)
 
