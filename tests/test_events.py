@@ -4,6 +4,8 @@ scheduler; a hook that raises is logged once."""
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import logging
 from collections.abc import Iterator
 from contextlib import AsyncExitStack
@@ -57,6 +59,47 @@ async def collect(stream: EventStream, into: list[Event]) -> None:
 
 def of(events: list[Event], kind: type[Any]) -> list[Any]:
     return [event for event in events if isinstance(event, kind)]
+
+
+def test_every_event_is_a_frozen_dataclass_made_by_keyword_with_its_defaults() -> None:
+    """Events are made by an ``__init__`` of anarchon's own (it fills the instance's dict,
+    cheaper than the frozen dataclass's): it takes exactly the fields, by keyword, keeps
+    their defaults, and leaves the rest to the dataclass (frozen, equal, hashable)."""
+    import anarchon
+
+    kinds = [k for k in vars(anarchon).values() if isinstance(k, type) and issubclass(k, Event)]
+    assert len(kinds) == 12, kinds
+    for kind in kinds:
+        names = [item.name for item in dataclasses.fields(kind)]
+        parameters = inspect.signature(kind).parameters
+        assert list(parameters) == names, kind
+        assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in parameters.values()), kind
+        required = {
+            item.name: object()
+            for item in dataclasses.fields(kind)
+            if item.default is dataclasses.MISSING and item.default_factory is dataclasses.MISSING
+        }
+        before = datetime.now(UTC).replace(microsecond=0)
+        event = kind(**required)
+        for name, value in required.items():
+            assert getattr(event, name) is value, (kind, name)
+        assert before <= event.at <= datetime.now(UTC) and event.at.microsecond % 1000 == 0
+        for item in dataclasses.fields(kind):
+            if item.default is not dataclasses.MISSING:
+                assert getattr(event, item.name) == item.default, (kind, item.name)
+        at = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+        again = kind(**required, at=at)
+        assert again.at == at and again == dataclasses.replace(event, at=at)
+        assert hash(again) == hash(kind(**required, at=at))
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            event.instance = "another"  # type: ignore[misc]
+        with pytest.raises(TypeError, match="unexpected keyword"):
+            kind(**required, nope=1)
+        with pytest.raises(TypeError, match="positional"):
+            kind(*required.values())
+        for name in required:
+            with pytest.raises(TypeError, match=f"missing 1 required keyword-only.*'{name}'"):
+                kind(**{other: v for other, v in required.items() if other != name})
 
 
 async def test_the_events_of_a_fleet_match_what_the_store_recorded(
