@@ -62,9 +62,8 @@ def of(events: list[Event], kind: type[Any]) -> list[Any]:
 
 
 def test_every_event_is_a_frozen_dataclass_made_by_keyword_with_its_defaults() -> None:
-    """Events are made by an ``__init__`` of anarchon's own (it fills the instance's dict,
-    cheaper than the frozen dataclass's): it takes exactly the fields, by keyword, keeps
-    their defaults, and leaves the rest to the dataclass (frozen, equal, hashable)."""
+    """Each event takes exactly its fields, by keyword, keeps their defaults (``at``: now,
+    in UTC, to the millisecond), and is frozen, equal by value and hashable."""
     import anarchon
 
     kinds = [k for k in vars(anarchon).values() if isinstance(k, type) and issubclass(k, Event)]

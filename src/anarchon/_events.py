@@ -12,10 +12,10 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from types import TracebackType
-from typing import Any, Literal, TypeVar, cast
+from typing import Literal
 
 import anyio
 
@@ -69,50 +69,7 @@ def _now() -> datetime:
     return stamp[1]
 
 
-_T = TypeVar("_T")
-class _Unset:
-    """The default of a keyword whose field's default factory makes the value."""
-
-    def __repr__(self) -> str:
-        return "<factory>"
-
-
-_UNSET: Any = _Unset()
-
-
-def _fills_its_dict(cls: type[_T]) -> type[_T]:
-    """Give the frozen dataclass ``cls`` an ``__init__`` that fills the instance's
-    ``__dict__`` directly, with the same keywords and defaults as the dataclass's own.
-
-    A frozen dataclass's ``__init__`` sets each field through ``object.__setattr__``: that
-    made an event cost about twice as much to make, and the engine makes three per run
-    while anyone listens. Everything else (frozen fields, equality, hashing, the repr,
-    ``dataclasses.fields`` and ``replace``) is the dataclass's."""
-    params, lines = [], []
-    namespace: dict[str, Any] = {"_UNSET": _UNSET}
-    for item in fields(cast(Any, cls)):
-        name = item.name
-        if item.default_factory is not MISSING:
-            namespace[f"_make_{name}"] = item.default_factory
-            params.append(f"{name}=_UNSET")
-            lines.append(f"d[{name!r}] = _make_{name}() if {name} is _UNSET else {name}")
-        elif item.default is not MISSING:
-            namespace[f"_default_{name}"] = item.default
-            params.append(f"{name}=_default_{name}")
-            lines.append(f"d[{name!r}] = {name}")
-        else:
-            params.append(name)
-            lines.append(f"d[{name!r}] = {name}")
-    source = f"def __init__(self, *, {', '.join(params)}) -> None:\n    d = self.__dict__\n"
-    exec(source + "".join(f"    {line}\n" for line in lines), namespace)
-    init = namespace["__init__"]
-    init.__qualname__ = f"{cls.__qualname__}.__init__"
-    cls.__init__ = init  # type: ignore[method-assign]
-    return cls
-
-
-@_fills_its_dict
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Event:
     """Something a scheduler decided or saw: ``instance`` (its id) at ``at`` (UTC,
     truncated to the millisecond)."""
@@ -121,8 +78,7 @@ class Event:
     at: datetime = field(default_factory=_now)
 
 
-@_fills_its_dict
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ClaimAnswered(Event):
     """The store answered this instance's claim of a job's slot."""
 
@@ -131,8 +87,7 @@ class ClaimAnswered(Event):
     answer: ClaimAnswer
 
 
-@_fills_its_dict
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class RunStarted(Event):
     """An attempt's handler started here. ``late_ms``: from the slot's instant (the
     request, for a manual run) to the start, a retry's delays included."""
@@ -141,8 +96,7 @@ class RunStarted(Event):
     late_ms: float
 
 
-@_fills_its_dict
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class RunFinished(Event):
     """An attempt ended and its result is recorded. ``retried``: another attempt of the
     slot follows (a failure or cancellation with attempts left)."""
@@ -154,8 +108,7 @@ class RunFinished(Event):
     retried: bool
 
 
-@_fills_its_dict
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class RunRetried(Event):
     """A slot's attempt ``attempt`` ended without success; the next is due in
     ``in_ms`` (on whichever instance claims it)."""
@@ -166,8 +119,7 @@ class RunRetried(Event):
     in_ms: int
 
 
-@_fills_its_dict
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class LeaseLost(Event):
     """An attempt (or a timer's firing) this instance ran lost its lease: its handler
     was cancelled or told, and a backup may run the slot. ``job`` is the timer's kind
@@ -180,8 +132,7 @@ class LeaseLost(Event):
     timer_key: str | None = None
 
 
-@_fills_its_dict
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class SlotSkipped(Event):
     """A scheduled slot does not run, for ``reason``."""
 
@@ -190,8 +141,7 @@ class SlotSkipped(Event):
     reason: SkipReason
 
 
-@_fills_its_dict
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class TimerSet(Event):
     """A key's timer was set through this scheduler. ``replaced``: the key had a timer
     (pending, waiting for its retry, or the next one of a firing), which this one
@@ -204,8 +154,7 @@ class TimerSet(Event):
     replaced: bool
 
 
-@_fills_its_dict
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class TimerCancelled(Event):
     """A key's timer was cancelled through this scheduler (``found``: one was set)."""
 
@@ -214,8 +163,7 @@ class TimerCancelled(Event):
     found: bool
 
 
-@_fills_its_dict
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class TimerFired(Event):
     """A firing of a key's timer ended here and is recorded (``retried``: it is due
     again for another attempt)."""
@@ -226,8 +174,7 @@ class TimerFired(Event):
     retried: bool
 
 
-@_fills_its_dict
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ServerUnreachable(Event):
     """The server stopped answering (``what``: the round trip that failed first)."""
 
@@ -235,8 +182,7 @@ class ServerUnreachable(Event):
     error: str
 
 
-@_fills_its_dict
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ServerBack(Event):
     """The server answers again, after ``down_sec``."""
 
