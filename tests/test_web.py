@@ -40,7 +40,9 @@ T = TypeVar("T")
 class WebCommand:
     """One ``anarchon web`` process on a free port of 127.0.0.1, its output in a file."""
 
-    def __init__(self, tmp_path: Path, url: str, prefix: str, *args: str) -> None:
+    def __init__(
+        self, tmp_path: Path, url: str, prefix: str, *args: str, sigint_ignored: bool = False
+    ) -> None:
         self.port = free_port()
         self.output = tmp_path / f"web-{self.port}.log"
         command = [
@@ -51,8 +53,9 @@ class WebCommand:
         env.pop("ANARCHON_WEB_TOKEN", None)
         with open(self.output, "w") as out:
             self.process = subprocess.Popen(
-                command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, text=True
-            )
+                command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, text=True,
+                preexec_fn=_ignore_sigint if sigint_ignored else None,
+            )  # fmt: skip
 
     def url(self, path: str) -> str:
         return f"http://127.0.0.1:{self.port}{path}"
@@ -100,6 +103,12 @@ class WebCommand:
                     f"anarchon web still ran 15 s after signal {signum}:\n{self.log()}"
                 ) from None
         return self.process.returncode
+
+
+def _ignore_sigint() -> None:
+    """In the child, before it runs Python: SIGINT ignored, as a shell leaves it for a
+    job it starts in the background."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 @pytest.fixture
@@ -343,6 +352,17 @@ def test_actions_are_refused_unless_allowed_and_then_without_the_token(
     assert read_only.end(signal.SIGINT) == 130, read_only.log()
     for web in (allowed, made_up):
         assert web.end() == 0, web.log()
+
+
+def test_sigint_ends_it_with_130_also_when_it_started_with_sigint_ignored(
+    server_url: str, prefix: str, tmp_path: Path, webs: list[WebCommand]
+) -> None:
+    """A shell starts a job in the background with SIGINT ignored; ``anarchon web``
+    still stops on SIGINT, as ``anarchon run`` does, and says so with 130 (Ctrl-C)."""
+    web = WebCommand(tmp_path, server_url, prefix, sigint_ignored=True)
+    webs.append(web)
+    web.wait_serving()
+    assert web.end(signal.SIGINT) == 130, web.log()
 
 
 def test_a_job_whose_name_has_slashes_has_its_page_and_its_actions(

@@ -86,15 +86,21 @@ def run_web(args: argparse.Namespace) -> int:
     config = uvicorn.Config(app, log_level="warning", lifespan="on")
     server = uvicorn.Server(config)
     # uvicorn stops on SIGINT and SIGTERM, then raises the signal again once it has
-    # stopped: SIGINT ends as Ctrl-C does (130); SIGTERM, the way services are stopped,
-    # ends with 0.
-    previous = signal.signal(signal.SIGTERM, lambda signum, frame: None)
+    # stopped, to the handlers here: SIGINT ends as Ctrl-C does (130); SIGTERM, the way
+    # services are stopped, ends with 0. Handled here, not left to Python's default: a
+    # shell starts a background job with SIGINT ignored, and it must still end with 130.
+    heard: set[int] = set()
+    stops = (signal.SIGINT, signal.SIGTERM)
+    previous = {
+        signum: signal.signal(signum, lambda signum, _: heard.add(signum)) for signum in stops
+    }
     try:
         asyncio.run(server.serve(sockets=[listening]))
     finally:
         listening.close()
-        signal.signal(signal.SIGTERM, previous)
-    return 0
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    return 130 if signal.SIGINT in heard else 0
 
 
 def _bound(host: str, port: int) -> socket.socket:
