@@ -744,7 +744,7 @@ def _watching_in_isolation_us(runs: int = 30_000) -> float:
     its three events made, counted for Prometheus, put in a stream and taken from it
     (as an ``async for`` does when events are waiting), over 1000 jobs."""
     from anarchon import Run
-    from anarchon._events import ClaimAnswered, EventHub, RunFinished, RunStarted
+    from anarchon._events import EventHub, claim_answered, instant, run_finished, run_started
     from anarchon.prometheus import _Counts
 
     hub = EventHub()
@@ -766,12 +766,10 @@ def _watching_in_isolation_us(runs: int = 30_000) -> float:
         raise AssertionError("the stream waited with events in its buffer")
 
     began = time.process_time()
-    for run in attempts:
-        hub.emit(ClaimAnswered(instance="bench", job=run.job, slot_ms=run.slot_ms,
-                               answer="won"))  # fmt: skip
-        hub.emit(RunStarted(instance="bench", run=run, late_ms=2.0))
-        hub.emit(RunFinished(instance="bench", run=run, outcome="ok", duration_ms=0.1,
-                             error=None, retried=False))  # fmt: skip
+    for run in attempts:  # as the engine makes them
+        hub.emit(claim_answered("bench", instant(time.time() * 1000), run.job, run.slot_ms, "won"))
+        hub.emit(run_started("bench", instant(time.time() * 1000), run, 2.0))
+        hub.emit(run_finished("bench", instant(time.time() * 1000), run, "ok", 0.1, None, False))
         take()
         take()
         take()

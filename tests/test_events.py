@@ -34,6 +34,7 @@ from anarchon import (
     TimerRun,
     TimerSet,
 )
+from anarchon._events import claim_answered, instant, run_finished, run_started
 from tests.faults import FaultProxy
 from tests.helpers import (
     Seconds,
@@ -99,6 +100,28 @@ def test_every_event_is_a_frozen_dataclass_made_by_keyword_with_its_defaults() -
         for name in required:
             with pytest.raises(TypeError, match=f"missing 1 required keyword-only.*'{name}'"):
                 kind(**{other: v for other, v in required.items() if other != name})
+
+
+@pytest.mark.parametrize(
+    ("make", "kind"),
+    [(claim_answered, ClaimAnswered), (run_started, RunStarted), (run_finished, RunFinished)],
+)
+def test_the_engine_makes_a_run_s_events_exactly_as_their_constructors_do(
+    make: Any, kind: type[Event]
+) -> None:
+    """The engine makes the events of every run through positional makers that set the
+    slots directly: each takes the class's fields in their order and makes the event its
+    keyword constructor makes, frozen. A field added, removed or reordered fails here."""
+    names = [item.name for item in dataclasses.fields(kind)]
+    assert list(inspect.signature(make).parameters) == names
+    values = {name: object() for name in names}  # all distinct: a swap shows
+    event = make(*values.values())
+    assert type(event) is kind and event == kind(**values)
+    for name, value in values.items():
+        assert getattr(event, name) is value, name
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        event.instance = "another"  # type: ignore[misc]
+    assert instant(1_780_000_000_123.9) == datetime(2026, 5, 28, 20, 26, 40, 123000, tzinfo=UTC)
 
 
 async def test_the_events_of_a_fleet_match_what_the_store_recorded(

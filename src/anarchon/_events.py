@@ -12,10 +12,10 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
 from types import TracebackType
-from typing import Literal
+from typing import Any, Literal
 
 import anyio
 
@@ -58,15 +58,20 @@ SkipReason = Literal["overlap", "late", "paused"]
 _stamp = (0, datetime.fromtimestamp(0, UTC))
 
 
-def _now() -> datetime:
-    """Now, in UTC, truncated to the millisecond: the events made within one
+def instant(epoch_ms: float) -> datetime:
+    """The instant ``epoch_ms``, in UTC, truncated to the millisecond: the events of one
     millisecond (a burst of a thousand claims' answers) share one datetime, made once."""
     global _stamp
-    stamp = _stamp
-    ms = int(time.time() * 1000)
+    stamp = _stamp  # read once: schedulers on loops in several threads share it
+    ms = int(epoch_ms)
     if ms != stamp[0]:
         stamp = _stamp = (ms, datetime.fromtimestamp(ms / 1000, UTC))
     return stamp[1]
+
+
+def _now() -> datetime:
+    """Now, in UTC, truncated to the millisecond (an event's default ``at``)."""
+    return instant(time.time() * 1000)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -189,6 +194,74 @@ class ServerBack(Event):
     down_sec: float
 
 
+# The engine makes the events of every run (a claim's answer, a start, an end) through
+# the three functions below. A frozen dataclass's constructor sets each field through
+# ``object.__setattr__`` and takes keywords: more than half of what watching a run
+# costs. These set the slots through their descriptors, positionally, and make exactly
+# what the constructor makes (tests/test_events.py checks it).
+_new = object.__new__
+
+
+def _setters(cls: type[Event]) -> tuple[Callable[[Event, Any], None], ...]:
+    """The slots' setters of ``cls``, in the order of its fields."""
+    return tuple(getattr(cls, item.name).__set__ for item in fields(cls))
+
+
+_claim_setters = _setters(ClaimAnswered)
+_started_setters = _setters(RunStarted)
+_finished_setters = _setters(RunFinished)
+
+
+def claim_answered(
+    instance: str, at: datetime, job: str, slot_ms: int, answer: ClaimAnswer
+) -> ClaimAnswered:
+    """``ClaimAnswered(instance=..., at=..., job=..., slot_ms=..., answer=...)``."""
+    set_instance, set_at, set_job, set_slot_ms, set_answer = _claim_setters
+    event = _new(ClaimAnswered)
+    set_instance(event, instance)
+    set_at(event, at)
+    set_job(event, job)
+    set_slot_ms(event, slot_ms)
+    set_answer(event, answer)
+    return event
+
+
+def run_started(instance: str, at: datetime, run: Run, late_ms: float) -> RunStarted:
+    """``RunStarted(instance=..., at=..., run=..., late_ms=...)``."""
+    set_instance, set_at, set_run, set_late_ms = _started_setters
+    event = _new(RunStarted)
+    set_instance(event, instance)
+    set_at(event, at)
+    set_run(event, run)
+    set_late_ms(event, late_ms)
+    return event
+
+
+def run_finished(
+    instance: str,
+    at: datetime,
+    run: Run,
+    outcome: Outcome,
+    duration_ms: float,
+    error: str | None,
+    retried: bool,
+) -> RunFinished:
+    """``RunFinished(instance=..., at=..., run=..., outcome=..., duration_ms=...,
+    error=..., retried=...)``."""
+    set_instance, set_at, set_run, set_outcome, set_duration_ms, set_error, set_retried = (
+        _finished_setters
+    )
+    event = _new(RunFinished)
+    set_instance(event, instance)
+    set_at(event, at)
+    set_run(event, run)
+    set_outcome(event, outcome)
+    set_duration_ms(event, duration_ms)
+    set_error(event, error)
+    set_retried(event, retried)
+    return event
+
+
 class EventStream:
     """Events as they happen, from when the stream was opened until the scheduler stops
     (then the iteration ends) or the stream is closed::
@@ -215,7 +288,8 @@ class EventStream:
         if len(queue) == queue.maxlen:
             self.dropped += 1
         queue.append(event)
-        self._wake()
+        if self._ready is not None:  # a consumer waits
+            self._wake()
 
     def _end(self) -> None:
         self._ended = True

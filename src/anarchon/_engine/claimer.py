@@ -19,7 +19,7 @@ from dataclasses import replace
 import anyio
 
 from .._errors import AnarchonError, ConnectionFailedError, RunOverlapError
-from .._events import ClaimAnswer, ClaimAnswered
+from .._events import ClaimAnswer, claim_answered, instant
 from .._job import Job
 from .._schedule import iso_ms
 from .._store import ClaimReply, ClaimRequest, Store, describe_slot
@@ -185,17 +185,15 @@ class Claimer:
         now_ms = _now_ms()
         again = []
         events = context.events
+        answered_at = instant(now_ms)
         for due, request, reply in zip(batch, requests, replies, strict=True):
             if events.on:
                 answer: ClaimAnswer = (
                     "refused" if isinstance(reply, ServerReplyError) else reply.kind
                 )
                 events.emit(
-                    ClaimAnswered(
-                        instance=context.instance_id, job=due.job, slot_ms=due.slot_ms,
-                        answer=answer,
-                    )
-                )  # fmt: skip
+                    claim_answered(context.instance_id, answered_at, due.job, due.slot_ms, answer)
+                )
             if isinstance(reply, ServerReplyError):
                 if is_transient(reply):
                     log.warning(

@@ -16,7 +16,7 @@ import traceback
 import anyio
 
 from .._errors import LeaseLostError
-from .._events import RunStarted
+from .._events import instant, run_started
 from .._job import Job
 from .._schedule import from_epoch_ms
 from .._store import ClaimReply, Outcome, slot_ms_of
@@ -120,8 +120,10 @@ class Runner:
                     events = self._context.events
                     if events.on and isinstance(leased, _Attempt):
                         run = leased.run
-                        late_ms = _now_ms() - run.slot_ms
-                        events.emit(RunStarted(instance=run.runner, run=run, late_ms=late_ms))
+                        now_ms = _now_ms()
+                        events.emit(
+                            run_started(run.runner, instant(now_ms), run, now_ms - run.slot_ms)
+                        )
                     if trace is None:
                         await self._invoke(leased)
                     else:

@@ -17,7 +17,7 @@ from typing import TypeVar
 import anyio
 
 from .._coalesce import pipeline
-from .._events import RunFinished, RunRetried, TimerFired
+from .._events import RunRetried, TimerFired, instant, run_finished
 from .._job import Job
 from .._schedule import iso_ms
 from .._store import AttemptEnd, ClaimReply, FinishReply, Outcome
@@ -142,9 +142,9 @@ class Settler:
         if events.on:
             retried = reply.status == "retry"
             events.emit(
-                RunFinished(
-                    instance=run.runner, run=run, outcome=outcome, error=error, retried=retried,
-                    duration_ms=end.finished_ms - end.started_ms,
+                run_finished(
+                    run.runner, instant(_now_ms()), run, outcome,
+                    end.finished_ms - end.started_ms, error, retried,
                 )
             )  # fmt: skip
             if retried:
