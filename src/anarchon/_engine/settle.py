@@ -293,8 +293,9 @@ class Settler:
         context = self._context
         retried = False
         for wait_sec in (0.0, 0.2, 0.5, 1.0, 2.0, 5.0):
-            with anyio.move_on_after(wait_sec):
-                await context.stopping.wait()
+            if wait_sec:  # (a scope that expires at once costs more than the round trip)
+                with anyio.move_on_after(wait_sec):
+                    await context.stopping.wait()
             failure: BaseException | str = "no reply in time"
             reply: R | None = None
             with anyio.move_on_after(context.round_trip_sec):
