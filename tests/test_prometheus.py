@@ -6,6 +6,7 @@ from __future__ import annotations
 import signal
 import urllib.request
 from contextlib import AsyncExitStack
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,9 @@ import anarchon.prometheus
 from anarchon import (
     RedisBackend,
     Run,
+    RunFinished,
     RunRetried,
+    RunStarted,
     Scheduler,
     SchedulerStateError,
     ServerBack,
@@ -261,4 +264,43 @@ def test_an_event_of_a_subclass_is_counted_as_its_base_and_others_are_ignored() 
         counts.take(Retried(instance="a", job="flaky", slot_ms=1000, attempt=1, in_ms=500))
         counts.take(ServerBack(instance="a", down_sec=1.0))
     assert counts.counters["retries"] == {("flaky",): 2}
-    assert all(not rows for name, rows in counts.counters.items() if name != "retries")
+    others = [name for name in anarchon.prometheus._COUNTERS if name != "retries"]
+    assert all(not counts.counted(name) for name in others)
+    assert all(not rows for rows in counts.histograms.values())
+
+
+def test_lateness_and_durations_are_bucketed_in_seconds_and_each_is_a_run(
+    server_url: str, prefix: str
+) -> None:
+    """A run's lateness and duration (its events say ms) land in the buckets and sums of
+    seconds that Prometheus shows, and each duration is one run of its job and outcome."""
+    registry = CollectorRegistry()
+    scheduler = Scheduler(RedisBackend(redis=server_url, prefix=prefix))
+    instrument(scheduler, registry)
+    (count,) = scheduler._context.events.hooks
+    run = Run(job="work", slot=datetime.now(UTC), slot_ms=0, attempt=1, trigger="schedule",
+              runner="a", fence=1)  # fmt: skip
+    for late_ms, duration_ms, outcome in ((30.0, 7000.0, "ok"), (-2.0, 20.0, "ok"),
+                                          (400.0, 90.0, "failed")):  # fmt: skip
+        count(RunStarted(instance="a", run=run, late_ms=late_ms))
+        count(RunFinished(instance="a", run=run, outcome=outcome, duration_ms=duration_ms,
+                          error=None, retried=False))  # fmt: skip
+
+    def value(name: str, **labels: str) -> float | None:
+        return registry.get_sample_value(name, {"job": "work", **labels})
+
+    lateness = "anarchon_fire_lateness_seconds"
+    assert value(f"{lateness}_sum") == pytest.approx(0.43)  # early counts as 0
+    assert value(f"{lateness}_bucket", le="0.005") == 1
+    assert value(f"{lateness}_bucket", le="0.025") == 1
+    assert value(f"{lateness}_bucket", le="0.05") == 2
+    assert value(f"{lateness}_bucket", le="0.5") == 3
+    duration = "anarchon_run_duration_seconds"
+    assert value(f"{duration}_sum", outcome="ok") == pytest.approx(7.02)
+    assert value(f"{duration}_bucket", outcome="ok", le="0.01") == 0
+    assert value(f"{duration}_bucket", outcome="ok", le="0.05") == 1
+    assert value(f"{duration}_bucket", outcome="ok", le="5.0") == 1
+    assert value(f"{duration}_bucket", outcome="ok", le="10.0") == 2
+    assert value(f"{duration}_count", outcome="failed") == 1
+    assert value("anarchon_runs_total", outcome="ok") == 2
+    assert value("anarchon_runs_total", outcome="failed") == 1

@@ -62,6 +62,9 @@ _LOOK_SEC = 0.5
 #: Seconds: from a few milliseconds late to minutes (catch-up, a takeover).
 _LATENESS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 _DURATION_BUCKETS = (0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 1800, 3600)
+#: The same bounds in ms: the histograms count the events' ms as they come.
+_LATENESS_MS = tuple(bound * 1000 for bound in _LATENESS_BUCKETS)
+_DURATION_MS = tuple(bound * 1000 for bound in _DURATION_BUCKETS)
 
 #: The counters: (name as exposed without ``_total``, help, labels).
 _COUNTERS = {
@@ -98,14 +101,16 @@ class _Counts:
     (each dictionary is copied at once)."""
 
     def __init__(self) -> None:
-        self.counters: dict[str, dict[tuple[str, ...], int]] = {name: {} for name in _COUNTERS}
-        #: Per labels: the count in each bucket (the last one +Inf), then the sum.
+        #: The counters but ``runs``, which the durations hold (``counted``).
+        self.counters: dict[str, dict[tuple[str, ...], int]] = {
+            name: {} for name in _COUNTERS if name != "runs"
+        }
+        #: Per labels: the count in each bucket (the last one +Inf), then the sum, in ms.
         self.histograms: dict[str, dict[tuple[str, ...], list[float]]] = {
             name: {} for name in _HISTOGRAMS
         }
         # What every run counts, at hand: a run's three events are counted in the
         # scheduler's hot path, so each goes straight to its own method and rows.
-        self._runs = self.counters["runs"]
         self._claims = self.counters["claims"]
         self._durations = self.histograms["duration"]
         self._lateness = self.histograms["lateness"]
@@ -123,6 +128,13 @@ class _Counts:
     def count(self, counter: str, labels: tuple[str, ...]) -> None:
         counts = self.counters[counter]
         counts[labels] = counts.get(labels, 0) + 1
+
+    def counted(self, counter: str) -> list[tuple[tuple[str, ...], int]]:
+        """A counter's counts by labels, copied at once (at a scrape)."""
+        if counter == "runs":  # each attempt recorded is one duration, by the same labels
+            rows = list(self._durations.items())
+            return [(labels, round(sum(row[:-1]))) for labels, row in rows]
+        return list(self.counters[counter].items())
 
     def take(self, event: Event) -> None:
         """Count one event (the scheduler's hook: a bound method, which costs less to
@@ -143,15 +155,13 @@ class _Counts:
 
     def _started(self, event: RunStarted) -> None:
         run = event.run
-        late_sec = event.late_ms / 1000 if event.late_ms > 0 else 0.0
-        _observe(self._lateness, _LATENESS_BUCKETS, (run.job,), late_sec)
+        late_ms = event.late_ms
+        _observe(self._lateness, _LATENESS_MS, (run.job,), late_ms if late_ms > 0 else 0.0)
         if run.trigger == "takeover":
             self.count("takeovers", (run.job,))
 
     def _finished(self, event: RunFinished) -> None:
-        labels = (event.run.job, event.outcome)
-        self._runs[labels] = self._runs.get(labels, 0) + 1
-        _observe(self._durations, _DURATION_BUCKETS, labels, event.duration_ms / 1000)
+        _observe(self._durations, _DURATION_MS, (event.run.job, event.outcome), event.duration_ms)
 
     def _fired(self, event: TimerFired) -> None:
         self.count("timer_firings", (event.run.kind, event.outcome))
@@ -220,7 +230,7 @@ class SchedulerMetrics(Collector):
             family = CounterMetricFamily(name, text, labels=labels)
             added: dict[tuple[str, ...], int] = {}
             for source in sources:
-                for key, value in list(source.counts.counters[counter].items()):
+                for key, value in source.counts.counted(counter):
                     added[key] = added.get(key, 0) + value
             if not labels:  # a counter without labels is 0 before its first count
                 added.setdefault((), 0)
@@ -244,7 +254,7 @@ class SchedulerMetrics(Collector):
                 for bound, count in zip(upper, buckets[:-1], strict=True):
                     running += count
                     cumulative.append((bound, running))
-                family.add_metric(key, cumulative, buckets[-1])
+                family.add_metric(key, cumulative, buckets[-1] / 1000)  # ms to seconds
             yield family
 
     @staticmethod
