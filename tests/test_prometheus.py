@@ -304,3 +304,27 @@ def test_lateness_and_durations_are_bucketed_in_seconds_and_each_is_a_run(
     assert value(f"{duration}_count", outcome="failed") == 1
     assert value("anarchon_runs_total", outcome="ok") == 2
     assert value("anarchon_runs_total", outcome="failed") == 1
+
+
+async def test_a_running_scheduler_counts_its_events_without_a_scrape(
+    server_url: str, prefix: str
+) -> None:
+    """The hook only gathers the events; the scheduler counts them itself, in its event
+    loop, within a moment, whether anyone scrapes or not."""
+    scheduler = Scheduler(RedisBackend(redis=server_url, prefix=prefix))
+    ran: list[Run] = []
+
+    @scheduler.job(OneShot.in_ms(300), name="once")
+    async def once(run: Run) -> None:
+        ran.append(run)
+
+    metrics = instrument(scheduler, CollectorRegistry())
+    (source,) = [ref() for ref in metrics._sources]
+    assert source is not None
+    finished: list[RunFinished] = []
+    scheduler.on_event(lambda e: finished.append(e) if isinstance(e, RunFinished) else None)
+    async with scheduler:
+        await wait_until(lambda: bool(finished), 20, "the run to finish")
+        await wait_until(lambda: not source.counts.pending, 5, "the events to be counted")
+        assert source.counts.counted("claims") == [(("once", "won"), 1)]
+        assert source.counts.counted("runs") == [(("once", "ok"), 1)]

@@ -283,14 +283,6 @@ class EventStream:
         self._ended = False
         self._ready: anyio.Event | None = None
 
-    def _put(self, event: Event) -> None:
-        queue = self._queue
-        if len(queue) == queue.maxlen:
-            self.dropped += 1
-        queue.append(event)
-        if self._ready is not None:  # a consumer waits
-            self._wake()
-
     def _end(self) -> None:
         self._ended = True
         self._wake()
@@ -367,8 +359,13 @@ class EventHub:
                         "logged once",
                         hook,
                     )
-        for stream in self.streams:
-            stream._put(event)
+        for stream in self.streams:  # (inlined: this runs for every event)
+            queue = stream._queue
+            if len(queue) == queue.maxlen:
+                stream.dropped += 1
+            queue.append(event)
+            if stream._ready is not None:
+                stream._wake()
 
     def close(self) -> None:
         """The scheduler stopped: every stream ends once its buffer is taken."""
