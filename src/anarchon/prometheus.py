@@ -6,8 +6,9 @@ Two lines in a program that already serves Prometheus::
     instrument(scheduler)  # into prometheus_client's default registry
 
 or ``anarchon run app:scheduler --metrics-port 9100``. The metrics come from the
-scheduler's events (``Scheduler.on_event``): counted as each instance decides, in the
-process that decides. Several schedulers instrumented into one registry add up.
+scheduler's events (``Scheduler.on_event``), gathered as each instance decides and
+counted in the process that decides, a batch at a time (every 50 ms, and before each
+scrape). Several schedulers instrumented into one registry add up.
 
 Gauges: the leases this instance holds, read from the engine at each scrape; the
 instances alive and the timers pending, read from the store by the scheduler beside
