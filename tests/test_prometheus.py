@@ -3,6 +3,7 @@ on real servers."""
 
 from __future__ import annotations
 
+import logging
 import signal
 import urllib.request
 from contextlib import AsyncExitStack
@@ -269,19 +270,19 @@ def test_an_event_of_a_subclass_is_counted_as_its_base_and_others_are_ignored() 
     assert all(not rows for rows in counts.histograms.values())
 
 
-def test_lateness_and_durations_are_bucketed_in_seconds_and_each_is_a_run(
-    server_url: str, prefix: str
-) -> None:
+def test_lateness_and_durations_are_bucketed_in_seconds_and_each_is_a_run() -> None:
     """A run's lateness and duration (its events say ms) land in the buckets and sums of
-    seconds that Prometheus shows, and each duration is one run of its job and outcome."""
+    seconds that Prometheus shows (a value on a bound in the bucket of that bound), and
+    each duration is one run of its job and outcome."""
     registry = CollectorRegistry()
-    scheduler = Scheduler(RedisBackend(redis=server_url, prefix=prefix))
+    scheduler = Scheduler(RedisBackend(redis="redis://127.0.0.1:6379/0"))  # never started
     instrument(scheduler, registry)
     (count,) = scheduler._context.events.hooks
     run = Run(job="work", slot=datetime.now(UTC), slot_ms=0, attempt=1, trigger="schedule",
               runner="a", fence=1)  # fmt: skip
     for late_ms, duration_ms, outcome in ((30.0, 7000.0, "ok"), (-2.0, 20.0, "ok"),
-                                          (400.0, 90.0, "failed")):  # fmt: skip
+                                          (400.0, 90.0, "failed"), (5.0, 50.0, "ok"),
+                                          (50.0, 5.0, "ok")):  # fmt: skip
         count(RunStarted(instance="a", run=run, late_ms=late_ms))
         count(RunFinished(instance="a", run=run, outcome=outcome, duration_ms=duration_ms,
                           error=None, retried=False))  # fmt: skip
@@ -290,19 +291,20 @@ def test_lateness_and_durations_are_bucketed_in_seconds_and_each_is_a_run(
         return registry.get_sample_value(name, {"job": "work", **labels})
 
     lateness = "anarchon_fire_lateness_seconds"
-    assert value(f"{lateness}_sum") == pytest.approx(0.43)  # early counts as 0
-    assert value(f"{lateness}_bucket", le="0.005") == 1
-    assert value(f"{lateness}_bucket", le="0.025") == 1
-    assert value(f"{lateness}_bucket", le="0.05") == 2
-    assert value(f"{lateness}_bucket", le="0.5") == 3
+    assert value(f"{lateness}_sum") == pytest.approx(0.485)  # early counts as 0
+    assert value(f"{lateness}_bucket", le="0.005") == 2
+    assert value(f"{lateness}_bucket", le="0.025") == 2
+    assert value(f"{lateness}_bucket", le="0.05") == 4
+    assert value(f"{lateness}_bucket", le="0.5") == 5
     duration = "anarchon_run_duration_seconds"
-    assert value(f"{duration}_sum", outcome="ok") == pytest.approx(7.02)
-    assert value(f"{duration}_bucket", outcome="ok", le="0.01") == 0
-    assert value(f"{duration}_bucket", outcome="ok", le="0.05") == 1
-    assert value(f"{duration}_bucket", outcome="ok", le="5.0") == 1
-    assert value(f"{duration}_bucket", outcome="ok", le="10.0") == 2
+    assert value(f"{duration}_sum", outcome="ok") == pytest.approx(7.075)
+    assert value(f"{duration}_bucket", outcome="ok", le="0.005") == 1
+    assert value(f"{duration}_bucket", outcome="ok", le="0.01") == 1
+    assert value(f"{duration}_bucket", outcome="ok", le="0.05") == 3
+    assert value(f"{duration}_bucket", outcome="ok", le="5.0") == 3
+    assert value(f"{duration}_bucket", outcome="ok", le="10.0") == 4
     assert value(f"{duration}_count", outcome="failed") == 1
-    assert value("anarchon_runs_total", outcome="ok") == 2
+    assert value("anarchon_runs_total", outcome="ok") == 4
     assert value("anarchon_runs_total", outcome="failed") == 1
 
 
@@ -330,3 +332,25 @@ async def test_a_running_scheduler_counts_its_events_without_a_scrape(
         assert runs[0] == ("often", "ok") and runs[1] >= seen
         (claims,) = source.counts.counted("claims")
         assert claims[0] == ("often", "won") and claims[1] >= seen
+
+
+def test_an_event_that_cannot_be_counted_is_logged_once_and_the_others_are_counted(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Counting runs in the scheduler's task (and at scrapes): an event it cannot count
+    is left out and logged once; the events around it are counted, nothing raises."""
+    counts = anarchon.prometheus._Counts()
+    unhashable: Any = _Unhashable()  # its label cannot be a key
+    broken = RunRetried(instance="a", job=unhashable, slot_ms=1, attempt=1, in_ms=0)
+    good = RunRetried(instance="a", job="flaky", slot_ms=1000, attempt=1, in_ms=500)
+    with caplog.at_level(logging.ERROR, logger="anarchon"):
+        for _ in range(2):
+            counts.pending.extend([good, broken, good])
+            counts.flush()
+    assert counts.counted("retries") == [(("flaky",), 4)] and not counts.pending
+    failures = [r for r in caplog.records if "counting an event" in r.getMessage()]
+    assert len(failures) == 1, caplog.records
+
+
+class _Unhashable:
+    __hash__ = None  # type: ignore[assignment]

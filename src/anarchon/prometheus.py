@@ -109,6 +109,7 @@ class _Counts:
         #: Events not counted yet (the hook is ``pending.append``).
         self.pending: list[Event] = []
         self._flushing = threading.Lock()
+        self._failed = False
         #: The counters but ``runs``, which the durations hold (``counted``).
         self.counters: dict[str, dict[tuple[str, ...], int]] = {
             name: {} for name in _COUNTERS if name != "runs"
@@ -154,16 +155,24 @@ class _Counts:
             batch = pending[:]
             del pending[: len(batch)]  # what was appended meanwhile stays for the next
             by_type = self._by_type
-            for event in batch:  # (take, inlined)
-                count = by_type.get(type(event))
-                (count or self._counter_of(type(event)))(event)
+            for event in batch:
+                try:
+                    (by_type.get(type(event)) or self._counter_of(type(event)))(event)
+                except Exception:  # one event not counted; the scheduler goes on
+                    if not self._failed:
+                        self._failed = True
+                        log.exception(
+                            "counting an event for Prometheus failed (%r); it is not counted, "
+                            "the others are, and this is logged once",
+                            event,
+                        )
         finally:
             self._flushing.release()
 
     def take(self, event: Event) -> None:
-        """Count one event."""
-        count = self._by_type.get(type(event))
-        (count or self._counter_of(type(event)))(event)
+        """Count one event now."""
+        self.pending.append(event)
+        self.flush()
 
     def _counter_of(self, kind: type[Event]) -> Callable[[Any], None]:
         """How a subclass of a counted event is counted (as its base), or an event
@@ -366,7 +375,7 @@ class _Source:
             while True:
                 self.counts.flush(wait=False)
                 await anyio.sleep(_COUNT_SEC)
-        finally:  # what the stop's last events were is counted at the next scrape
+        finally:  # cancelled as the stop begins: what comes after is counted at a scrape
             self.counts.flush(wait=False)
 
     async def _read_gauges(self, conn: Connection) -> None:

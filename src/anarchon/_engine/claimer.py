@@ -185,14 +185,15 @@ class Claimer:
         now_ms = _now_ms()
         again = []
         events = context.events
-        answered_at = instant(now_ms)
         for due, request, reply in zip(batch, requests, replies, strict=True):
             if events.on:
                 answer: ClaimAnswer = (
                     "refused" if isinstance(reply, ServerReplyError) else reply.kind
                 )
-                events.emit(
-                    claim_answered(context.instance_id, answered_at, due.job, due.slot_ms, answer)
+                events.emit(  # stamped each: a skip may be emitted between two answers
+                    claim_answered(
+                        context.instance_id, instant(_now_ms()), due.job, due.slot_ms, answer
+                    )
                 )
             if isinstance(reply, ServerReplyError):
                 if is_transient(reply):
