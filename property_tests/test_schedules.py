@@ -464,7 +464,6 @@ def test_a_job_every_minute_of_an_hour_fires_from_its_first_minute_after_a_half_
     assert fires_from(expression, zone, moment) == documented
 
 
-@pytest.mark.xfail(strict=True, reason="a range of one value with a step runs to the maximum")
 def test_a_range_of_one_value_with_a_step_is_that_value() -> None:
     expression, zone, moment, documented = DISAGREEMENTS["one-value range with a step"]
     assert fires_from(expression, zone, moment) == documented
