@@ -135,6 +135,9 @@ SETTLE_AFTER_FAULT_MS = 1000 * ROUND_TRIP_SEC + 700
 #: much, and the server as slow when a PING takes this long: a loaded machine, which
 #: delays every instance's round trips as a fault would.
 SLOW_MS = 100
+#: Shorter overshoots are not faults, but they delay what the loop does all the same
+#: (a cancellation, a start): the checks that allow for a starved loop count them too.
+LAG_MS = 20
 #: A slot whose first claims failed because the server refused them with an error
 #: reply (OOM, READONLY, BUSY) or was down (killed, then started again) is still owed
 #: a run when the server was back this soon after the slot: the claim is sent again
@@ -469,6 +472,8 @@ class EngineMachine(RuleBasedStateMachine):
         self.skips = SkipLog()
         logging.getLogger("anarchon").addHandler(self.skips)
         self.windows: list[Window] = []
+        #: The loop's shorter overshoots (``LAG_MS`` to ``SLOW_MS``): when, how long.
+        self.lags: list[tuple[float, float]] = []
         self._watching = threading.Event()
         self.wipes: list[float] = []
         #: When each wiped server was killed and when it was up again, empty.
@@ -514,6 +519,8 @@ class EngineMachine(RuleBasedStateMachine):
             lag_ms = (time.monotonic() - before - 0.05) * 1000
             if lag_ms > SLOW_MS:
                 self._slow("loop", lag_ms + 50, f"starved {lag_ms:.0f} ms")
+            elif lag_ms > LAG_MS:
+                self.lags.append((wall_ms() - lag_ms, lag_ms))
 
     def _watch_server(self) -> None:
         """Records when the server answered slowly, on a connection of its own."""
@@ -1083,12 +1090,19 @@ class EngineMachine(RuleBasedStateMachine):
         )
 
     def _starved_ms(self, start_ms: float, end_ms: float) -> float:
-        """How long the schedulers' event loop stood still within the span."""
-        return sum(
+        """How long the schedulers' event loop stood still within the span: its stalls,
+        and its shorter overshoots, which add up under load."""
+        stalls = sum(
             w.took_ms
             for w in self.windows
             if w.who == "loop" and start_ms <= w.start_ms + w.took_ms and w.start_ms <= end_ms
         )
+        lags = sum(
+            lag_ms
+            for at_ms, lag_ms in list(self.lags)
+            if start_ms <= at_ms + lag_ms and at_ms <= end_ms
+        )
+        return stalls + lags
 
     def _wiped(self, start_ms: float, end_ms: float) -> bool:
         return any(start_ms <= wipe_ms <= end_ms for wipe_ms in self.wipes)
