@@ -42,6 +42,23 @@ class OneShot:
         return cls(at.replace(microsecond=0) + timedelta(seconds=1))
 
 
+class OneShotAtFirstAsk:
+    """A schedule that fires once, a whole second at least ``delay_ms`` after the
+    scheduler first asks it (started, connected, registered). A slot chosen before the
+    start (``OneShot.in_ms``) would pass unseen if the start were slow, as it is on a
+    loaded machine (a TLS handshake, a worker starved of CPU): a custom schedule's slot
+    in the past is never due."""
+
+    def __init__(self, delay_ms: int) -> None:
+        self.delay_ms = delay_ms
+        self.at: datetime | None = None
+
+    def next_after(self, moment: datetime, /) -> datetime | None:
+        if self.at is None:
+            self.at = OneShot.in_ms(self.delay_ms).at
+        return self.at if moment < self.at else None
+
+
 class SlotOnStdin:
     """A one-shot schedule for an instance in a process of its own, whose instant the
     test hands over once the instance has started. The scheduler first asks a schedule

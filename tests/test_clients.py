@@ -26,7 +26,7 @@ from anarchon import (
 from anarchon._embedded import EmbeddedServer
 from anarchon._timer_store import TimerKeys
 from tests.clients import CLIENT_KINDS, Target, make_client
-from tests.helpers import Ledger, OneShot, PinnedConnection, wait_until
+from tests.helpers import Ledger, OneShotAtFirstAsk, PinnedConnection, wait_until
 from tests.servers import MATRIX_FIRST, ServerSpec, cluster_matrix, running_cluster, running_server
 
 pytestmark = pytest.mark.anyio
@@ -259,9 +259,9 @@ async def run_one(backend: RedisBackend[Any]) -> list[Run]:
     async def once(run: Run) -> None:
         runs.append(run)
 
-    scheduler.add_job(once, OneShot.in_ms(100), name="once")
+    scheduler.add_job(once, OneShotAtFirstAsk(100), name="once")
     async with scheduler:
-        await wait_until(lambda: bool(runs), 5, "the slot to run")
+        await wait_until(lambda: bool(runs), 10, "the slot to run")
     return runs
 
 
