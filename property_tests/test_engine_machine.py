@@ -743,14 +743,18 @@ class EngineMachine(RuleBasedStateMachine):
             )
             event(f"a lost claim reply not judged: {', '.join(what) or 'its instance went'}")
             return
-        runs = [s for s in self.ledger.snapshot() if s.job == job and s.trigger != "manual"]
-        starts = [s.started_ms for s in runs if s.slot_ms == slot]
+
+        def scheduled_runs() -> tuple[list[Start], list[float]]:
+            """The job's scheduled runs in the ledger, and the starts of the slot's."""
+            runs = [s for s in self.ledger.snapshot() if s.job == job and s.trigger != "manual"]
+            return runs, [s.started_ms for s in runs if s.slot_ms == slot]
+
+        runs, starts = scheduled_runs()
         starved_ms = self._starved_ms(slot, wall_ms())
         if not starts and starved_ms:
             # A loop that stood still starts the slot as much later.
             time.sleep(starved_ms / 1000)
-            runs = [s for s in self.ledger.snapshot() if s.job == job and s.trigger != "manual"]
-            starts = [s.started_ms for s in runs if s.slot_ms == slot]
+            runs, starts = scheduled_runs()
         if not starts:
             keys = JobKeys.for_job(self.prefix, job)
             state = self.admin.hget(keys.state, str(slot)) or ""
