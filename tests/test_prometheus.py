@@ -195,6 +195,30 @@ async def test_the_gauges_show_the_leases_held_the_instances_alive_and_the_timer
     assert value("anarchon_instances_alive", prefix=prefix) is None
 
 
+async def test_the_store_s_gauges_vanish_while_the_server_is_frozen_and_return_after(
+    server_url: str, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A frozen server: the scrapes go on answering from memory (they never wait for
+    the store), and the gauges read from the store are left out rather than shown stale
+    once a read of them fails; the server back, they are read and shown again."""
+    monkeypatch.setattr(anarchon.prometheus, "STORE_READ_SEC", 0.2)
+    registry = CollectorRegistry()
+
+    def alive() -> float | None:
+        return registry.get_sample_value("anarchon_instances_alive", {"prefix": prefix})
+
+    with FaultProxy(server_url) as proxy:
+        scheduler, _ = a_long_run(proxy.url, prefix)
+        instrument(scheduler, registry)
+        async with scheduler:
+            await wait_until(lambda: alive() == 1, 30, "the instance counted alive")
+            proxy.pause()
+            await wait_until(lambda: alive() is None, 30, "the gauge left out while frozen")
+            assert b"anarchon_claims_total" in generate_latest(registry)  # still served
+            proxy.resume()
+            await wait_until(lambda: alive() == 1, 30, "the gauge read again")
+
+
 async def test_a_lost_lease_an_outage_and_a_timer_firing_are_counted(
     server_url: str, prefix: str
 ) -> None:
