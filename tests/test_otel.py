@@ -15,9 +15,10 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
-from anarchon import RedisBackend, Run, RunResult, Scheduler
+from anarchon import Event, LeaseLost, RedisBackend, Run, RunResult, Scheduler, ServerBack
 from anarchon.otel import instrument
-from tests.helpers import OneShot, Seconds
+from tests.faults import FaultProxy
+from tests.helpers import OneShot, Seconds, a_long_run, wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -92,6 +93,49 @@ async def test_each_attempt_is_a_span_with_the_handlers_spans_inside(
     assert [e.name for e in failed.events] == ["exception"]
     claims = named("anarchon claim")
     assert claims and all(s.attributes and s.attributes["anarchon.claims"] >= 1 for s in claims)
+
+
+async def test_a_frozen_server_shows_in_the_spans_a_failed_claim_and_a_lost_lease(
+    server_url: str, prefix: str, traced: tuple[TracerProvider, InMemorySpanExporter]
+) -> None:
+    """The server frozen while "long" runs and "tick" keeps coming due: a claim round
+    trip that got no answer is a span with an error status that says why, and the
+    attempt whose lease ran out ends its span "cancelled", not "ok"."""
+    provider, exporter = traced
+    with FaultProxy(server_url) as proxy:
+        scheduler, started = a_long_run(proxy.url, prefix)
+        instrument(scheduler, tracer_provider=provider)
+
+        @scheduler.job(Seconds(300, 60), name="tick")
+        async def tick() -> None:
+            pass
+
+        events: list[Event] = []
+        scheduler.on_event(events.append)
+        async with scheduler:
+            await started.wait()
+            proxy.pause()
+            await wait_until(
+                lambda: any(isinstance(e, LeaseLost) for e in events), 20, "the lost lease"
+            )
+            proxy.resume()
+            await wait_until(
+                lambda: any(isinstance(e, ServerBack) for e in events), 20, "the server back"
+            )
+    spans = exporter.get_finished_spans()
+    (first,) = [
+        s
+        for s in spans
+        if s.name == "anarchon run long" and s.attributes and s.attributes["anarchon.attempt"] == 1
+    ]  # a retry of it may follow once the server is back
+    assert first.attributes is not None and first.attributes["anarchon.outcome"] == "cancelled"
+    failed = [
+        s for s in spans if s.name == "anarchon claim" and s.status.status_code == StatusCode.ERROR
+    ]
+    assert failed, "no claim span has an error status"
+    assert all("no reply in time" in (s.status.description or "") for s in failed), [
+        s.status.description for s in failed
+    ]
 
 
 def test_anarchon_imports_neither_opentelemetry_nor_prometheus_client() -> None:

@@ -10,7 +10,7 @@ from typing import Protocol
 from ._store import Outcome
 from ._structures import Run
 
-__all__ = ["AttemptTrace", "Tracing"]
+__all__ = ["AttemptTrace", "ClaimTrace", "Tracing"]
 
 
 class AttemptTrace(Protocol):
@@ -23,11 +23,18 @@ class AttemptTrace(Protocol):
         ...
 
 
+class ClaimTrace(Protocol):
+    def failed(self, reason: BaseException | str) -> None:
+        """The round trip got no answer (an error, or none in time): its claims are sent
+        again later."""
+        ...
+
+
 class Tracing(Protocol):
     def start_attempt(self, run: Run) -> AttemptTrace:
         """A span for an attempt whose handler is about to start."""
         ...
 
-    def claim_batch(self, size: int) -> AbstractContextManager[object]:
+    def claim_batch(self, size: int) -> AbstractContextManager[ClaimTrace]:
         """A span around one round trip of ``size`` claims."""
         ...

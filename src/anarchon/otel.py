@@ -8,13 +8,15 @@
 Each attempt of a job is a span, ``anarchon run <job>``, current while its handler runs
 (the handler's own spans nest in it), with the job, slot, attempt, fence, runner,
 trigger and outcome as attributes; a failed attempt's span has an error status and the
-exception. Each round trip of claims is a span, ``anarchon claim``. Both start traces of
-their own. anarchon imports OpenTelemetry only here.
+exception. Each round trip of claims is a span, ``anarchon claim``; one that got no
+answer (an error, or none in time: its claims are sent again later) has an error status
+that says why. Both start traces of their own. anarchon imports OpenTelemetry only here.
 """
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 from opentelemetry import context as otel_context
@@ -59,14 +61,26 @@ class _Tracing:
         )
         return _AttemptTrace(span)
 
-    def claim_batch(self, size: int) -> AbstractContextManager[object]:
-        return self._tracer.start_as_current_span(
+    @contextmanager
+    def claim_batch(self, size: int) -> Iterator[_ClaimTrace]:
+        with self._tracer.start_as_current_span(
             "anarchon claim",
             context=otel_context.Context(),
             attributes={"anarchon.claims": size},
             record_exception=False,
             set_status_on_exception=False,
-        )
+        ) as span:
+            yield _ClaimTrace(span)
+
+
+class _ClaimTrace:
+    def __init__(self, span: Span) -> None:
+        self._span = span
+
+    def failed(self, reason: BaseException | str) -> None:
+        if isinstance(reason, BaseException):
+            self._span.record_exception(reason)
+        self._span.set_status(Status(StatusCode.ERROR, f"the claims got no answer: {reason}"))
 
 
 class _AttemptTrace:

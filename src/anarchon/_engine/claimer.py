@@ -168,15 +168,16 @@ class Claimer:
         replies: list[ClaimReply | ServerReplyError] | None = None
         sent = time.monotonic()
         failure: BaseException | str = "no reply in time"
-        with (
-            anyio.CancelScope(shield=True) as scope,
-            context.tracing.claim_batch(len(requests)) if context.tracing else nullcontext(),
-        ):
-            scope.deadline = anyio.current_time() + context.round_trip_sec
-            try:
-                replies = await store.claim_many(requests)
-            except Exception as exc:
-                failure = exc
+        tracing = context.tracing
+        with tracing.claim_batch(len(requests)) if tracing else nullcontext() as trace:
+            with anyio.CancelScope(shield=True) as scope:
+                scope.deadline = anyio.current_time() + context.round_trip_sec
+                try:
+                    replies = await store.claim_many(requests)
+                except Exception as exc:
+                    failure = exc
+            if replies is None and trace is not None:
+                trace.failed(failure)
         if replies is None:
             context.health.failed(f"claiming {len(batch)} slot(s)", failure)
             self._retry_claims(batch)
