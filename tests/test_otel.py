@@ -93,15 +93,27 @@ async def test_each_attempt_is_a_span_with_the_handlers_spans_inside(
     assert [e.name for e in failed.events] == ["exception"]
     claims = named("anarchon claim")
     assert claims and all(s.attributes and s.attributes["anarchon.claims"] >= 1 for s in claims)
+    assert all(s.status.status_code == StatusCode.UNSET for s in claims)  # all answered
 
 
-async def test_a_frozen_server_shows_in_the_spans_a_failed_claim_and_a_lost_lease(
-    server_url: str, prefix: str, traced: tuple[TracerProvider, InMemorySpanExporter]
+@pytest.mark.parametrize("fault", ["frozen", "dropped"])
+async def test_a_server_out_of_reach_shows_in_the_spans_as_failed_claims_and_a_lost_lease(
+    server_url: str, prefix: str, traced: tuple[TracerProvider, InMemorySpanExporter], fault: str
 ) -> None:
-    """The server frozen while "long" runs and "tick" keeps coming due: a claim round
-    trip that got no answer is a span with an error status that says why, and the
-    attempt whose lease ran out ends its span "cancelled", not "ok"."""
+    """The server out of reach while "long" runs and "tick" keeps coming due, frozen (no
+    answers) or dropped (connections cut and refused): a claim round trip that got no
+    answer is a span with an error status that says why (a dropped one with the
+    exception), the ones answered before are not, and the attempt whose lease ran out
+    ends its span "cancelled", not "ok"."""
     provider, exporter = traced
+
+    def claims(status: StatusCode) -> list[ReadableSpan]:
+        return [
+            s
+            for s in exporter.get_finished_spans()
+            if s.name == "anarchon claim" and s.status.status_code == status
+        ]
+
     with FaultProxy(server_url) as proxy:
         scheduler, started = a_long_run(proxy.url, prefix)
         instrument(scheduler, tracer_provider=provider)
@@ -114,28 +126,36 @@ async def test_a_frozen_server_shows_in_the_spans_a_failed_claim_and_a_lost_leas
         scheduler.on_event(events.append)
         async with scheduler:
             await started.wait()
-            proxy.pause()
+            assert claims(StatusCode.UNSET) and not claims(StatusCode.ERROR)
+            if fault == "frozen":
+                proxy.pause()
+            else:
+                proxy.refuse(True)
             await wait_until(
                 lambda: any(isinstance(e, LeaseLost) for e in events), 20, "the lost lease"
             )
-            proxy.resume()
+            await wait_until(lambda: bool(claims(StatusCode.ERROR)), 20, "a failed claim")
+            if fault == "frozen":
+                proxy.resume()
+            else:
+                proxy.refuse(False)
             await wait_until(
                 lambda: any(isinstance(e, ServerBack) for e in events), 20, "the server back"
             )
-    spans = exporter.get_finished_spans()
     (first,) = [
         s
-        for s in spans
+        for s in exporter.get_finished_spans()
         if s.name == "anarchon run long" and s.attributes and s.attributes["anarchon.attempt"] == 1
     ]  # a retry of it may follow once the server is back
     assert first.attributes is not None and first.attributes["anarchon.outcome"] == "cancelled"
-    failed = [
-        s for s in spans if s.name == "anarchon claim" and s.status.status_code == StatusCode.ERROR
-    ]
-    assert failed, "no claim span has an error status"
-    assert all("no reply in time" in (s.status.description or "") for s in failed), [
-        s.status.description for s in failed
-    ]
+    failed = claims(StatusCode.ERROR)
+    why = [s.status.description or "" for s in failed]
+    assert all(w.startswith("the claims got no answer: ") for w in why), why
+    if fault == "frozen":
+        # No reply within the deadline; a client cut off mid-send by it says so itself.
+        assert any("no reply in time" in w or "deadline" in w for w in why), why
+    else:
+        assert any(e.name == "exception" for s in failed for e in s.events), why
 
 
 def test_anarchon_imports_neither_opentelemetry_nor_prometheus_client() -> None:
