@@ -122,23 +122,25 @@ async def test_a_server_out_of_reach_shows_in_the_spans_as_failed_claims_and_a_l
         async def tick() -> None:
             pass
 
+        def out_of_reach(on: bool) -> None:
+            if fault == "dropped":
+                proxy.refuse(on)
+            elif on:
+                proxy.pause()
+            else:
+                proxy.resume()
+
         events: list[Event] = []
         scheduler.on_event(events.append)
         async with scheduler:
             await started.wait()
             assert claims(StatusCode.UNSET) and not claims(StatusCode.ERROR)
-            if fault == "frozen":
-                proxy.pause()
-            else:
-                proxy.refuse(True)
+            out_of_reach(True)
             await wait_until(
                 lambda: any(isinstance(e, LeaseLost) for e in events), 20, "the lost lease"
             )
             await wait_until(lambda: bool(claims(StatusCode.ERROR)), 20, "a failed claim")
-            if fault == "frozen":
-                proxy.resume()
-            else:
-                proxy.refuse(False)
+            out_of_reach(False)
             await wait_until(
                 lambda: any(isinstance(e, ServerBack) for e in events), 20, "the server back"
             )
