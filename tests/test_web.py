@@ -7,7 +7,9 @@ there (``docs/img`` holds the ones the docs show); otherwise in the test's direc
 
 from __future__ import annotations
 
+import http.client
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -41,15 +43,29 @@ class WebCommand:
     """One ``anarchon web`` process on a free port of 127.0.0.1, its output in a file."""
 
     def __init__(
-        self, tmp_path: Path, url: str, prefix: str, *args: str, sigint_ignored: bool = False
+        self,
+        tmp_path: Path,
+        url: str,
+        prefix: str,
+        *args: str,
+        sigint_ignored: bool = False,
+        app: str | None = None,
     ) -> None:
+        """``anarchon web`` with ``args``; or, with ``app``, uvicorn serving that
+        application of the tests' (configured by ``APP_URL``, ``APP_PREFIX`` and
+        ``APP_TOKEN``)."""
         self.port = free_port()
         self.output = tmp_path / f"web-{self.port}.log"
         command = [
             sys.executable, "-m", "anarchon", "web", "--redis", url, "--prefix", prefix,
             "--port", str(self.port), *args,
         ]  # fmt: skip
-        env = command_env({})
+        if app is not None:
+            command = [
+                sys.executable, "-m", "uvicorn", app, "--host", "127.0.0.1",
+                "--port", str(self.port), "--log-level", "warning", *args,
+            ]  # fmt: skip
+        env = command_env({"APP_URL": url, "APP_PREFIX": prefix, "APP_TOKEN": TOKEN})
         env.pop("ANARCHON_WEB_TOKEN", None)
         with open(self.output, "w") as out:
             self.process = subprocess.Popen(
@@ -383,6 +399,89 @@ def test_a_job_whose_name_has_slashes_has_its_page_and_its_actions(
     assert jobs["reports/daily"].paused
     assert web.get("/jobs/reports/weekly")[0] == 404
     assert web.end() == 0, web.log()
+
+
+def links(page: str) -> list[str]:
+    """Where the page's links and forms lead."""
+    return re.findall(r'\s(?:href|action)="([^"]*)"', page)
+
+
+def test_mounted_under_a_path_its_links_and_actions_stay_under_it(
+    server_url: str, prefix: str, tmp_path: Path, webs: list[WebCommand]
+) -> None:
+    """Mounted in an application of the user's (Starlette's ``Mount`` at /ops/anarchon):
+    each link and form of its pages leads under the mount, each link there is a page,
+    and an action lands back on the page it was asked from, under the mount."""
+    register_jobs(server_url, prefix, ["reports/daily", "cleanup"])
+    web = WebCommand(tmp_path, server_url, prefix, app="tests.web_mounted:app")
+    webs.append(web)
+    web.wait_serving()
+    status, page = web.get("/ops/anarchon/")
+    assert status == 200 and "cleanup" in page, page
+    found = links(page)
+    assert "/ops/anarchon/jobs/reports/daily" in found, found
+    assert "/ops/anarchon/actions/pause/cleanup" in found, found
+    assert all(link.startswith("/ops/anarchon/") for link in found), found
+    for link in set(re.findall(r'\shref="([^"]*)"', page)):
+        assert web.get(link)[0] == 200, link
+    status, page = web.get("/ops/anarchon/jobs/reports/daily")
+    assert status == 200 and "Job reports/daily" in page, page
+    assert all(link.startswith("/ops/anarchon/") for link in links(page)), links(page)
+    status, page = web.request(
+        "/ops/anarchon/actions/pause/reports/daily",
+        f"token={TOKEN}&next=/jobs/reports/daily".encode(),
+    )
+    assert status == 200 and "Done: reports/daily paused." in page, page
+    assert "Job reports/daily" in page, page
+    jobs, _ = read_store(server_url, prefix)
+    assert jobs["reports/daily"].paused and not jobs["cleanup"].paused
+    assert web.get("/") == (200, "the application's own page")
+
+
+def test_behind_a_proxy_that_serves_it_under_a_path_its_links_carry_the_root_path(
+    server_url: str, prefix: str, tmp_path: Path, webs: list[WebCommand]
+) -> None:
+    """``--root-path /anarchon``: a proxy passes /anarchon/... on without the path, and
+    the pages' links, forms and an action's redirect carry it."""
+    register_jobs(server_url, prefix, ["cleanup"])
+    web = WebCommand(
+        tmp_path, server_url, prefix, "--allow-actions", "--token", TOKEN,
+        "--root-path", "/anarchon/",
+    )  # fmt: skip
+    webs.append(web)
+    web.wait_serving()
+    status, page = web.get("/")  # as the proxy passes /anarchon/ on
+    assert status == 200 and "cleanup" in page, page
+    found = links(page)
+    assert "/anarchon/jobs/cleanup" in found and "/anarchon/" in found, found
+    assert all(link.startswith("/anarchon/") for link in found), found
+    connection = http.client.HTTPConnection("127.0.0.1", web.port, timeout=15)
+    try:
+        connection.request(
+            "POST", "/actions/pause/cleanup", f"token={TOKEN}&next=/jobs/cleanup",
+            {"Content-Type": "application/x-www-form-urlencoded"},
+        )  # fmt: skip
+        reply = connection.getresponse()
+        assert reply.status == 303, reply.read()
+        assert reply.getheader("Location", "").startswith("/anarchon/jobs/cleanup?done=")
+    finally:
+        connection.close()
+    jobs, _ = read_store(server_url, prefix)
+    assert jobs["cleanup"].paused
+    assert web.end() == 0, web.log()
+
+
+def test_a_root_path_that_is_not_a_path_is_refused_in_one_line(
+    server_url: str, prefix: str, tmp_path: Path
+) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "anarchon", "web", "--redis", server_url, "--prefix", prefix,
+         "--port", str(free_port()), "--root-path", "anarchon"],
+        cwd=ROOT, env=command_env({}), capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 2, result
+    assert "--root-path" in result.stderr and "/" in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
 
 
 def register_jobs(url: str, prefix: str, names: list[str]) -> None:

@@ -47,6 +47,11 @@ def add_web_command(commands: Any, port: Any) -> None:
         "--refresh", type=float, default=5.0, metavar="SECONDS",
         help="the pages refresh themselves this often (default: 5; 0: never)",
     )  # fmt: skip
+    web.add_argument(
+        "--root-path", default="", metavar="PATH",
+        help="behind a proxy that serves the dashboard under PATH (say /anarchon) and passes "
+        "requests on without it: the pages' links carry PATH (default: none)",
+    )  # fmt: skip
 
 
 def run_web(args: argparse.Namespace) -> int:
@@ -59,6 +64,12 @@ def run_web(args: argparse.Namespace) -> int:
     except ModuleNotFoundError:
         raise UsageError("the dashboard needs Starlette and uvicorn: pip install "
                             "'anarchon[web]'") from None  # fmt: skip
+    root_path = args.root_path.rstrip("/")
+    if args.root_path and not args.root_path.startswith("/"):
+        raise UsageError(
+            f"--root-path must be a path that starts with /, as in /anarchon; got "
+            f"{args.root_path!r}"
+        )
     token = args.token
     if args.allow_actions and not token:
         token = secrets.token_urlsafe(18)
@@ -76,14 +87,15 @@ def run_web(args: argparse.Namespace) -> int:
     listening = _bound(args.host, args.port)
     host, port = listening.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
-    print(f"anarchon web: http://{shown}:{port}/ (prefix {args.prefix!r})", flush=True)
+    behind = f", served as {root_path}/ behind a proxy" if root_path else ""
+    print(f"anarchon web: http://{shown}:{port}/ (prefix {args.prefix!r}{behind})", flush=True)
     if not _loopback(args.host):
         print(
             f"anarchon web: listening on {args.host}, not only on this machine: anyone who can "
             "reach it sees the store's jobs and errors",
             file=sys.stderr, flush=True,
         )  # fmt: skip
-    config = uvicorn.Config(app, log_level="warning", lifespan="on")
+    config = uvicorn.Config(app, log_level="warning", lifespan="on", root_path=root_path)
     server = uvicorn.Server(config)
     # uvicorn stops on SIGINT and SIGTERM, then raises the signal again once it has
     # stopped, to the handlers here: SIGINT ends as Ctrl-C does (130); SIGTERM, the way

@@ -10,10 +10,22 @@ and the charts (SVG) are in the page.
 
 Pause, resume and run-now are POSTs, refused (403) unless actions are allowed, and then
 refused (401) without the token, given as the form's ``token`` field or as
-``Authorization: Bearer <token>``. Mount it in an ASGI application of your own::
+``Authorization: Bearer <token>``. Serve it as an ASGI application of its own::
 
     from anarchon.web import dashboard
     app = dashboard(RedisBackend(redis="redis://localhost:6379"))
+
+or mount it under a path of yours (its links follow; run its lifespan in yours, so
+that its connection is closed at the end)::
+
+    board = dashboard(backend)
+
+    @asynccontextmanager
+    async def lifespan(app):
+        async with board.router.lifespan_context(board):
+            yield
+
+    app = Starlette(routes=[..., Mount("/ops/anarchon", app=board)], lifespan=lifespan)
 """
 
 from __future__ import annotations
@@ -155,6 +167,8 @@ class _Site:
     # ------------------------------------------------------------------ pages
 
     async def overview(self, request: Request) -> Response:
+        root = _root(request)
+
         async def read(inspector: Inspector) -> str:
             jobs = await inspector.jobs()
             leases = await inspector.leases()
@@ -165,11 +179,11 @@ class _Site:
             return "".join(
                 [
                     _done(request),
-                    _section("Jobs", _jobs_table(jobs, recent, self.token is not None)),
-                    _section("Runs in progress", _leases_table(leases)),
+                    _section("Jobs", _jobs_table(root, jobs, recent, self.token is not None)),
+                    _section("Runs in progress", _leases_table(root, leases)),
                     _section("Instances alive", _instances_table(instances)),
                     _section("Timers", _timers_table(timers)),
-                    _section("Recent failures", _results_table(failures, with_job=True)),
+                    _section("Recent failures", _results_table(root, failures, with_job=True)),
                     _section(
                         "Fire lateness (slot to start)",
                         _lateness_chart(r for results in recent.values() for r in results[:STRIP]),
@@ -178,10 +192,10 @@ class _Site:
             )
 
         body, status = await self._read(read)
-        return self._page("anarchon", body, status)
+        return self._page(request, "anarchon", body, status)
 
     async def job_page(self, request: Request) -> Response:
-        name = request.path_params["job"]
+        name, root = request.path_params["job"], _root(request)
 
         async def read(inspector: Inspector) -> str:
             history = await inspector.history(name, HISTORY)
@@ -191,26 +205,26 @@ class _Site:
                 [
                     _done(request),
                     _section(f"Job {name}", _job_details(job, history[:STRIP])),
-                    _actions(job, self.token is not None),
-                    _section("Runs in progress", _leases_table(leases)),
+                    _actions(root, job, self.token is not None),
+                    _section("Runs in progress", _leases_table(root, leases)),
                     _section("Fire lateness (slot to start)", _lateness_chart(history)),
-                    _section("History", _results_table(history, with_job=False)),
+                    _section("History", _results_table(root, history, with_job=False)),
                 ]
             )
 
         body, status = await self._read(read)
-        return self._page(f"anarchon · {name}", body, status)
+        return self._page(request, f"anarchon · {name}", body, status)
 
     async def act(self, request: Request) -> Response:
         name, action = request.path_params["job"], request.path_params["action"]
         if action not in _ACTIONS:
-            return self._page("anarchon", _message("error", f"no action {action!r}"), 404)
+            return self._page(request, "anarchon", _message("error", f"no action {action!r}"), 404)
         if self.token is None:
             text = (
                 "Actions are off: start anarchon web with --allow-actions (and a token) to "
                 "pause, resume and run jobs from here."
             )
-            return self._page("anarchon", _message("error", text), 403)
+            return self._page(request, "anarchon", _message("error", text), 403)
         form = parse_qs((await request.body()).decode("utf-8", "replace"))
         given = form.get("token", [""])[0]
         header = request.headers.get("authorization", "")
@@ -223,7 +237,7 @@ class _Site:
                 if not given
                 else "The token is not the dashboard's: nothing was done."
             )
-            return self._page("anarchon", _message("error", text), 401)
+            return self._page(request, "anarchon", _message("error", text), 401)
 
         async def operate(inspector: Inspector) -> str:
             if action == "pause":
@@ -237,13 +251,14 @@ class _Site:
 
         body, status = await self._read(operate, refused=409)
         if status != 200:
-            return self._page("anarchon", body, status)
-        back = form.get("next", ["/"])[0]
+            return self._page(request, "anarchon", body, status)
+        back = form.get("next", ["/"])[0]  # a page of the dashboard: its path within it
         if not back.startswith("/") or back.startswith("//"):
             back = "/"
-        return RedirectResponse(f"{back}?done={quote(f'{name} {_ACTIONS[action]}')}", 303)
+        done = quote(f"{name} {_ACTIONS[action]}")
+        return RedirectResponse(f"{_root(request)}{back}?done={done}", 303)
 
-    def _page(self, title: str, body: str, status: int) -> HTMLResponse:
+    def _page(self, request: Request, title: str, body: str, status: int) -> HTMLResponse:
         token = (
             '<label class="token">token <input id="token" type="password" '
             'autocomplete="off" placeholder="needed for actions"></label>'
@@ -251,13 +266,14 @@ class _Site:
             else ""
         )
         where = html.escape(f"{self.backend.where()} · prefix {self.backend.prefix}")
+        home = html.escape(_root(request)) + "/"
         return HTMLResponse(
             f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <style>{_STYLE}</style></head>
 <body data-refresh-ms="{int(self.refresh_sec * 1000)}">
-<header><a class="home" href="/">anarchon</a><span class="where">{where}</span>
+<header><a class="home" href="{home}">anarchon</a><span class="where">{where}</span>
 <span id="updated">read {_clock(datetime.now(UTC))}</span>{token}</header>
 <main id="main">{body}</main>
 <script>{_SCRIPT}</script>
@@ -267,6 +283,13 @@ class _Site:
 
 
 # ------------------------------------------------------------------------ parts
+
+
+def _root(request: Request) -> str:
+    """Where the dashboard is, in front of its own paths in its links: "" at the root
+    of its host, else the path it is mounted at (Starlette's ``Mount``) or served under
+    (a proxy's path, given as the ASGI server's root path)."""
+    return str(request.scope.get("root_path", "")).rstrip("/")
 
 
 def _section(title: str, content: str) -> str:
@@ -290,10 +313,12 @@ def _table(head: Iterable[str], rows: list[list[str]], empty: str) -> str:
     return f"<table><thead><tr>{cells}</tr></thead><tbody>{body}</tbody></table>"
 
 
-def _jobs_table(jobs: list[JobInfo], recent: dict[str, list[RunResult]], actions: bool) -> str:
+def _jobs_table(
+    root: str, jobs: list[JobInfo], recent: dict[str, list[RunResult]], actions: bool
+) -> str:
     rows = []
     for job in jobs:
-        link = f'<a href="/jobs/{quote(job.name)}">{html.escape(job.name)}</a>'
+        link = _job_link(root, job.name)
         paused = '<span class="badge paused">paused</span>' if job.paused else ""
         row = [
             link,
@@ -304,7 +329,7 @@ def _jobs_table(jobs: list[JobInfo], recent: dict[str, list[RunResult]], actions
             _strip(recent.get(job.name, [])),
         ]
         if actions:
-            row.append(_buttons(job, "/"))
+            row.append(_buttons(root, job, "/"))
         rows.append(row)
     head = ["job", "schedule", "zone", "next fire", "", "last attempts (newest right)"]
     return _table([*head, "actions"] if actions else head, rows, "No job registered yet.")
@@ -322,11 +347,17 @@ def _strip(results: list[RunResult]) -> str:
     return f'<span class="strip">{"".join(cells)}</span>' if cells else "-"
 
 
-def _buttons(job: JobInfo, back: str) -> str:
+def _job_link(root: str, name: str) -> str:
+    return f'<a href="{html.escape(root)}/jobs/{quote(name)}">{html.escape(name)}</a>'
+
+
+def _buttons(root: str, job: JobInfo, back: str) -> str:
+    """Its actions' forms; ``back``: the page they lead back to, within the dashboard."""
     forms = []
+    where = f"{html.escape(root)}/actions"
     for action in ("resume" if job.paused else "pause", "run-now"):
         forms.append(
-            f'<form class="action" method="post" action="/actions/{action}/{quote(job.name)}">'
+            f'<form class="action" method="post" action="{where}/{action}/{quote(job.name)}">'
             f'<input type="hidden" name="token"><input type="hidden" name="next" '
             f'value="{html.escape(back)}"><button type="submit" '
             f'data-job="{html.escape(job.name)}" data-action="{action}">{action}</button></form>'
@@ -334,8 +365,10 @@ def _buttons(job: JobInfo, back: str) -> str:
     return f'<span class="actions">{"".join(forms)}</span>'
 
 
-def _actions(job: JobInfo, actions: bool) -> str:
-    return f'<div class="bar">{_buttons(job, f"/jobs/{quote(job.name)}")}</div>' if actions else ""
+def _actions(root: str, job: JobInfo, actions: bool) -> str:
+    if not actions:
+        return ""
+    return f'<div class="bar">{_buttons(root, job, f"/jobs/{quote(job.name)}")}</div>'
 
 
 def _job_details(job: JobInfo, recent: list[RunResult]) -> str:
@@ -357,10 +390,10 @@ def _job_details(job: JobInfo, recent: list[RunResult]) -> str:
     return f'<table class="details">{body}</table>'
 
 
-def _leases_table(leases: list[LeaseInfo]) -> str:
+def _leases_table(root: str, leases: list[LeaseInfo]) -> str:
     rows = [
         [
-            f'<a href="/jobs/{quote(lease.job)}">{html.escape(lease.job)}</a>',
+            _job_link(root, lease.job),
             _clock(lease.slot) + (" manual" if lease.slot_id.startswith("m") else ""),
             html.escape(lease.status),
             str(lease.attempt),
@@ -414,7 +447,7 @@ def _timers_table(timers: list[TimerKindInfo]) -> str:
     return _table(["kind", "pending", "next due", "next key", "buckets"], rows, "No timer kind.")
 
 
-def _results_table(results: list[RunResult], *, with_job: bool) -> str:
+def _results_table(root: str, results: list[RunResult], *, with_job: bool) -> str:
     rows = []
     for r in results:
         took = (r.finished_at - r.started_at).total_seconds()
@@ -429,7 +462,7 @@ def _results_table(results: list[RunResult], *, with_job: bool) -> str:
             f'<span class="error">{html.escape(r.error or "")}</span>',
         ]
         if with_job:
-            row.insert(0, f'<a href="/jobs/{quote(r.job)}">{html.escape(r.job)}</a>')
+            row.insert(0, _job_link(root, r.job))
         rows.append(row)
     head = ["slot", "attempt", "trigger", "runner", "status", "started", "took", "error"]
     return _table(["job", *head] if with_job else head, rows, "None recorded.")
