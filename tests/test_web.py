@@ -25,6 +25,8 @@ import pytest
 
 from anarchon import Inspector, JobInfo, LeaseInfo, RedisBackend, Scheduler, TimerRun
 from anarchon._embedded import free_port
+from anarchon.web import PAGE_SEC
+from tests.faults import FaultProxy
 from tests.restartable_server import RestartableServer
 from tests.servers import ServerSpec
 from tests.test_run_command import ROOT, RunCommand, app_env, command_env, commands, wait_for
@@ -98,7 +100,7 @@ class WebCommand:
     ) -> tuple[int, str]:
         request = urllib.request.Request(self.url(path), data=data, headers=headers or {})
         try:
-            with urllib.request.urlopen(request, timeout=15) as reply:
+            with urllib.request.urlopen(request, timeout=PAGE_SEC + 10) as reply:
                 return reply.status, reply.read().decode()
         except urllib.error.HTTPError as refused:
             return refused.code, refused.read().decode()
@@ -482,6 +484,25 @@ def test_a_root_path_that_is_not_a_path_is_refused_in_one_line(
     assert result.returncode == 2, result
     assert "--root-path" in result.stderr and "/" in result.stderr, result.stderr
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_the_overview_of_many_jobs_over_a_slow_link_is_made_within_its_deadline(
+    server_url: str, prefix: str, tmp_path: Path, webs: list[WebCommand]
+) -> None:
+    """150 jobs, and 100 ms each way between the dashboard and the server (a link
+    across an ocean): the overview reads the jobs' histories in a few round trips, not
+    one a job, so the page is made within its deadline (PAGE_SEC), not a 503."""
+    names = [f"job{index:03d}" for index in range(150)]
+    register_jobs(server_url, prefix, names)
+    with FaultProxy(server_url) as proxy:
+        web = WebCommand(tmp_path, proxy.url, prefix)
+        webs.append(web)
+        web.wait_serving()
+        proxy.delay(100)
+        status, page = web.get("/")
+        assert status == 200, page
+        assert all(f">{name}</a>" in page for name in names), page
+    assert web.end() == 0, web.log()
 
 
 def register_jobs(url: str, prefix: str, names: list[str]) -> None:

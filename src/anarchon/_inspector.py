@@ -28,7 +28,14 @@ from ._lease import PAUSED_FIELD, JobKeys, set_paused
 from ._registry import RegistryKeys
 from ._schedule import CronSchedule, IntervalSchedule, Schedule, SlotClock, from_epoch_ms
 from ._scripts import ScriptCall, lease_script, run_scripts
-from ._store import fleet_slot_id, parse_result, read_history, slot_ms_of
+from ._store import (
+    fleet_slot_id,
+    history_command,
+    parse_history,
+    parse_result,
+    read_history,
+    slot_ms_of,
+)
 from ._structures import (
     InstanceInfo,
     JobInfo,
@@ -44,6 +51,8 @@ __all__ = ["Inspector"]
 
 #: Each read is one or a few round trips, each with this deadline.
 _DEADLINE_SEC = 10.0
+#: Reads of many jobs (their histories, their leases) go this many commands a round trip.
+_COMMANDS_A_TRIP = 200
 #: The statuses of a recorded attempt that did not go well.
 _FAILED = ("failed", "interrupted", "cancelled")
 
@@ -103,18 +112,14 @@ class Inspector:
         names = sorted(definitions)
         strategies = {name: str(definitions[name].get("strategy", "lease")) for name in names}
         leased = [name for name in names if strategies[name] == "lease"]
-        # One round trip: each job's newest result, and each lease job's pause flag.
+        # Each job's newest result, and each lease job's pause flag.
         commands: list[Command] = [
             ("ZREVRANGE", self._results_key(name, strategies[name]), 0, 0) for name in names
         ]
         commands += [
             ("HGET", JobKeys.for_job(self._prefix, name).state, PAUSED_FIELD) for name in leased
         ]
-        with _answered_in_time():
-            replies = await self._require().pipeline(commands) if commands else []
-        for reply in replies:
-            if isinstance(reply, ServerReplyError):
-                raise reply
+        replies = await self._pipeline(commands)
         newest = dict(zip(names, replies[: len(names)], strict=True))
         paused = dict(zip(leased, replies[len(names) :], strict=True))
         found = []
@@ -152,17 +157,22 @@ class Inspector:
         of every lease-strategy job or of ``job``, oldest slot first."""
         definitions = await self._definitions()
         names = [self._check_job(job, definitions)] if job is not None else sorted(definitions)
-        found: list[LeaseInfo] = []
+        leased = [n for n in names if definitions.get(n, {}).get("strategy", "lease") == "lease"]
+        keys = {name: JobKeys.for_job(self._prefix, name) for name in leased}
         now_ms = await self._server_now_ms()
-        for name in names:
-            if definitions.get(name, {}).get("strategy", "lease") != "lease":
-                continue
-            keys = JobKeys.for_job(self._prefix, name)
-            active = sorted(str(slot) for slot in await self._execute(("SMEMBERS", keys.active)))
-            if not active:
-                continue
-            raws = await self._execute(("HMGET", keys.state, *active))
-            for slot_id, raw in zip(active, raws, strict=True):
+        # Each job's slots in progress, then the state of each (only jobs that have any).
+        members = await self._pipeline([("SMEMBERS", keys[name].active) for name in leased])
+        active = {
+            name: sorted(str(slot) for slot in slots)
+            for name, slots in zip(leased, members, strict=True)
+            if slots
+        }
+        states = await self._pipeline(
+            [("HMGET", keys[name].state, *slots) for name, slots in active.items()]
+        )
+        found: list[LeaseInfo] = []
+        for (name, slots), raws in zip(active.items(), states, strict=True):
+            for slot_id, raw in zip(slots, raws, strict=True):
                 lease = _lease(name, slot_id, raw, now_ms)
                 if lease is not None:
                     found.append(lease)
@@ -214,9 +224,18 @@ class Inspector:
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
             raise InvalidOptionError(f"limit must be a whole number, 1 or more, got {limit!r}")
         definitions = await self._definitions()
+        names = sorted(definitions)
+        replies = await self._pipeline(
+            [
+                history_command(
+                    self._results_key(name, str(definitions[name].get("strategy", "lease"))),
+                    limit,
+                )
+                for name in names
+            ]
+        )
         return {
-            name: await self._read_history(name, str(definition.get("strategy", "lease")), limit)
-            for name, definition in sorted(definitions.items())
+            name: parse_history(name, reply) for name, reply in zip(names, replies, strict=True)
         }
 
     async def failures(self, limit: int = 20) -> list[RunResult]:
@@ -304,6 +323,21 @@ class Inspector:
     async def _execute(self, command: tuple[Any, ...]) -> Any:
         with _answered_in_time():
             return await self._require().execute(command)
+
+    async def _pipeline(self, commands: list[Command]) -> list[Any]:
+        """The replies to ``commands``, ``_COMMANDS_A_TRIP`` a round trip, each within
+        its deadline (so that a store of many jobs is read in a few round trips, not one
+        a job); an error reply is raised."""
+        replies: list[Any] = []
+        for first in range(0, len(commands), _COMMANDS_A_TRIP):
+            with _answered_in_time():
+                replies += await self._require().pipeline(
+                    commands[first : first + _COMMANDS_A_TRIP]
+                )
+        for reply in replies:
+            if isinstance(reply, ServerReplyError):
+                raise reply
+        return replies
 
     async def _server_now_ms(self) -> int:
         seconds, micros = await self._execute(("TIME",))

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol, cast
+from typing import Any, Literal, Protocol, cast
 
 from ._schedule import from_epoch_ms, iso_ms
 from ._structures import RunResult, RunStatus, Trigger
-from .clients import Connection, ServerReplyError
+from .clients import Command, Connection, ServerReplyError
 
 __all__ = [
     "AttemptEnd",
@@ -17,7 +17,9 @@ __all__ = [
     "FinishReply",
     "Outcome",
     "Store",
+    "history_command",
     "manual_slot_id",
+    "parse_history",
     "parse_result",
     "read_history",
     "read_result",
@@ -205,7 +207,16 @@ def parse_result(job: str, member: str) -> RunResult:
 
 async def read_history(conn: Connection, results_key: str, job: str, limit: int) -> list[RunResult]:
     """The newest ``limit`` results of a job, newest first."""
-    members = await conn.execute(("ZREVRANGE", results_key, 0, limit - 1))
+    return parse_history(job, await conn.execute(history_command(results_key, limit)))
+
+
+def history_command(results_key: str, limit: int) -> Command:
+    """The read of a job's newest ``limit`` results (``parse_history`` reads its reply)."""
+    return ("ZREVRANGE", results_key, 0, limit - 1)
+
+
+def parse_history(job: str, members: Any) -> list[RunResult]:
+    """A job's results from the reply of its ``history_command``, newest first."""
     results = [parse_result(job, str(member)) for member in members]
     results.sort(key=lambda r: (r.slot_ms, r.attempt), reverse=True)
     return results
