@@ -42,7 +42,8 @@ T = TypeVar("T")
 
 
 class WebCommand:
-    """One ``anarchon web`` process on a free port of 127.0.0.1, its output in a file."""
+    """One ``anarchon web`` process (or uvicorn serving an application of the tests')
+    on a free port of 127.0.0.1, its output in a file."""
 
     def __init__(
         self,
@@ -438,26 +439,41 @@ def test_mounted_under_a_path_its_links_and_actions_stay_under_it(
     jobs, _ = read_store(server_url, prefix)
     assert jobs["reports/daily"].paused and not jobs["cleanup"].paused
     assert web.get("/") == (200, "the application's own page")
+    # Mounted at a path that holds a part of the request: its links quote that part, so
+    # that no request can make them lead to another host ("/\\host" is "//host" to a
+    # browser) or end them early.
+    status, page = web.get("/teams/%5Celsewhere.example%20x%22/anarchon/")
+    assert status == 200, page
+    found = links(page)
+    assert "/teams/%5Celsewhere.example%20x%22/anarchon/jobs/cleanup" in found, found
+    assert all(link.startswith("/teams/%5Celsewhere.example%20x%22/anarchon/") for link in found)
+    # uvicorn stops on SIGTERM (its lifespan, and the dashboard's in it, end), then
+    # raises the signal again and dies of it.
+    assert web.end() == -signal.SIGTERM, web.log()
+    assert "Traceback" not in web.log() and "error" not in web.log().lower(), web.log()
 
 
 def test_behind_a_proxy_that_serves_it_under_a_path_its_links_carry_the_root_path(
     server_url: str, prefix: str, tmp_path: Path, webs: list[WebCommand]
 ) -> None:
     """``--root-path /anarchon``: a proxy passes /anarchon/... on without the path, and
-    the pages' links, forms and an action's redirect carry it."""
+    the pages' links, forms and an action's redirect carry it. ``--allowed-host``: the
+    proxy's name, which it passes on in the Host header, is answered too."""
     register_jobs(server_url, prefix, ["cleanup"])
     web = WebCommand(
         tmp_path, server_url, prefix, "--allow-actions", "--token", TOKEN,
-        "--root-path", "/anarchon/",
+        "--root-path", "/anarchon/", "--allowed-host", "ops.example",
     )  # fmt: skip
     webs.append(web)
     web.wait_serving()
-    status, page = web.get("/")  # as the proxy passes /anarchon/ on
+    # As the proxy passes /anarchon/ on, with its own name (and no other name is served).
+    status, page = web.request("/", None, {"Host": "ops.example"})
     assert status == 200 and "cleanup" in page, page
+    assert web.request("/", None, {"Host": "elsewhere.example"})[0] == 400
     found = links(page)
     assert "/anarchon/jobs/cleanup" in found and "/anarchon/" in found, found
     assert all(link.startswith("/anarchon/") for link in found), found
-    connection = http.client.HTTPConnection("127.0.0.1", web.port, timeout=15)
+    connection = http.client.HTTPConnection("127.0.0.1", web.port, timeout=PAGE_SEC + 10)
     try:
         connection.request(
             "POST", "/actions/pause/cleanup", f"token={TOKEN}&next=/jobs/cleanup",
@@ -473,17 +489,19 @@ def test_behind_a_proxy_that_serves_it_under_a_path_its_links_carry_the_root_pat
     assert web.end() == 0, web.log()
 
 
-def test_a_root_path_that_is_not_a_path_is_refused_in_one_line(
-    server_url: str, prefix: str, tmp_path: Path
+@pytest.mark.parametrize("root_path", ["anarchon", "//elsewhere.example", "/a b", "/ä", "/.."])
+def test_a_root_path_that_is_not_a_plain_path_is_refused_in_one_line(
+    server_url: str, prefix: str, root_path: str
 ) -> None:
+    """Not a path, another host's (``//``), or characters a link would carry badly."""
     result = subprocess.run(
         [sys.executable, "-m", "anarchon", "web", "--redis", server_url, "--prefix", prefix,
-         "--port", str(free_port()), "--root-path", "anarchon"],
+         "--port", str(free_port()), "--root-path", root_path],
         cwd=ROOT, env=command_env({}), capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert result.returncode == 2, result
-    assert "--root-path" in result.stderr and "/" in result.stderr, result.stderr
-    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--root-path must be a path that starts with /" in lines[0], lines
 
 
 def test_the_overview_of_many_jobs_over_a_slow_link_is_made_within_its_deadline(

@@ -36,4 +36,12 @@ async def home(_: Request) -> PlainTextResponse:
     return PlainTextResponse("the application's own page")
 
 
-app = Starlette(routes=[Route("/", home), Mount(MOUNTED_AT, app=board)], lifespan=lifespan)
+app = Starlette(
+    routes=[
+        Route("/", home),
+        Mount(MOUNTED_AT, app=board),
+        # A path that holds what the request gave (the dashboard's links quote it).
+        Mount("/teams/{team}/anarchon", app=board),
+    ],
+    lifespan=lifespan,
+)

@@ -7,6 +7,7 @@ import asyncio
 import ipaddress
 import logging
 import os
+import re
 import secrets
 import signal
 import socket
@@ -19,6 +20,9 @@ from ._errors import InvalidOptionError
 __all__ = ["add_web_command", "run_web"]
 
 log = logging.getLogger("anarchon")
+
+#: What --root-path takes: /a, /a/b, ... (a trailing slash is dropped; no . or .. part).
+_ROOT_PATH = re.compile(r"(/(?!\.+(?:/|$))[A-Za-z0-9._~-]+)+/?")
 
 
 def add_web_command(commands: Any, port: Any) -> None:
@@ -52,6 +56,12 @@ def add_web_command(commands: Any, port: Any) -> None:
         help="behind a proxy that serves the dashboard under PATH (say /anarchon) and passes "
         "requests on without it: the pages' links carry PATH (default: none)",
     )  # fmt: skip
+    web.add_argument(
+        "--allowed-host", action="append", default=[], metavar="NAME",
+        help="a name the pages answer to in the Host header, besides the loopback names when "
+        "bound to loopback (a proxy's, say ops.example.com, if it passes the name on); may be "
+        "given more than once",
+    )  # fmt: skip
 
 
 def run_web(args: argparse.Namespace) -> int:
@@ -64,23 +74,25 @@ def run_web(args: argparse.Namespace) -> int:
     except ModuleNotFoundError:
         raise UsageError("the dashboard needs Starlette and uvicorn: pip install "
                             "'anarchon[web]'") from None  # fmt: skip
-    root_path = args.root_path.rstrip("/")
-    if args.root_path and not args.root_path.startswith("/"):
+    if args.root_path not in ("", "/") and not _ROOT_PATH.fullmatch(args.root_path):
         raise UsageError(
-            f"--root-path must be a path that starts with /, as in /anarchon; got "
-            f"{args.root_path!r}"
+            "--root-path must be a path that starts with /, as in /anarchon or /ops/anarchon, "
+            f"of letters, digits and . _ ~ - between the slashes; got {args.root_path!r}"
         )
+    root_path = args.root_path.rstrip("/")
     token = args.token
     if args.allow_actions and not token:
         token = secrets.token_urlsafe(18)
         print(f"anarchon web: the actions' token is {token}", file=sys.stderr, flush=True)
     # Bound to this machine only: the pages answer only to its loopback names, so that
     # no web page elsewhere can read them through a name that points here.
-    loopback = ["127.0.0.1", "localhost", "::1", "[::1]"] if _loopback(args.host) else None
+    # A proxy that passes its own name on needs it named (--allowed-host).
+    loopback = ["127.0.0.1", "localhost", "::1", "[::1]"] if _loopback(args.host) else []
+    allowed_hosts = [*loopback, *args.allowed_host] or None
     try:
         app = dashboard(
             store_backend(args), allow_actions=args.allow_actions, token=token,
-            refresh_sec=args.refresh, allowed_hosts=loopback,
+            refresh_sec=args.refresh, allowed_hosts=allowed_hosts,
         )  # fmt: skip
     except InvalidOptionError as exc:
         raise UsageError(str(exc)) from None

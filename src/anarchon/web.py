@@ -253,7 +253,7 @@ class _Site:
         if status != 200:
             return self._page(request, "anarchon", body, status)
         back = form.get("next", ["/"])[0]  # a page of the dashboard: its path within it
-        if not back.startswith("/") or back.startswith("//"):
+        if not back.startswith("/") or back[1:2] in ("/", "\\"):
             back = "/"
         done = quote(f"{name} {_ACTIONS[action]}")
         return RedirectResponse(f"{_root(request)}{back}?done={done}", 303)
@@ -266,7 +266,7 @@ class _Site:
             else ""
         )
         where = html.escape(f"{self.backend.where()} · prefix {self.backend.prefix}")
-        home = html.escape(_root(request)) + "/"
+        home = _root(request) + "/"
         return HTMLResponse(
             f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>
@@ -288,8 +288,9 @@ class _Site:
 def _root(request: Request) -> str:
     """Where the dashboard is, in front of its own paths in its links: "" at the root
     of its host, else the path it is mounted at (Starlette's ``Mount``) or served under
-    (a proxy's path, given as the ASGI server's root path)."""
-    return str(request.scope.get("root_path", "")).rstrip("/")
+    (a proxy's path, given as the ASGI server's root path), quoted as a URL's path (so
+    that no character of it can end the path, or make it a link to another host)."""
+    return quote(str(request.scope.get("root_path", "")).rstrip("/"))
 
 
 def _section(title: str, content: str) -> str:
@@ -348,13 +349,13 @@ def _strip(results: list[RunResult]) -> str:
 
 
 def _job_link(root: str, name: str) -> str:
-    return f'<a href="{html.escape(root)}/jobs/{quote(name)}">{html.escape(name)}</a>'
+    return f'<a href="{root}/jobs/{quote(name)}">{html.escape(name)}</a>'
 
 
 def _buttons(root: str, job: JobInfo, back: str) -> str:
     """Its actions' forms; ``back``: the page they lead back to, within the dashboard."""
     forms = []
-    where = f"{html.escape(root)}/actions"
+    where = f"{root}/actions"
     for action in ("resume" if job.paused else "pause", "run-now"):
         forms.append(
             f'<form class="action" method="post" action="{where}/{action}/{quote(job.name)}">'
