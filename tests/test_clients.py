@@ -17,6 +17,7 @@ from redis.crc import key_slot
 
 from anarchon import (
     ConnectionFailedError,
+    Inspector,
     RedisBackend,
     Run,
     Scheduler,
@@ -150,6 +151,47 @@ async def test_exactly_once_with_each_client_on_a_cluster(
     cluster: Target, prefix: str, kind: str, strategy: str
 ) -> None:
     await run_exactly_once(cluster, [kind], strategy, prefix)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("anyio_backend", "kind"), CLUSTER_CASES, ids=map(case_id, CLUSTER_CASES))
+async def test_the_inspector_reads_jobs_leases_and_histories_spread_over_a_cluster(
+    cluster: Target, prefix: str, kind: str
+) -> None:
+    """The Inspector reads many jobs a few round trips at a time, each round trip with
+    keys of every primary: through each client, it reads every job, the run in
+    progress and each job's history."""
+    names = spread_job_names(prefix, 12)
+    held = names[0]
+    release = anyio.Event()
+    client, close = await make_client(kind, cluster)
+    try:
+        backend: Any = RedisBackend(redis=client, prefix=prefix)
+        scheduler: Scheduler[Any] = Scheduler(backend, instance_id="one", stop_grace_ms=200)
+        for name in names:
+
+            async def handler(run: Run) -> None:
+                if run.job == held:
+                    await release.wait()
+
+            scheduler.add_job(handler, "* * * * * *", name=name)
+        async with scheduler, Inspector(backend) as inspector:
+            with anyio.fail_after(30):
+                while True:
+                    jobs = [job.name for job in await inspector.jobs()]
+                    running = {(lease.job, lease.status) for lease in await inspector.leases()}
+                    recent = await inspector.recent(5)
+                    done = {name for name, results in recent.items() if results}
+                    if (held, "running") in running and done >= set(names) - {held}:
+                        break
+                    await anyio.sleep(0.2)
+            assert jobs == sorted(names)
+            assert sorted(recent) == sorted(names)
+            assert all(r.job == name for name, results in recent.items() for r in results)
+            release.set()
+    finally:
+        release.set()
+        await close()
 
 
 @pytest.mark.slow
