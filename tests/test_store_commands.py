@@ -50,8 +50,10 @@ def test_a_running_fleet_is_seen_paused_resumed_and_asked_to_run_from_another_sh
 
         table = anarchon(server_url, prefix, "inspect")
         assert table.returncode == 0, table
-        for seen in ("Jobs", "work", "* * * * * *", "Instances alive", "one", "two"):
+        for seen in ("Jobs", "work", "* * * * * *", "2 instances", "Instances alive", "one",
+                     "two"):  # fmt: skip
             assert seen in table.stdout, (seen, table.stdout)
+        assert "no live instance" not in table.stdout, table.stdout
         state = as_json(anarchon(server_url, prefix, "inspect", "--json"))
         assert isinstance(state, dict)
         assert [job["name"] for job in state["jobs"]] == ["work"]
@@ -100,6 +102,9 @@ def test_a_running_fleet_is_seen_paused_resumed_and_asked_to_run_from_another_sh
             assert command.wait(20) == 0, command.log()
         gone = as_json(anarchon(server_url, prefix, "inspect", "--json"))
         assert isinstance(gone, dict) and gone["instances"] == []
+        # The job stays registered, and the table says no instance alive runs it.
+        table = anarchon(server_url, prefix, "inspect")
+        assert "work" in table.stdout and "no live instance" in table.stdout, table.stdout
     finally:
         for command in fleet:
             command.end()

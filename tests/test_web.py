@@ -404,6 +404,42 @@ def test_a_job_whose_name_has_slashes_has_its_page_and_its_actions(
     assert web.end() == 0, web.log()
 
 
+def test_a_job_that_no_instance_alive_runs_is_marked_so(
+    server_url: str,
+    prefix: str,
+    tmp_path: Path,
+    commands: list[RunCommand],
+    webs: list[WebCommand],
+) -> None:
+    """ "retired" was registered by an instance that stopped; "report" runs on a live
+    one: the overview and retired's page mark retired (its slots are not run), and
+    report's page names the instance that runs it."""
+    register_jobs(server_url, prefix, ["retired"])
+    commands.append(
+        RunCommand(tmp_path, "east", app_env(server_url, prefix), target="tests.web_app:make")
+    )
+    commands[0].wait_live()
+    web = WebCommand(tmp_path, server_url, prefix)
+    webs.append(web)
+    web.wait_serving()
+    status, page = web.get("/")
+    assert status == 200, page
+    rows = {
+        re.sub(r"<[^>]+>", "", row.split("</td>")[0]): row
+        for row in re.findall(
+            r"<tr><td>(.*?)</tr>", page.split("<h2>Jobs</h2>")[1].split("</table>")[0]
+        )
+    }
+    assert sorted(rows) == ["flaky", "report", "retired", "slow"], rows
+    assert "no live instance" in rows["retired"]
+    assert all("no live instance" not in rows[name] for name in ("flaky", "report", "slow"))
+    status, page = web.get("/jobs/retired")
+    assert status == 200 and '<th>run by</th><td><span class="badge unrun"' in page, page
+    status, page = web.get("/jobs/report")
+    assert status == 200 and "<th>run by</th><td>east</td>" in page, page
+    assert web.end() == 0, web.log()
+
+
 def links(page: str) -> list[str]:
     """Where the page's links and forms lead."""
     return re.findall(r'\s(?:href|action)="([^"]*)"', page)

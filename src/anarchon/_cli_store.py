@@ -18,6 +18,7 @@ from zoneinfo import ZoneInfo
 import anyio
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from ._backend import RedisBackend
 from ._inspector import Inspector
@@ -116,7 +117,7 @@ async def _inspect(inspector: Inspector, args: argparse.Namespace, out: Console)
         )  # fmt: skip
         return 0
     out.print(f"store {inspector.backend.where()} prefix {args.prefix!r}")
-    out.print(_jobs_table(jobs))
+    out.print(_jobs_table(jobs, instances))
     out.print(_leases_table(leases))
     out.print(_instances_table(instances))
     if timers:
@@ -168,11 +169,16 @@ async def _operate(inspector: Inspector, args: argparse.Namespace, out: Console)
 # ------------------------------------------------------------------ tables
 
 
-def _jobs_table(jobs: list[JobInfo]) -> Table:
+def _jobs_table(jobs: list[JobInfo], instances: list[InstanceInfo]) -> Table:
     table = Table(title="Jobs", title_justify="left")
-    for column in ("job", "schedule", "next fire (UTC)", "in the job's zone", "paused", "last"):
+    columns = ("job", "schedule", "next fire (UTC)", "in the job's zone", "paused", "run by",
+               "last")  # fmt: skip
+    for column in columns:
         table.add_column(column)
     for job in jobs:
+        # No instance alive runs it: its slots are not run (or it left the code).
+        runners = sum(job.name in instance.jobs for instance in instances)
+        run_by = f"{runners} instance{'s' if runners > 1 else ''}" if runners else None
         schedule = job.cron or (f"every {job.every_ms} ms" if job.every_ms else job.schedule)
         zone = ""
         if job.next_fire is not None and job.timezone != "UTC":
@@ -187,6 +193,7 @@ def _jobs_table(jobs: list[JobInfo]) -> Table:
             _when(job.next_fire),
             zone,
             f"yes, by {job.paused_by}" if job.paused else "no",
+            run_by or Text("no live instance", style="bold red"),
             last,
         )
     if not jobs:

@@ -179,7 +179,10 @@ class _Site:
             return "".join(
                 [
                     _done(request),
-                    _section("Jobs", _jobs_table(root, jobs, recent, self.token is not None)),
+                    _section(
+                        "Jobs",
+                        _jobs_table(root, jobs, recent, instances, self.token is not None),
+                    ),
                     _section("Runs in progress", _leases_table(root, leases)),
                     _section("Instances alive", _instances_table(instances)),
                     _section("Timers", _timers_table(timers)),
@@ -201,10 +204,11 @@ class _Site:
             history = await inspector.history(name, HISTORY)
             (job,) = [job for job in await inspector.jobs() if job.name == name]
             leases = await inspector.leases(name)
+            instances = await inspector.instances()
             return "".join(
                 [
                     _done(request),
-                    _section(f"Job {name}", _job_details(job, history[:STRIP])),
+                    _section(f"Job {name}", _job_details(job, history[:STRIP], instances)),
                     _actions(root, job, self.token is not None),
                     _section("Runs in progress", _leases_table(root, leases)),
                     _section("Fire lateness (slot to start)", _lateness_chart(history)),
@@ -315,7 +319,11 @@ def _table(head: Iterable[str], rows: list[list[str]], empty: str) -> str:
 
 
 def _jobs_table(
-    root: str, jobs: list[JobInfo], recent: dict[str, list[RunResult]], actions: bool
+    root: str,
+    jobs: list[JobInfo],
+    recent: dict[str, list[RunResult]],
+    instances: list[InstanceInfo],
+    actions: bool,
 ) -> str:
     rows = []
     for job in jobs:
@@ -326,7 +334,7 @@ def _jobs_table(
             _schedule(job),
             html.escape(job.timezone),
             _when(job.next_fire),
-            paused,
+            paused + _unrun(job, instances),
             _strip(recent.get(job.name, [])),
         ]
         if actions:
@@ -372,8 +380,21 @@ def _actions(root: str, job: JobInfo, actions: bool) -> str:
     return f'<div class="bar">{_buttons(root, job, f"/jobs/{quote(job.name)}")}</div>'
 
 
-def _job_details(job: JobInfo, recent: list[RunResult]) -> str:
+_UNRUN = (
+    '<span class="badge unrun" title="No instance alive runs this job: its slots are not '
+    'run until one does. A job removed from the code stays listed, with this mark.">'
+    "no live instance</span>"
+)
+
+
+def _unrun(job: JobInfo, instances: list[InstanceInfo]) -> str:
+    """A mark on a job that no instance alive runs (what the instances registered)."""
+    return "" if any(job.name in instance.jobs for instance in instances) else _UNRUN
+
+
+def _job_details(job: JobInfo, recent: list[RunResult], instances: list[InstanceInfo]) -> str:
     options = ", ".join(f"{k}={json.dumps(v)}" for k, v in sorted(job.options.items()))
+    runners = sorted(instance.id for instance in instances if job.name in instance.jobs)
     rows = [
         ("schedule", _schedule(job)),
         ("zone", html.escape(job.timezone)),
@@ -384,6 +405,7 @@ def _job_details(job: JobInfo, recent: list[RunResult]) -> str:
             f"yes, by {html.escape(job.paused_by or '?')}" if job.paused else "no",
         ),
         ("first seen", _when(job.first_seen)),
+        ("run by", html.escape(", ".join(runners)) if runners else _UNRUN),
         ("options", html.escape(options) or "-"),
         ("last attempts", _strip(recent)),
     ]
@@ -563,7 +585,7 @@ a{color:#2f5fbf}.ago{color:#778}.empty{color:#778}.error{color:#a12}
 .ok{background:#3a9d5d}.failed{background:#d0353f}.interrupted{background:#e08a1e}
 .cancelled{background:#8a8f99}.skipped{background:#c5cad3}.running{background:#2f6fdf}
 .badge{color:#fff;padding:0 .4em;border-radius:3px}.badge.skipped{color:#333}
-.badge.paused{background:#e08a1e}
+.badge.paused{background:#e08a1e}.badge.unrun{background:#d0353f;margin-left:.3em}
 .actions{display:inline-flex;gap:.3em}.actions form{margin:0}.bar{margin-top:.8em}
 .message{padding:.5em .8em;border-radius:4px;margin-top:1em}
 .message.done{background:#dff3e4}.message.error{background:#fbe3e4}
