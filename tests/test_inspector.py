@@ -23,7 +23,9 @@ from anarchon import (
     Scheduler,
     TimerRun,
 )
+from anarchon._lease import JobKeys
 from anarchon._registry import REGISTRATION_TTL_MS, RegistryKeys
+from anarchon.clients import ServerReplyError
 from tests.faults import FaultProxy
 from tests.helpers import NEVER, OneShot, long_job_fleet, wait_until
 
@@ -268,3 +270,52 @@ def test_the_logged_server_name_hides_every_password() -> None:
         "redis+sentinel://u:secret@h1,h2/m?sentinel_username=s&sentinel_password=secret",
     ):
         assert "secret" not in RedisBackend(redis=url).where(), url
+
+
+async def test_reads_of_many_jobs_keep_each_reply_with_its_job_across_round_trips(
+    server_url: str, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Three commands a round trip (instead of hundreds), seven jobs: each job's pause
+    flag, last result and history are its own, across the round trips' edges; an error
+    reply in a later round trip is raised, not read as a job's history."""
+    names = [f"job{index}" for index in range(7)]
+    paused = {"job2", "job5"}
+    scheduler = Scheduler(RedisBackend(redis=server_url, prefix=prefix), instance_id="one")
+    for name in names:
+
+        async def fail(run: Run) -> None:
+            raise RuntimeError(f"{run.job} failed")
+
+        scheduler.add_job(fail, "* * * * * *", name=name, max_attempts=1)
+    backend = RedisBackend(redis=server_url, prefix=prefix)
+    async with scheduler, Inspector(backend) as inspector:
+        for name in sorted(paused):
+            await inspector.pause(name)
+        monkeypatch.setattr("anarchon._inspector._COMMANDS_A_TRIP", 3)
+        with anyio.fail_after(30):
+            while True:  # until every job has a result
+                jobs = await inspector.jobs()
+                if all(job.last for job in jobs):
+                    break
+                await anyio.sleep(0.2)
+        recent = await inspector.recent(5)
+    assert [job.name for job in jobs] == names
+    assert {job.name for job in jobs if job.paused} == paused
+    for job in jobs:  # a paused job's slots are skipped (one may have run before)
+        own = f"RuntimeError: {job.name} failed"
+        expected = {own, "paused: the job is paused"} if job.name in paused else {own}
+        assert job.last is not None and job.last.error in expected, job
+    for name, results in recent.items():
+        failed = {r.error for r in results if r.status == "failed"}
+        own = {f"RuntimeError: {name} failed"}
+        assert failed <= own if name in paused else failed == own, (name, results)
+    # The last job's results are not a sorted set any more: its read, in the third
+    # round trip, is refused, and the refusal is raised.
+    direct = redis.Redis.from_url(server_url)
+    try:
+        direct.set(JobKeys.for_job(prefix, names[-1]).results, "not a sorted set")
+    finally:
+        direct.close()
+    async with Inspector(backend) as inspector:
+        with pytest.raises(ServerReplyError, match="WRONGTYPE"):
+            await inspector.recent(5)

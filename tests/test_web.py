@@ -558,6 +558,22 @@ def test_the_overview_of_many_jobs_over_a_slow_link_is_made_within_its_deadline(
     assert web.end() == 0, web.log()
 
 
+@pytest.mark.parametrize(
+    "name", ["*", "*bad.example", "ops.example:443", "https://ops.example", "a b"]
+)
+def test_an_allowed_host_that_is_not_a_host_name_is_refused_in_one_line(name: str) -> None:
+    """Not a name as the Host header holds it (a port is not compared, a scheme is not
+    there), or all of them (``*``, which would lift the loopback names' guard)."""
+    result = subprocess.run(
+        [sys.executable, "-m", "anarchon", "web", "--redis", "redis://127.0.0.1:1",
+         "--port", str(free_port()), "--allowed-host", name],
+        cwd=ROOT, env=command_env({}), capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 2, result
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--allowed-host takes a host name" in lines[0], lines
+
+
 def register_jobs(url: str, prefix: str, names: list[str]) -> None:
     """Register ``names`` in the store (an instance that starts and stops)."""
 

@@ -21,7 +21,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ._backend import RedisBackend
-from ._inspector import Inspector
+from ._inspector import Inspector, runners
 from ._structures import InstanceInfo, JobInfo, LeaseInfo, RunResult, TimerKindInfo
 
 __all__ = ["add_store_commands", "run_store_command"]
@@ -176,9 +176,8 @@ def _jobs_table(jobs: list[JobInfo], instances: list[InstanceInfo]) -> Table:
     for column in columns:
         table.add_column(column)
     for job in jobs:
-        # No instance alive runs it: its slots are not run (or it left the code).
-        runners = sum(job.name in instance.jobs for instance in instances)
-        run_by = f"{runners} instance{'s' if runners > 1 else ''}" if runners else None
+        count = len(runners(job.name, instances))
+        run_by = f"{count} instance{'s' if count > 1 else ''}" if count else None
         schedule = job.cron or (f"every {job.every_ms} ms" if job.every_ms else job.schedule)
         zone = ""
         if job.next_fire is not None and job.timezone != "UTC":

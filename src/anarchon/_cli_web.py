@@ -23,6 +23,10 @@ log = logging.getLogger("anarchon")
 
 #: What --root-path takes: /a, /a/b, ... (a trailing slash is dropped; no . or .. part).
 _ROOT_PATH = re.compile(r"(/(?!\.+(?:/|$))[A-Za-z0-9._~-]+)+/?")
+#: What --allowed-host takes: a name (or an IPv4 address), or *. and a name.
+_HOST_NAME = re.compile(
+    r"(\*\.)?[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*"
+)
 
 
 def add_web_command(commands: Any, port: Any) -> None:
@@ -53,14 +57,16 @@ def add_web_command(commands: Any, port: Any) -> None:
     )  # fmt: skip
     web.add_argument(
         "--root-path", default="", metavar="PATH",
-        help="behind a proxy that serves the dashboard under PATH (say /anarchon) and passes "
-        "requests on without it: the pages' links carry PATH (default: none)",
+        help="behind a proxy that serves the dashboard under PATH (say /anarchon; letters, "
+        "digits and . _ ~ - between the slashes) and passes requests on without it: the "
+        "pages' links carry PATH (default: none)",
     )  # fmt: skip
     web.add_argument(
         "--allowed-host", action="append", default=[], metavar="NAME",
-        help="a name the pages answer to in the Host header, besides the loopback names when "
-        "bound to loopback (a proxy's, say ops.example.com, if it passes the name on); may be "
-        "given more than once",
+        help="a name the pages answer to in the Host header (a proxy's, say ops.example.com, "
+        "if it passes the name on; *.example.com for its subdomains), besides the loopback "
+        "names when bound to loopback; then only these names are answered. May be given more "
+        "than once",
     )  # fmt: skip
 
 
@@ -80,6 +86,12 @@ def run_web(args: argparse.Namespace) -> int:
             f"of letters, digits and . _ ~ - between the slashes; got {args.root_path!r}"
         )
     root_path = args.root_path.rstrip("/")
+    for name in args.allowed_host:
+        if not _HOST_NAME.fullmatch(name):
+            raise UsageError(
+                f"--allowed-host takes a host name as in the Host header, without a port or "
+                f"scheme, as in ops.example.com or *.example.com; got {name!r}"
+            )
     token = args.token
     if args.allow_actions and not token:
         token = secrets.token_urlsafe(18)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import secrets
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
 from types import TracebackType
@@ -47,7 +47,7 @@ from ._structures import (
 from ._timer_store import TimerKeys, TimerStore
 from .clients import Command, Connection, ServerReplyError, TransportError
 
-__all__ = ["Inspector"]
+__all__ = ["Inspector", "newest_failures", "runners"]
 
 #: Each read is one or a few round trips, each with this deadline.
 _DEADLINE_SEC = 10.0
@@ -110,11 +110,11 @@ class Inspector:
         first_seen = _mapping(await self._execute(("HGETALL", self._keys.first_seen)))
         now_ms = int(time.time() * 1000)
         names = sorted(definitions)
-        strategies = {name: str(definitions[name].get("strategy", "lease")) for name in names}
+        strategies = {name: _strategy(definitions[name]) for name in names}
         leased = [name for name in names if strategies[name] == "lease"]
         # Each job's newest result, and each lease job's pause flag.
         commands: list[Command] = [
-            ("ZREVRANGE", self._results_key(name, strategies[name]), 0, 0) for name in names
+            history_command(self._results_key(name, strategies[name]), 1) for name in names
         ]
         commands += [
             ("HGET", JobKeys.for_job(self._prefix, name).state, PAUSED_FIELD) for name in leased
@@ -157,7 +157,7 @@ class Inspector:
         of every lease-strategy job or of ``job``, oldest slot first."""
         definitions = await self._definitions()
         names = [self._check_job(job, definitions)] if job is not None else sorted(definitions)
-        leased = [n for n in names if definitions.get(n, {}).get("strategy", "lease") == "lease"]
+        leased = [name for name in names if _strategy(definitions[name]) == "lease"]
         keys = {name: JobKeys.for_job(self._prefix, name) for name in leased}
         now_ms = await self._server_now_ms()
         # Each job's slots in progress, then the state of each (only jobs that have any).
@@ -216,7 +216,7 @@ class Inspector:
             raise InvalidOptionError(f"limit must be a whole number, 1 or more, got {limit!r}")
         definitions = await self._definitions()
         name = self._check_job(job, definitions)
-        strategy = str(definitions[name].get("strategy", "lease"))
+        strategy = _strategy(definitions[name])
         return await self._read_history(name, strategy, limit)
 
     async def recent(self, limit: int = 100) -> dict[str, list[RunResult]]:
@@ -228,7 +228,7 @@ class Inspector:
         replies = await self._pipeline(
             [
                 history_command(
-                    self._results_key(name, str(definitions[name].get("strategy", "lease"))),
+                    self._results_key(name, _strategy(definitions[name])),
                     limit,
                 )
                 for name in names
@@ -288,7 +288,7 @@ class Inspector:
         attempt, recorded with trigger ``"manual"``; overlap rules apply. Returns the
         run's slot id (its history entries carry it)."""
         state = await self._lease_state_key(job, "run-now")
-        if not any(job in instance.jobs for instance in await self.instances()):
+        if not runners(job, await self.instances()):
             raise InvalidJobError(
                 f"no instance alive runs {job!r}: a run asked for now would wait until one "
                 "starts; start one, then ask again"
@@ -327,16 +327,15 @@ class Inspector:
     async def _pipeline(self, commands: list[Command]) -> list[Any]:
         """The replies to ``commands``, ``_COMMANDS_A_TRIP`` a round trip, each within
         its deadline (so that a store of many jobs is read in a few round trips, not one
-        a job); an error reply is raised."""
+        a job); an error reply, or a connection lost, in a round trip is raised."""
         replies: list[Any] = []
         for first in range(0, len(commands), _COMMANDS_A_TRIP):
             with _answered_in_time():
-                replies += await self._require().pipeline(
-                    commands[first : first + _COMMANDS_A_TRIP]
-                )
-        for reply in replies:
-            if isinstance(reply, ServerReplyError):
-                raise reply
+                chunk = await self._require().pipeline(commands[first : first + _COMMANDS_A_TRIP])
+                for reply in chunk:
+                    if isinstance(reply, Exception):  # an error reply, or a connection lost
+                        raise reply
+            replies += chunk
         return replies
 
     async def _server_now_ms(self) -> int:
@@ -360,7 +359,7 @@ class Inspector:
     async def _lease_state_key(self, job: str, what: str) -> str:
         definitions = await self._definitions()
         self._check_job(job, definitions)
-        strategy = definitions[job].get("strategy", "lease")
+        strategy = _strategy(definitions[job])
         if strategy != "lease":
             raise InvalidOptionError(
                 f"{what} needs the 'lease' strategy; job {job!r} runs with {strategy!r}"
@@ -458,6 +457,17 @@ def _lease(job: str, slot_id: str, raw: Any, now_ms: int) -> LeaseInfo | None:
         trigger=cast(Trigger, trigger),
         left_ms=max(int(until_ms) - now_ms, 0),
     )
+
+
+def runners(job: str, instances: Iterable[InstanceInfo]) -> list[str]:
+    """The ids of ``instances`` that run ``job`` (as they registered), sorted; none: no
+    instance alive runs it, and its slots wait for one."""
+    return sorted(instance.id for instance in instances if job in instance.jobs)
+
+
+def _strategy(definition: dict[str, Any]) -> str:
+    """The strategy of a job's stored definition."""
+    return str(definition.get("strategy", "lease"))
 
 
 def newest_failures(recent: dict[str, list[RunResult]], limit: int) -> list[RunResult]:

@@ -52,7 +52,7 @@ from starlette.routing import Route
 
 from ._backend import RedisBackend
 from ._errors import AnarchonError, ConnectionFailedError, InvalidOptionError
-from ._inspector import Inspector, newest_failures
+from ._inspector import Inspector, newest_failures, runners
 from ._structures import InstanceInfo, JobInfo, LeaseInfo, RunResult, TimerKindInfo
 from .clients import ServerReplyError
 
@@ -381,20 +381,20 @@ def _actions(root: str, job: JobInfo, actions: bool) -> str:
 
 
 _UNRUN = (
-    '<span class="badge unrun" title="No instance alive runs this job: its slots are not '
-    'run until one does. A job removed from the code stays listed, with this mark.">'
-    "no live instance</span>"
+    '<span class="badge unrun" title="No instance alive (registered, and renewing its '
+    "registration) runs this job: its slots wait until one does. A job removed from the "
+    'code stays listed, with this mark.">no live instance</span>'
 )
 
 
 def _unrun(job: JobInfo, instances: list[InstanceInfo]) -> str:
     """A mark on a job that no instance alive runs (what the instances registered)."""
-    return "" if any(job.name in instance.jobs for instance in instances) else _UNRUN
+    return "" if runners(job.name, instances) else _UNRUN
 
 
 def _job_details(job: JobInfo, recent: list[RunResult], instances: list[InstanceInfo]) -> str:
     options = ", ".join(f"{k}={json.dumps(v)}" for k, v in sorted(job.options.items()))
-    runners = sorted(instance.id for instance in instances if job.name in instance.jobs)
+    run_by = runners(job.name, instances)
     rows = [
         ("schedule", _schedule(job)),
         ("zone", html.escape(job.timezone)),
@@ -405,7 +405,7 @@ def _job_details(job: JobInfo, recent: list[RunResult], instances: list[Instance
             f"yes, by {html.escape(job.paused_by or '?')}" if job.paused else "no",
         ),
         ("first seen", _when(job.first_seen)),
-        ("run by", html.escape(", ".join(runners)) if runners else _UNRUN),
+        ("run by", html.escape(", ".join(run_by)) if run_by else _UNRUN),
         ("options", html.escape(options) or "-"),
         ("last attempts", _strip(recent)),
     ]
