@@ -525,20 +525,6 @@ def test_behind_a_proxy_that_serves_it_under_a_path_its_links_carry_the_root_pat
     assert web.end() == 0, web.log()
 
 
-@pytest.mark.parametrize("root_path", ["anarchon", "//elsewhere.example", "/a b", "/ä", "/.."])
-def test_a_root_path_that_is_not_a_plain_path_is_refused_in_one_line(root_path: str) -> None:
-    """Not a path, another host's (``//``), or characters a link would carry badly:
-    refused before any server is asked (none answers at this address)."""
-    result = subprocess.run(
-        [sys.executable, "-m", "anarchon", "web", "--redis", "redis://127.0.0.1:1",
-         "--port", str(free_port()), "--root-path", root_path],
-        cwd=ROOT, env=command_env({}), capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
-    assert result.returncode == 2, result
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and "--root-path must be a path that starts with /" in lines[0], lines
-
-
 def test_the_overview_of_many_jobs_over_a_slow_link_is_made_within_its_deadline(
     server_url: str, prefix: str, tmp_path: Path, webs: list[WebCommand]
 ) -> None:
@@ -558,20 +544,30 @@ def test_the_overview_of_many_jobs_over_a_slow_link_is_made_within_its_deadline(
     assert web.end() == 0, web.log()
 
 
-@pytest.mark.parametrize(
-    "name", ["*", "*bad.example", "ops.example:443", "https://ops.example", "a b"]
-)
-def test_an_allowed_host_that_is_not_a_host_name_is_refused_in_one_line(name: str) -> None:
-    """Not a name as the Host header holds it (a port is not compared, a scheme is not
-    there), or all of them (``*``, which would lift the loopback names' guard)."""
+BAD_OPTIONS = [
+    # Not a path, another host's (//), or characters a link would carry badly.
+    *(("--root-path", value, "--root-path must be a path that starts with /")
+      for value in ("anarchon", "//elsewhere.example", "/a b", "/ä", "/..")),
+    # Not a name as the Host header holds it (a port is not compared there, a scheme is
+    # not there), or every name ("*", which would lift the loopback names' guard).
+    *(("--allowed-host", value, "--allowed-host takes a host name")
+      for value in ("*", "*bad.example", "ops.example:443", "https://ops.example", "a b")),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("option", "value", "said"), BAD_OPTIONS)
+def test_a_root_path_or_allowed_host_that_cannot_work_is_refused_in_one_line(
+    option: str, value: str, said: str
+) -> None:
+    """Refused before any server is asked (none answers at this address)."""
     result = subprocess.run(
         [sys.executable, "-m", "anarchon", "web", "--redis", "redis://127.0.0.1:1",
-         "--port", str(free_port()), "--allowed-host", name],
+         "--port", str(free_port()), option, value],
         cwd=ROOT, env=command_env({}), capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert result.returncode == 2, result
     lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and "--allowed-host takes a host name" in lines[0], lines
+    assert len(lines) == 1 and said in lines[0], lines
 
 
 def register_jobs(url: str, prefix: str, names: list[str]) -> None:
