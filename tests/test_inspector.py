@@ -311,7 +311,7 @@ async def test_reads_of_many_jobs_keep_each_reply_with_its_job_across_round_trip
         assert failed <= own if name in paused else failed == own, (name, results)
     # The last job's results are not a sorted set any more: its read, in the third
     # round trip, is refused, and the refusal is raised.
-    direct = redis.Redis.from_url(server_url)
+    direct = redis.Redis.from_url(server_url, protocol=2)
     try:
         direct.set(JobKeys.for_job(prefix, names[-1]).results, "not a sorted set")
     finally:
