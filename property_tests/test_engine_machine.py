@@ -16,8 +16,8 @@ act on them from the test's thread:
 - ``lose_a_claim_reply_at_a_slot``: one instance's claims of a slot are applied and
   their replies lost (the others' arrive later, so it won): its next try must hear
   that and run the slot on time, not leave it to a backup a lease later (unless an
-  older run of the job, a late takeover after an earlier fault, still held it: then
-  the slot is rightly skipped);
+  older run of the job, a late takeover after an earlier fault, still held it, or
+  waited for its next attempt: then the slot is rightly skipped);
 - ``stall``: one instance's traffic freezes both ways (its heartbeats stop, its
   handlers go on, as a ``SIGSTOP`` looks from outside), then flows again, late;
 - ``server_error``: the server itself answers OOM, READONLY or BUSY for a while
@@ -759,17 +759,21 @@ class EngineMachine(RuleBasedStateMachine):
             keys = JobKeys.for_job(self.prefix, job)
             state = self.admin.hget(keys.state, str(slot)) or ""
             # An older run of the job held it at the slot: its handler still ran, or had
-            # just ended and its finish was among the requests cut at the slot. A fault
-            # healed before the slot can leave one: a takeover of the run it orphaned
-            # starts a lease later and runs for its whole length. The slot is then
-            # rightly skipped (overlap="skip"), whoever's claim was first.
+            # just ended and its finish was among the requests cut at the slot, or it
+            # waited between two attempts (a retry, or a takeover, starts after the
+            # slot). A fault healed before the slot can leave one: a takeover of the run
+            # it orphaned starts a lease later and runs for its whole length. The slot
+            # is then rightly skipped (overlap="skip"), whoever's claim was first.
             held_from_ms = slot - LOST_REPLY_LEAD_MS - 1000 * ROUND_TRIP_SEC
+            older: dict[int, list[Start]] = {}
+            for s in runs:
+                if s.slot_ms < slot:
+                    older.setdefault(s.slot_ms, []).append(s)
             holders = [
-                s
-                for s in runs
-                if s.slot_ms < slot
-                and s.started_ms <= slot
-                and (s.ended_ms is None or s.ended_ms >= held_from_ms)
+                attempts
+                for attempts in older.values()
+                if min(s.started_ms for s in attempts) <= slot
+                and any(s.ended_ms is None or s.ended_ms >= held_from_ms for s in attempts)
             ]
             if state.split("|")[0] == "skipped" and holders:
                 event("a lost claim reply not judged: an older run of the job held it")
