@@ -23,7 +23,6 @@ from collections import Counter, defaultdict
 from contextlib import ExitStack, suppress
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from functools import partial
 from typing import Any
 
 import anyio
@@ -150,11 +149,9 @@ def _instance(url: str, prefix: str, name: str, jobs: int, started_ms: int) -> S
 
 def _instance_main(argv: list[str]) -> None:
     """``python -m anarchon._demo instance URL PREFIX NAME JOBS EVENT_LOOP VERBOSE``: one
-    instance, until SIGTERM. It says "ready" once imported, and starts when the parent
-    writes the demo's first slot (epoch ms) on its stdin."""
+    instance, until SIGTERM. It says "ready" once what its start needs is loaded, and
+    starts when the parent writes the demo's first slot (epoch ms) on its stdin."""
     import logging
-
-    from ._serve import serve
 
     url, prefix, name, jobs, event_loop, verbose = argv
     logging.basicConfig(
@@ -162,13 +159,22 @@ def _instance_main(argv: list[str]) -> None:
         level=logging.INFO if verbose == "1" else logging.ERROR,
         format=f"%(asctime)s {name} %(levelname)s %(name)s: %(message)s",
     )
+    anyio.run(_instance_run, url, prefix, name, int(jobs), backend=event_loop)
+
+
+async def _instance_run(url: str, prefix: str, name: str, jobs: int) -> None:
+    from ._serve import serve
+
+    # The event loop and the client are loaded, and a connection made, before "ready":
+    # on a loaded machine that is seconds of work, which must not eat into the margin
+    # between the parent's start and the demo's first slot.
+    await _check_reachable(url, prefix)
     _emit("ready", runner=name)
-    line = _read_line(sys.stdin.fileno())
+    line = await anyio.to_thread.run_sync(_read_line, sys.stdin.fileno(), abandon_on_cancel=True)
     if not line.strip():
         return  # the parent is gone before the start
     threading.Thread(target=_stop_when_the_parent_is_gone, daemon=True).start()
-    scheduler = _instance(url, prefix, name, int(jobs), int(line))
-    anyio.run(partial(serve, scheduler, wait_for_server_sec=10), backend=event_loop)
+    await serve(_instance(url, prefix, name, jobs, int(line)), wait_for_server_sec=10)
 
 
 def _read_line(fd: int) -> bytes:
