@@ -25,6 +25,7 @@ from pathlib import Path
 
 from anarchon._embedded import EmbeddedServer, package_binary
 from tests.build_servers import cache_dir
+from tests.faults import FaultProxy
 
 __all__ = [
     "CI_SERVERS",
@@ -160,6 +161,7 @@ def matrix() -> list[ServerSpec]:
 
 _running: dict[str, EmbeddedServer] = {}
 _clusters: dict[str, list[EmbeddedServer]] = {}
+_proxies: dict[str, FaultProxy] = {}
 
 # Cluster tests run on these binaries when present (all in CI, the first locally).
 _CLUSTER_IDS = ("valkey-9.1", "valkey-8.1", "redis-8.2", "redis-7.0")
@@ -174,9 +176,20 @@ def cluster_matrix() -> list[ServerSpec]:
 def running_cluster(spec: ServerSpec) -> list[int]:
     """Ports of a three-primary cluster of ``spec``'s binary on loopback, slots assigned
     by hand (ADDSLOTSRANGE, or ADDSLOTS before Redis 7), waiting for cluster_state:ok."""
+    return _cluster(spec, spec.id, proxied=False)
+
+
+def running_proxied_cluster(spec: ServerSpec) -> tuple[list[int], FaultProxy]:
+    """A cluster as ``running_cluster``'s (another one) whose third primary (slots 10923
+    to 16383) tells clients to reach it through a fault proxy, and the proxy."""
+    key = f"{spec.id}+proxy"
+    return _cluster(spec, key, proxied=True), _proxies[key]
+
+
+def _cluster(spec: ServerSpec, key: str, *, proxied: bool) -> list[int]:
     import redis
 
-    if spec.id not in _clusters:
+    if key not in _clusters:
         assert spec.binary is not None
         nodes = [
             EmbeddedServer(
@@ -186,8 +199,12 @@ def running_cluster(spec: ServerSpec) -> list[int]:
             ).start()
             for _ in range(3)
         ]  # fmt: skip
-        _clusters[spec.id] = nodes
+        _clusters[key] = nodes
         clients = [redis.Redis(port=n.port, protocol=2, decode_responses=True) for n in nodes]
+        if proxied:
+            proxy = _proxies[key] = FaultProxy(("127.0.0.1", nodes[2].port))
+            clients[2].config_set("cluster-announce-port", proxy.port)
+            clients[2].config_set("cluster-announce-bus-port", nodes[2].port + 10000)
         bounds = [(0, 5460), (5461, 10922), (10923, 16383)]
         for client, (low, high) in zip(clients, bounds, strict=True):
             if spec.version >= (7, 0):
@@ -206,7 +223,7 @@ def running_cluster(spec: ServerSpec) -> list[int]:
             time.sleep(0.1)
         for client in clients:
             client.close()
-    return [node.port for node in _clusters[spec.id]]
+    return [node.port for node in _clusters[key]]
 
 
 def running_server(spec: ServerSpec) -> str:
@@ -281,6 +298,9 @@ def stop_all() -> None:
         for node in nodes:
             node.stop()
     _clusters.clear()
+    for proxy in _proxies.values():
+        proxy.close()
+    _proxies.clear()
 
 
 #: The first server of this run's matrix, for tests that need one server only.

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
 import math
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import AsyncExitStack
@@ -26,9 +28,18 @@ from anarchon import (
 )
 from anarchon._embedded import EmbeddedServer
 from anarchon._timer_store import TimerKeys
+from anarchon.clients import TransportError
 from tests.clients import CLIENT_KINDS, Target, make_client
+from tests.faults import FaultProxy
 from tests.helpers import Ledger, OneShotAtFirstAsk, PinnedConnection, wait_until
-from tests.servers import MATRIX_FIRST, ServerSpec, cluster_matrix, running_cluster, running_server
+from tests.servers import (
+    MATRIX_FIRST,
+    ServerSpec,
+    cluster_matrix,
+    running_cluster,
+    running_proxied_cluster,
+    running_server,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -200,6 +211,116 @@ async def test_the_inspector_reads_jobs_leases_and_histories_spread_over_a_clust
     finally:
         release.set()
         await close()
+
+
+@pytest.fixture
+def proxied_cluster() -> tuple[Target, FaultProxy]:
+    """A cluster of the first cluster binary whose third primary (slots 10923 to 16383)
+    clients reach through a fault proxy."""
+    ports, proxy = running_proxied_cluster(CLUSTERS[0])
+    return Target(cluster_ports=ports), proxy
+
+
+def names_on_the_proxied_node(prefix: str, count: int) -> list[str]:
+    names = (f"job{index:03d}" for index in itertools.count())
+    on_it = (name for name in names if key_slot(f"{prefix}{name}".encode()) >= 10923)
+    return list(itertools.islice(on_it, count))
+
+
+@pytest.mark.parametrize(("anyio_backend", "kind"), CLUSTER_CASES, ids=map(case_id, CLUSTER_CASES))
+async def test_replies_a_cluster_node_lost_make_the_round_trip_fail_not_answers(
+    proxied_cluster: tuple[Target, FaultProxy], prefix: str, kind: str
+) -> None:
+    """A round trip over the three primaries, the third one's connection cut after it
+    took its commands: the round trip fails with a transport error, as a standalone
+    server's does, and its caller tries it again. No lost reply comes back as if it were
+    the command's answer: redis-py's cluster pipeline hands each one back as a
+    connection error in the command's place, and GLIDE as an error reply
+    ("BrokenPipe: ..."), which the engine took for the server's answers (a claim's reply
+    read as a TypeError, a finish refused by the server). A client that got every reply
+    on a new connection may return them."""
+    target, proxy = proxied_cluster
+    client, close = await make_client(kind, target)
+    try:
+        conn = await RedisBackend(redis=client, prefix=prefix).open_connection()
+        keys = [f"{prefix}{name}" for name in spread_job_names(prefix, 9)]
+        await conn.pipeline([("SET", key, key) for key in keys])
+        dropped = proxy.bytes_dropped
+        proxy.drop_after_request(1)
+        try:
+            replies = await conn.pipeline([("GET", key) for key in keys])
+        except TransportError:
+            pass
+        else:
+            assert replies == keys, [type(reply).__name__ for reply in replies]
+        assert proxy.bytes_dropped > dropped, "no reply was lost: the test did not cut"
+        # Whole again, once the client has its new connection (a client may make it in
+        # the background: a round trip before that fails as the one above, and is tried
+        # again, as the engine does).
+        with anyio.fail_after(10):
+            while True:
+                try:
+                    replies = await conn.pipeline([("GET", key) for key in keys])
+                    break
+                except TransportError:
+                    await anyio.sleep(0.1)
+        assert replies == keys
+    finally:
+        proxy.drop_after_request(0)
+        await close()
+
+
+def cut_later(proxy: FaultProxy, after_sec: float) -> None:
+    """Hold what goes through ``proxy`` from now on, and cut it all ``after_sec`` later
+    (the held commands never reach the server); then let new connections through."""
+    proxy.pause()
+
+    def cut() -> None:
+        proxy.reset()
+        proxy.resume()
+
+    threading.Timer(after_sec, cut).start()
+
+
+@pytest.mark.parametrize("fault", ["cut before the node took it", "reply lost"])
+@pytest.mark.parametrize("kind", ["redis-py-async", "glide-async"])
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_finish_a_cluster_node_did_not_answer_is_sent_again_and_recorded_once(
+    proxied_cluster: tuple[Target, FaultProxy], prefix: str, kind: str, fault: str
+) -> None:
+    """A run on the proxied primary ends as that node's connection fails: its finish is
+    cut before the node took it, or taken and its reply lost. It is sent again and the
+    run is recorded once, ok; its lease does not expire unsettled for the next slots'
+    claims to take it over and run it a second time."""
+    target, proxy = proxied_cluster
+    (name,) = names_on_the_proxied_node(prefix, 1)
+    client, close = await make_client(kind, target)
+    runs: list[int] = []
+    try:
+        scheduler = Scheduler(
+            RedisBackend(redis=client, prefix=prefix), lease_ms=1500, heartbeat_ms=500
+        )
+
+        @scheduler.job(every_ms=1000, name=name)
+        async def tick(run: Run) -> None:
+            runs.append(run.slot_ms)
+            if len(runs) > 1:
+                return
+            if fault == "reply lost":
+                proxy.drop_after_request(1)  # the next request to that node is the finish
+            else:
+                cut_later(proxy, 0.3)
+
+        async with scheduler:
+            await wait_until(lambda: bool(runs), 5, "a first run")
+            await anyio.sleep(1.5 + 2.0)  # the lease, and the next slots' claims
+            history = await scheduler.history(name, limit=100)
+    finally:
+        proxy.drop_after_request(0)
+        await close()
+    slot = runs[0]
+    assert runs.count(slot) == 1, f"slot {slot} ran {runs.count(slot)} times"
+    assert [(r.attempt, r.status) for r in history if r.slot_ms == slot] == [(1, "ok")]
 
 
 @pytest.mark.slow

@@ -130,7 +130,10 @@ class Connection(ABC):
 
     @abstractmethod
     async def pipeline(self, commands: Sequence[Command]) -> list[Any]:
-        """Send commands in one round trip; error replies come back as ServerReplyError items."""
+        """Send commands in one round trip; error replies come back as ServerReplyError
+        items. A reply lost (a cluster node's connection cut while its replies were
+        read) fails the whole round trip with TransportError, as a standalone server's
+        does: it is never handed back as if it were that command's answer."""
 
     async def listen(self, channel: str, on_message: Callable[[str], None]) -> None:
         """Subscribe to ``channel`` on a connection of its own and call ``on_message``
@@ -143,6 +146,18 @@ class Connection(ABC):
 
     async def aclose(self) -> None:  # noqa: B027 - closing is optional for adapters
         """Release what the adapter opened. Only called when ``owned``."""
+
+
+def whole_round_trip(replies: Sequence[Any], convert: Callable[[Any], Any]) -> list[Any]:
+    """``replies`` of a batch, each through ``convert``; a transport failure in place of a
+    reply (a cluster client hands one back for each command of a node whose connection
+    was lost mid-read: applied or not, nobody knows) is raised for the whole round trip,
+    which its caller tries again like any other."""
+    converted = [convert(reply) for reply in replies]
+    for reply in converted:
+        if isinstance(reply, TransportError):
+            raise reply
+    return converted
 
 
 def normalize_reply(reply: Any) -> Any:

@@ -10,7 +10,14 @@ from typing import Any
 import anyio
 import anyio.to_thread
 
-from ._protocol import Command, Connection, ServerReplyError, TransportError, normalize_reply
+from ._protocol import (
+    Command,
+    Connection,
+    ServerReplyError,
+    TransportError,
+    normalize_reply,
+    whole_round_trip,
+)
 
 __all__ = ["GlideAsyncConnection", "GlideSyncConnection"]
 
@@ -19,6 +26,8 @@ __all__ = ["GlideAsyncConnection", "GlideSyncConnection"]
 # as "An error was signalled by the server: - ReadOnly: You can't write ...".
 _UNNAMED_CODE = re.compile(r"([A-Z][A-Z_-]*): ")
 _NAMED_KIND = re.compile(r" - (\w+): ")
+#: GLIDE's own kinds of failure, in front of the text: "BrokenPipe: ...", "IoError: ...".
+_CLIENT_KIND = re.compile(r"[A-Z][a-z]\w*: ")
 _KIND_CODES = {
     "ResponseError": "ERR",
     "NoScriptError": "NOSCRIPT",
@@ -38,10 +47,13 @@ _KIND_CODES = {
 }
 
 
-def _reply_error(text: str) -> ServerReplyError:
+def _reply_error(text: str) -> ServerReplyError | TransportError:
     """The server's code of an error reply as GLIDE words it, in front of the text
     (as the server sent it): OOM, BUSY and READONLY must read as what they are, or a
-    transient refusal would be taken for a permanent one."""
+    transient refusal would be taken for a permanent one. GLIDE words its own failures
+    to get a reply the same way ("BrokenPipe: Cluster: Failed to receive command
+    response ...", "... - IoError: ..."): a kind that is not a server's is a transport
+    failure, not an answer."""
     unnamed = _UNNAMED_CODE.match(text)
     if unnamed:
         return ServerReplyError(f"{unnamed.group(1)} {text[unnamed.end() :]}", unnamed.group(1))
@@ -49,6 +61,8 @@ def _reply_error(text: str) -> ServerReplyError:
     code = _KIND_CODES.get(named.group(1)) if named else None
     if named and code is not None:
         return ServerReplyError(f"{code} {text[named.end() :]}", code)
+    if named or _CLIENT_KIND.match(text):
+        return TransportError(text)
     return ServerReplyError(text)
 
 
@@ -109,7 +123,7 @@ class GlideAsyncConnection(Connection):
             replies = await self.client.exec(batch, raise_on_error=False)
         except Exception as exc:
             raise _convert(exc) from exc
-        return [_batch_reply(item) for item in replies or []]
+        return whole_round_trip(replies or [], _batch_reply)
 
 
 class GlideSyncConnection(Connection):
@@ -148,4 +162,4 @@ class GlideSyncConnection(Connection):
             )
         except Exception as exc:
             raise _convert(exc) from exc
-        return [_batch_reply(item) for item in replies or []]
+        return whole_round_trip(replies or [], _batch_reply)

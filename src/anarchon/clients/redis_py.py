@@ -21,6 +21,7 @@ from ._protocol import (
     ServerReplyError,
     TransportError,
     normalize_reply,
+    whole_round_trip,
 )
 
 __all__ = ["ClientErrors", "RedisAsyncConnection", "RedisSyncConnection", "redis_errors"]
@@ -108,7 +109,7 @@ class RedisAsyncConnection(Connection):
                 replies = await pipe.execute(raise_on_error=False)
         except Exception as exc:
             raise self.errors.convert(exc) from exc
-        return [self.errors.batch_reply(item) for item in replies]
+        return whole_round_trip(replies, self.errors.batch_reply)
 
     async def listen(self, channel: str, on_message: Callable[[str], None]) -> None:
         own = _client_of_its_own(self.client, self.description)
@@ -184,7 +185,7 @@ class RedisSyncConnection(Connection):
             replies = await self._in_thread(send_batch)
         except Exception as exc:
             raise self.errors.convert(exc) from exc
-        return [self.errors.batch_reply(item) for item in replies]
+        return whole_round_trip(replies, self.errors.batch_reply)
 
     async def listen(self, channel: str, on_message: Callable[[str], None]) -> None:
         # The last subscription's thread has ended, unless it was stuck on a server
