@@ -327,13 +327,14 @@ class Inspector:
     async def _pipeline(self, commands: list[Command]) -> list[Any]:
         """The replies to ``commands``, ``_COMMANDS_A_TRIP`` a round trip, each within
         its deadline (so that a store of many jobs is read in a few round trips, not one
-        a job); an error reply, or a connection lost, in a round trip is raised."""
+        a job); an error reply in a round trip is raised (a connection lost fails the
+        round trip in the adapter)."""
         replies: list[Any] = []
         for first in range(0, len(commands), _COMMANDS_A_TRIP):
             with _answered_in_time():
                 chunk = await self._require().pipeline(commands[first : first + _COMMANDS_A_TRIP])
                 for reply in chunk:
-                    if isinstance(reply, Exception):  # an error reply, or a connection lost
+                    if isinstance(reply, ServerReplyError):
                         raise reply
             replies += chunk
         return replies
