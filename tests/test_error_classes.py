@@ -39,8 +39,9 @@ async def test_every_client_keeps_the_code_of_an_error_reply(
 ) -> None:
     """Each client library words the same reply its own way (redis-py strips the code
     and names a class, GLIDE writes "OOM: ..." or "... - ReadOnly: ..."): each adapter
-    gives back the server's code, so that OOM, READONLY and BUSY are retried and a
-    wrong type is not, whichever client the user passed."""
+    gives back the server's code, so that OOM, READONLY, BUSY and NOSCRIPT are retried
+    and a wrong type, an unknown command or a permission refused are not, whichever
+    client the user passed (none of them is a lost reply)."""
     # GLIDE speaks RESP2 to a server without HELLO (Redis 5), as its users must set it.
     resp3 = server.family != "redis" or server.version >= (6,)
     client, close = await make_client(kind, Target(url=server_url), resp3=resp3)
@@ -54,6 +55,15 @@ async def test_every_client_keeps_the_code_of_an_error_reply(
         assert isinstance(reply, ServerReplyError), (name, reply)
         seen[name] = (reply.kind, is_transient(reply))
 
+    acls = server.family != "redis" or server.version >= (6,)  # ACLs came with Redis 6
+    expected = {
+        "OOM": ("OOM", True),
+        "READONLY": ("READONLY", True),
+        "BUSY": ("BUSY", True),
+        "WRONGTYPE": ("WRONGTYPE", False),
+        "NOSCRIPT": ("NOSCRIPT", True),  # the script is sent again with its text
+        "unknown command": ("ERR", False),
+    }
     try:
         with oom(direct):
             await code_of("OOM", script)
@@ -62,15 +72,19 @@ async def test_every_client_keeps_the_code_of_an_error_reply(
         with busy(server_url):
             await code_of("BUSY", ("GET", f"{prefix}k"))
         await code_of("WRONGTYPE", ("HGET", f"{prefix}s", "field"))
+        await code_of("NOSCRIPT", ("EVALSHA", "0" * 40, 0))
+        await code_of("unknown command", ("NOSUCHCOMMAND",))
+        if acls:
+            # For a moment nobody may GET (this worker's tests run one at a time).
+            direct.execute_command("ACL", "SETUSER", "default", "-get")  # type: ignore[no-untyped-call]
+            await code_of("NOPERM", ("GET", f"{prefix}k"))
+            expected["NOPERM"] = ("NOPERM", False)
     finally:
+        if acls:
+            direct.execute_command("ACL", "SETUSER", "default", "+get")  # type: ignore[no-untyped-call]
         await conn.aclose()
         await close()
-    assert seen == {
-        "OOM": ("OOM", True),
-        "READONLY": ("READONLY", True),
-        "BUSY": ("BUSY", True),
-        "WRONGTYPE": ("WRONGTYPE", False),
-    }
+    assert seen == expected
 
 
 async def test_a_script_refused_for_lack_of_memory_is_transient(
@@ -120,6 +134,41 @@ def test_redis_py_cluster_errors_keep_their_codes_and_are_transient() -> None:
         assert is_transient(converted)
     uncovered = errors.convert(redis.exceptions.SlotNotCoveredError("slot 5 not covered"))
     assert isinstance(uncovered, TransportError) and is_transient(uncovered)
+    # Redirections that did not settle: no answer (it was read as a permanent "TTL").
+    unsettled = errors.convert(redis.exceptions.ClusterError("TTL exhausted."))
+    assert isinstance(unsettled, TransportError) and is_transient(unsettled)
+
+
+@pytest.mark.parametrize(
+    ("text", "reads_as"),
+    [
+        # The server's replies, as GLIDE words them.
+        ("OOM: command not allowed when used memory > 'maxmemory'.", "OOM"),
+        ("An error was signalled by the server: - ReadOnly: You can't write", "READONLY"),
+        ("An error was signalled by the server: - PermissionDenied: User u has no", "NOPERM"),
+        ("An error was signalled by the server: - ResponseError: unknown command", "ERR"),
+        # GLIDE's own failures to get a reply: no answer.
+        ("BrokenPipe: Cluster: Failed to receive command response from internal sender. "
+         "RecvError(())", "transport"),
+        ("Connection dropped- ClientError", "transport"),
+        ("Failed to send the request - FatalSendError: the pipeline writer task has "
+         "terminated", "transport"),
+    ],
+)  # fmt: skip
+def test_glide_s_wording_tells_a_server_s_error_reply_from_its_own_failure(
+    text: str, reads_as: str
+) -> None:
+    """The texts GLIDE gives a RequestError: the replies' codes, as the real-server test
+    above sees them through GLIDE, and GLIDE's own failures (the first one met when a
+    cluster node's connection was cut mid-read, in tests/test_clients.py), which were
+    read as permanent error replies."""
+    from anarchon.clients.glide import _reply_error
+
+    error = _reply_error(text)
+    if reads_as == "transport":
+        assert isinstance(error, TransportError) and is_transient(error), error
+    else:
+        assert isinstance(error, ServerReplyError) and error.kind == reads_as, error
 
 
 def test_a_group_of_errors_is_transient_when_any_of_them_is() -> None:

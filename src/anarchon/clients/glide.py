@@ -22,12 +22,31 @@ from ._protocol import (
 __all__ = ["GlideAsyncConnection", "GlideSyncConnection"]
 
 # GLIDE words an error reply in one of two ways: a code it has no name for as
-# "OOM: command not allowed ..." (also BUSY, WRONGTYPE, NOPERM), and one it names
-# as "An error was signalled by the server: - ReadOnly: You can't write ...".
+# "OOM: command not allowed ..." (also BUSY, WRONGTYPE), and one it names as
+# "An error was signalled by the server: - ReadOnly: You can't write ..." (also
+# NOPERM: "... - PermissionDenied: ...").
 _UNNAMED_CODE = re.compile(r"([A-Z][A-Z_-]*): ")
 _NAMED_KIND = re.compile(r" - (\w+): ")
-#: GLIDE's own kinds of failure, in front of the text: "BrokenPipe: ...", "IoError: ...".
-_CLIENT_KIND = re.compile(r"[A-Z][a-z]\w*: ")
+#: A kind at the end, with no detail: "Connection dropped- ClientError".
+_LAST_KIND = re.compile(r"- (\w+)$")
+#: An I/O error's kind in front of the text: "BrokenPipe: Cluster: Failed to receive
+#: command response ...". A server's own code there is all capitals (_UNNAMED_CODE).
+_LEADING_KIND = re.compile(r"[A-Z][a-z]\w*: ")
+#: The kinds GLIDE names for its own failures to get a reply (the connection, the
+#: cluster's routing), never for a server's error reply.
+_CLIENT_KINDS = frozenset(
+    {
+        "IoError",
+        "ClientError",
+        "FatalSendError",
+        "FatalReceiveError",
+        "ProtocolDesync",
+        "ParseError",
+        "AllConnectionsUnavailable",
+        "ConnectionNotFoundForRoute",
+        "NotAllSlotsCovered",
+    }
+)
 _KIND_CODES = {
     "ResponseError": "ERR",
     "NoScriptError": "NOSCRIPT",
@@ -44,6 +63,7 @@ _KIND_CODES = {
     "NotBusy": "NOTBUSY",
     "TypeError": "WRONGTYPE",
     "AuthenticationFailed": "NOAUTH",
+    "PermissionDenied": "NOPERM",
 }
 
 
@@ -51,9 +71,9 @@ def _reply_error(text: str) -> ServerReplyError | TransportError:
     """The server's code of an error reply as GLIDE words it, in front of the text
     (as the server sent it): OOM, BUSY and READONLY must read as what they are, or a
     transient refusal would be taken for a permanent one. GLIDE words its own failures
-    to get a reply the same way ("BrokenPipe: Cluster: Failed to receive command
-    response ...", "... - IoError: ..."): a kind that is not a server's is a transport
-    failure, not an answer."""
+    to get a reply in the same ways ("BrokenPipe: Cluster: Failed to receive command
+    response ...", "... - IoError: ...", "Connection dropped- ClientError"): those are
+    transport failures, not answers."""
     unnamed = _UNNAMED_CODE.match(text)
     if unnamed:
         return ServerReplyError(f"{unnamed.group(1)} {text[unnamed.end() :]}", unnamed.group(1))
@@ -61,7 +81,9 @@ def _reply_error(text: str) -> ServerReplyError | TransportError:
     code = _KIND_CODES.get(named.group(1)) if named else None
     if named and code is not None:
         return ServerReplyError(f"{code} {text[named.end() :]}", code)
-    if named or _CLIENT_KIND.match(text):
+    last = _LAST_KIND.search(text)
+    kind = named.group(1) if named else last.group(1) if last else None
+    if kind in _CLIENT_KINDS or (kind is None and _LEADING_KIND.match(text)):
         return TransportError(text)
     return ServerReplyError(text)
 

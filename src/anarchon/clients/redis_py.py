@@ -46,7 +46,14 @@ class ClientErrors:
         return cls(
             base=getattr(exceptions, base_name),
             response=exceptions.ResponseError,
-            transport=(exceptions.ConnectionError, exceptions.TimeoutError),
+            # A cluster client's ClusterError ("TTL exhausted.": redirections that did
+            # not settle) is no answer either; its subclasses with a code (CLUSTERDOWN,
+            # MASTERDOWN) are matched by their codes first.
+            transport=(
+                exceptions.ConnectionError,
+                exceptions.TimeoutError,
+                *([exceptions.ClusterError] if hasattr(exceptions, "ClusterError") else []),
+            ),
             reply_codes=tuple(
                 (getattr(exceptions, name), code)
                 for name, code in REPLY_ERROR_CLASSES
