@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from anarchon._embedded import EmbeddedServer, package_binary
+from anarchon._embedded import CLUSTER_BUS_OFFSET, EmbeddedServer, package_binary
 from tests.build_servers import cache_dir
 from tests.faults import FaultProxy
 
@@ -204,7 +204,7 @@ def _cluster(spec: ServerSpec, key: str, *, proxied: bool) -> list[int]:
         if proxied:
             proxy = _proxies[key] = FaultProxy(("127.0.0.1", nodes[2].port))
             clients[2].config_set("cluster-announce-port", proxy.port)
-            clients[2].config_set("cluster-announce-bus-port", nodes[2].port + 10000)
+            clients[2].config_set("cluster-announce-bus-port", nodes[2].port + CLUSTER_BUS_OFFSET)
         bounds = [(0, 5460), (5461, 10922), (10923, 16383)]
         for client, (low, high) in zip(clients, bounds, strict=True):
             if spec.version >= (7, 0):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -26,7 +27,7 @@ from anarchon import (
     TimerRun,
     UnsupportedClientError,
 )
-from anarchon._embedded import EmbeddedServer
+from anarchon._embedded import CLUSTER_BUS_OFFSET, EmbeddedServer, free_port
 from anarchon._timer_store import TimerKeys
 from anarchon.clients import TransportError
 from tests.clients import CLIENT_KINDS, Target, make_client
@@ -337,6 +338,16 @@ async def test_exactly_once_on_the_cluster_of_each_server(spec: ServerSpec, pref
     )
 
 
+def test_a_cluster_node_gets_a_port_with_room_for_its_bus_port() -> None:
+    """A cluster node refuses a port above 55535 (its peers reach it on the port + 10000),
+    so the harness's cluster nodes take a port whose bus port exists and is free."""
+    for _ in range(300):
+        port = free_port(with_bus_port=True)
+        assert port <= 65535 - CLUSTER_BUS_OFFSET
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", port + CLUSTER_BUS_OFFSET))  # free, or this raises
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_instances_with_different_clients_run_each_slot_once(
@@ -415,8 +426,6 @@ def tls_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, 
     stranger.cert_pem.write_to_path(str(folder / "other-ca.pem"))
     cert.cert_chain_pems[0].write_to_path(str(folder / "server.pem"))
     cert.private_key_pem.write_to_path(str(folder / "server.key"))
-    from anarchon._embedded import free_port
-
     tls_port = free_port()
     server = EmbeddedServer(
         binary,

@@ -40,9 +40,30 @@ def package_binary(package: str, relative: str) -> Path | None:
     return None
 
 
-def free_port() -> int:
+#: A cluster node listens for its peers on its port + 10000, so its port is at most this.
+CLUSTER_BUS_OFFSET = 10000
+_HIGHEST_CLUSTER_PORT = 65535 - CLUSTER_BUS_OFFSET
+
+
+def free_port(*, with_bus_port: bool = False) -> int:
+    """A port free on 127.0.0.1 now; ``with_bus_port``: one a cluster node can take, at
+    most 55535 and with its bus port (the port + 10000) free too."""
+    for _ in range(1000):
+        port = _bind_and_release(0)
+        if not with_bus_port:
+            return port
+        if port <= _HIGHEST_CLUSTER_PORT and _bind_and_release(port + CLUSTER_BUS_OFFSET):
+            return port
+    raise RuntimeError("no free port for a cluster node and its bus port on 127.0.0.1")
+
+
+def _bind_and_release(port: int) -> int:
+    """The port bound on 127.0.0.1 (``0``: any free one), released at once; 0 if taken."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return 0
         return int(sock.getsockname()[1])
 
 
@@ -137,7 +158,7 @@ class EmbeddedServer:
         self._dir = tempfile.TemporaryDirectory(prefix="anarchon-server-")
         log_path = Path(self._dir.name) / "server.log"
         for _ in range(5):  # a free port can be taken between finding and binding it
-            self.port = free_port()
+            self.port = free_port(with_bus_port="--cluster-enabled" in self.extra_args)
             args = ["--save", "", "--appendonly", "no", "--dir", self._dir.name, *self.extra_args]
             self._process = launch(
                 self.binary, self.port, args, log_path, timeout_sec,
