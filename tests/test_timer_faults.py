@@ -77,6 +77,56 @@ def test_a_runner_sigkilled_mid_fire_is_taken_over_with_a_higher_fence(
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("event_loop", ["asyncio", "trio"])
+def test_a_firing_whose_lease_ran_out_before_its_handler_began_is_not_run_there(
+    server_url: str, prefix: str, direct: redis.Redis, event_loop: str
+) -> None:
+    """One claim wins two firings. The first handler to begin starves the event loop
+    until a backup (another process) has taken the other firing over, their leases run
+    out. The other handler, next in line on the loop, must not begin: the backup runs
+    it."""
+    log = f"{prefix}log"
+    here: list[tuple[str, int]] = []
+    backups: list[subprocess.Popen[str]] = []
+
+    def backup_fired(key: str) -> bool:
+        return f"|b|{key}|2|" in "".join(direct.lrange(log, 0, -1))
+
+    async def remind(fire: TimerRun) -> None:
+        here.append((fire.key, fire.attempt))
+        if len(here) == 1:
+            backups.append(start_worker(server_url, prefix, "b", event_loop))
+            other = "two" if fire.key == "one" else "one"
+            # The loop stands still (as on a machine whose CPUs are taken) until the
+            # backup has fired the other timer.
+            wait_for(lambda: backup_fired(other), 30, f"the backup to take {other} over")
+
+    async def main() -> None:
+        producer = Scheduler(RedisBackend(redis=server_url, prefix=prefix))
+        await producer.set_timer("remind", "one", delay_ms=0)
+        await producer.set_timer("remind", "two", delay_ms=0)
+        scheduler = Scheduler(
+            RedisBackend(redis=server_url, prefix=prefix), instance_id="a", lease_ms=LEASE_MS,
+            heartbeat_ms=HEARTBEAT_MS, stop_grace_ms=200,
+        )  # fmt: skip
+        scheduler.add_timer(remind, "remind")
+        async with scheduler:
+            with anyio.fail_after(60):
+                while not backups:  # noqa: ASYNC110 - polls what the handler recorded
+                    await anyio.sleep(0.05)
+            await anyio.sleep(1.0)  # the other firing's task has had its turn
+
+    try:
+        anyio.run(main, backend=event_loop)
+        assert len(here) == 1, here  # the other firing ran only in the backup
+        assert backup_fired("two" if here[0][0] == "one" else "one")
+    finally:
+        for proc in backups:
+            proc.terminate()
+            proc.wait(10)
+
+
+@pytest.mark.slow
 @pytest.mark.anyio
 async def test_a_kill_9_of_redis_with_its_append_only_file_loses_no_timer(
     server: ServerSpec, prefix: str

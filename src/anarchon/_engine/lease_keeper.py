@@ -36,7 +36,11 @@ class LeaseKeeper:
     def watch(self, attempt: _Leased, lease_left_ms: int, since: float) -> None:
         """Keep the lease of an attempt just won: held for ``lease_left_ms`` from
         ``since`` (when the winning claim was sent, monotonic), first extended a
-        heartbeat after that."""
+        heartbeat after that. A claim-only strategy's attempt holds no lease to lose."""
+        store = self._context.store
+        if store is not None and not store.leases:
+            attempt.held_until = math.inf
+            return
         attempt.held_until = since + lease_left_ms / 1000
         attempt.next_beat = since + self._context.heartbeat_ms / 1000
         if attempt.next_beat < self._next_beat_at:

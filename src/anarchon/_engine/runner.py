@@ -11,6 +11,7 @@ and a job's claims waiting behind it come due. The runner knows when none is lef
 from __future__ import annotations
 
 import logging
+import time
 import traceback
 
 import anyio
@@ -112,9 +113,10 @@ class Runner:
         try:
             with leased.scope:
                 try:
-                    if leased.lease_lost.is_set():
+                    if leased.lease_lost.is_set() or time.monotonic() >= leased.held_until:
                         # Its lease ran out before its task even began (a starved event
-                        # loop): a backup may run it already, so the handler must not.
+                        # loop; the lease keeper, starved too, may not have seen it yet):
+                        # a backup may run it already, so the handler must not.
                         raise LeaseLostError("the lease ran out before the handler began")
                     leased.began = True
                     events = self._context.events
