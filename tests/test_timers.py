@@ -127,8 +127,14 @@ async def test_timers_due_together_fire_exactly_once_across_three_instances(
         for key in keys:
             await producer.set_timer("remind", key, delay_ms=500, payload=key.encode())
     fired: list[Fired] = []
-    await run_for(fleet(server_url, prefix, 3, recorder(fired)), 2.5)
-    assert sorted(f.key for f in fired) == sorted(keys)  # each once
+    # A lease longer than the run: a firing whose finish a starved loop held back past
+    # its lease may be run again by a backup (design section 3), and this test is
+    # about how the instances share the due timers, not about a loaded machine.
+    schedulers = fleet(server_url, prefix, 3, recorder(fired), lease_ms=10_000)
+    await run_until(schedulers, lambda: len({f.key for f in fired}) >= len(keys), 60)
+    counts = collections.Counter(f.key for f in fired)
+    assert not [f for f in fired if counts[f.key] > 1]  # each once; else who fired it how
+    assert sorted(counts) == sorted(keys)
     assert all(f.payload == f.key.encode() for f in fired)
     assert len({f.fence for f in fired}) == len(fired)
 
