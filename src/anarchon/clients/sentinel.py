@@ -138,13 +138,10 @@ def open_sentinel(spec: SentinelSpec, own: dict[str, Any], asyncio: bool) -> Any
     if asyncio:
         from redis.asyncio.sentinel import Sentinel as AsyncSentinel
 
-        found: Any = AsyncSentinel(  # type: ignore[no-untyped-call]
-            list(spec.sentinels), sentinel_kwargs=sentinel_kwargs, **primary
-        )
+        sentinel_class: Any = AsyncSentinel  # typed in some redis-py releases, not all
     else:
         from redis.sentinel import Sentinel
 
-        found = Sentinel(  # type: ignore[no-untyped-call]
-            list(spec.sentinels), sentinel_kwargs=sentinel_kwargs, **primary
-        )
+        sentinel_class = Sentinel
+    found = sentinel_class(list(spec.sentinels), sentinel_kwargs=sentinel_kwargs, **primary)
     return found.master_for(spec.master), found
