@@ -14,7 +14,16 @@ import anyio
 import pytest
 import redis
 
-from anarchon import Event, RedisBackend, Run, RunOverlapError, RunResult, Scheduler, SlotSkipped
+from anarchon import (
+    Event,
+    RedisBackend,
+    Run,
+    RunOverlapError,
+    RunResult,
+    RunRetried,
+    Scheduler,
+    SlotSkipped,
+)
 from anarchon._lease import JobKeys
 from anarchon._schedule import iso_ms
 from anarchon._store import AttemptEnd, ClaimRequest
@@ -37,7 +46,9 @@ async def test_a_handler_failing_twice_then_succeeding_runs_three_attempts_with_
     server_url: str, prefix: str
 ) -> None:
     calls: list[int] = []
+    retries: list[RunRetried] = []
     scheduler = Scheduler(RedisBackend(redis=server_url, prefix=prefix), retry_delay_ms=1000)
+    scheduler.on_event(lambda e: retries.append(e) if isinstance(e, RunRetried) else None)
 
     @scheduler.job(OneShot.in_ms(100), name="flaky", max_attempts=3)
     async def flaky(run: Run) -> None:
@@ -60,14 +71,16 @@ async def test_a_handler_failing_twice_then_succeeding_runs_three_attempts_with_
         (3, "ok", "retry"),
     ]
     assert history[0].error is not None and "boom 1" in history[0].error
-    # Delays from retry_delay_ms, doubling: 1 s, then 2 s, on the server's clock (a
-    # failure's finish and the next attempt's claim), which refuses a retry before
-    # its time. The upper bounds tell 1 s, 2 s from 2 s, 4 s or 1 s, 3 s, with a
-    # second of room each for a loaded machine's late claim.
+    # Delays from retry_delay_ms, doubling: 1 s, then 2 s, as the store answered each
+    # failure's finish, and kept on the server's clock (the failure's finish and the
+    # next attempt's claim): it refuses a retry before its time. How late a retry
+    # starts after that is the machine's (a starved loop claims late), so it is not
+    # bounded here.
+    assert [(e.attempt, e.in_ms) for e in retries] == [(1, 1000), (2, 2000)]
     gap_1 = history[1].started_at - history[0].finished_at
     gap_2 = history[2].started_at - history[1].finished_at
-    assert timedelta(milliseconds=1000) <= gap_1 < timedelta(milliseconds=2000), gap_1
-    assert timedelta(milliseconds=2000) <= gap_2 < timedelta(milliseconds=3000), gap_2
+    assert gap_1 >= timedelta(milliseconds=1000), gap_1
+    assert gap_2 >= timedelta(milliseconds=2000), gap_2
 
 
 async def test_with_max_attempts_two_a_failing_run_ends_failed(
