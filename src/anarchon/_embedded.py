@@ -49,22 +49,24 @@ def free_port(*, with_bus_port: bool = False) -> int:
     """A port free on 127.0.0.1 now; ``with_bus_port``: one a cluster node can take, at
     most 55535 and with its bus port (the port + 10000) free too."""
     for _ in range(1000):
-        port = _bind_and_release(0)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
         if not with_bus_port:
             return port
-        if port <= _HIGHEST_CLUSTER_PORT and _bind_and_release(port + CLUSTER_BUS_OFFSET):
+        if port <= _HIGHEST_CLUSTER_PORT and _is_free(port + CLUSTER_BUS_OFFSET):
             return port
     raise RuntimeError("no free port for a cluster node and its bus port on 127.0.0.1")
 
 
-def _bind_and_release(port: int) -> int:
-    """The port bound on 127.0.0.1 (``0``: any free one), released at once; 0 if taken."""
+def _is_free(port: int) -> bool:
+    """Whether ``port`` can be bound on 127.0.0.1 now."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         try:
             sock.bind(("127.0.0.1", port))
         except OSError:
-            return 0
-        return int(sock.getsockname()[1])
+            return False
+        return True
 
 
 def ping(port: int, timeout_sec: float = 0.5) -> bool:
