@@ -14,7 +14,7 @@ import anyio
 import pytest
 import redis
 
-from anarchon import RedisBackend, Scheduler, TimerRun
+from anarchon import LeaseLost, RedisBackend, Scheduler, TimerRun
 from tests.restartable_server import RestartableServer
 from tests.servers import ServerSpec
 from tests.test_takeover import wait_for
@@ -88,6 +88,7 @@ def test_a_firing_whose_lease_ran_out_before_its_handler_began_is_not_run_there(
     log = f"{prefix}log"
     here: list[tuple[str, int]] = []
     backups: list[subprocess.Popen[str]] = []
+    lost: list[LeaseLost] = []
 
     def backup_fired(key: str) -> bool:
         return f"|b|{key}|2|" in "".join(direct.lrange(log, 0, -1))
@@ -110,6 +111,9 @@ def test_a_firing_whose_lease_ran_out_before_its_handler_began_is_not_run_there(
             heartbeat_ms=HEARTBEAT_MS, stop_grace_ms=200,
         )  # fmt: skip
         scheduler.add_timer(remind, "remind")
+        scheduler.on_event(
+            lambda event: lost.append(event) if isinstance(event, LeaseLost) else None
+        )
         async with scheduler:
             with anyio.fail_after(60):
                 while not backups:  # noqa: ASYNC110 - polls what the handler recorded
@@ -119,7 +123,10 @@ def test_a_firing_whose_lease_ran_out_before_its_handler_began_is_not_run_there(
     try:
         anyio.run(main, backend=event_loop)
         assert len(here) == 1, here  # the other firing ran only in the backup
-        assert backup_fired("two" if here[0][0] == "one" else "one")
+        other = "two" if here[0][0] == "one" else "one"
+        assert backup_fired(other)
+        # and its lost lease is reported once, whichever task noticed first
+        assert [event.timer_key for event in lost if event.timer_key == other] == [other], lost
     finally:
         for proc in backups:
             proc.terminate()

@@ -83,13 +83,13 @@ class LeaseKeeper:
                 self._wake = anyio.Event()
 
     def _give_up(self, attempt: _Leased) -> None:
-        self._lose(
+        self.lose(
             attempt,
             "no heartbeat got through before the lease would expire (the server does not "
             "answer in time); a backup may take over",
         )
 
-    def _lose(self, attempt: _Leased, reason: str) -> None:
+    def lose(self, attempt: _Leased, reason: str) -> None:
         """The attempt (or firing) no longer holds its lease: its handler is cancelled
         (or told), loudly."""
         attempt.lost = True
@@ -176,7 +176,7 @@ class LeaseKeeper:
             if reply is True:
                 attempt.held_until = sent + lease_ms / 1000
             elif reply is False:
-                self._lose(
+                self.lose(
                     attempt,
                     "the store refused its heartbeat: another attempt holds the run now, or "
                     "the run's state is gone (the store was wiped, or failed over to a "

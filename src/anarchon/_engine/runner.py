@@ -113,10 +113,16 @@ class Runner:
         try:
             with leased.scope:
                 try:
-                    if leased.lease_lost.is_set() or time.monotonic() >= leased.held_until:
+                    if not leased.lost and time.monotonic() >= leased.held_until:
                         # Its lease ran out before its task even began (a starved event
-                        # loop; the lease keeper, starved too, may not have seen it yet):
-                        # a backup may run it already, so the handler must not.
+                        # loop; the lease keeper, starved too, has not seen it yet): a
+                        # backup may run it already, so the handler must not.
+                        self._lease_keeper.lose(
+                            leased,
+                            "its lease ran out before its handler began (the event loop "
+                            "did not give it a turn in time); a backup may take over",
+                        )
+                    if leased.lease_lost.is_set():
                         raise LeaseLostError("the lease ran out before the handler began")
                     leased.began = True
                     events = self._context.events
