@@ -121,6 +121,11 @@ class _Leased:
     held_until: float = 0.0
     next_beat: float = math.inf
 
+    def ran_out(self, now: float) -> bool:
+        """Whether its lease has run out by ``now`` (monotonic), as far as this
+        instance knows: a backup may be running it."""
+        return now >= self.held_until
+
     @property
     def registry_key(self) -> tuple[str, str]:
         """Its key in ``EngineContext.attempts``."""

@@ -64,7 +64,7 @@ class LeaseKeeper:
             now = time.monotonic()
             live = [a for a in attempts.values() if not a.ended and not a.lost]
             for attempt in live:
-                if now >= attempt.held_until:
+                if attempt.ran_out(now):
                     self._give_up(attempt)
             live = [a for a in live if not a.lost]
             due = [a for a in live if a.next_beat <= now + early_sec]
@@ -182,7 +182,7 @@ class LeaseKeeper:
                     "the run's state is gone (the store was wiped, or failed over to a "
                     "replica that had not seen the claim)",
                 )
-            elif now >= attempt.held_until:
+            elif attempt.ran_out(now):
                 self._give_up(attempt)
             else:
                 # Try again soon: there may be time for more than one try before the

@@ -113,7 +113,7 @@ class Runner:
         try:
             with leased.scope:
                 try:
-                    if not leased.lost and time.monotonic() >= leased.held_until:
+                    if not leased.lost and leased.ran_out(time.monotonic()):
                         # Its lease ran out before its task even began (a starved event
                         # loop; the lease keeper, starved too, has not seen it yet): a
                         # backup may run it already, so the handler must not.
