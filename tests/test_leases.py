@@ -10,7 +10,7 @@ import anyio
 import pytest
 import redis
 
-from anarchon import RedisBackend, Run, Scheduler
+from anarchon import ClaimAnswered, Event, LeaseLost, RedisBackend, Run, Scheduler
 from anarchon._lease import JobKeys
 from anarchon._store import ClaimRequest
 from tests.helpers import Ledger, OneShot, OneShotAtFirstAsk, wait_until
@@ -232,3 +232,51 @@ async def test_a_handler_gets_its_slot_as_an_aware_utc_datetime_and_its_runner_i
     assert run.slot == schedule.at and run.slot.utcoffset() == timedelta(0)
     assert run.slot_ms == int(schedule.at.timestamp() * 1000)
     assert (run.runner, run.job, run.attempt, run.trigger) == ("here-1", "who", 1, "schedule")
+
+
+async def test_an_attempt_whose_lease_ran_out_before_its_handler_began_is_not_run_and_is_retried(
+    server_url: str, prefix: str, direct: redis.Redis
+) -> None:
+    """Two jobs fall due together and this instance wins both. The first handler to
+    begin stands the event loop still past both leases (as a machine whose CPUs are all
+    taken does). The other handler, next in line, must not begin: a backup may run that
+    slot already. Its attempt is reported lost once (whichever task notices first), ends
+    ``cancelled``, and its retry runs."""
+    lease_ms = 1000
+    schedule = OneShotAtFirstAsk(300)
+    won: list[str] = []
+    lost: list[LeaseLost] = []
+    began: list[tuple[str, int]] = []
+    won_before_the_stall: list[str] = []
+
+    def on_event(event: Event) -> None:
+        if isinstance(event, ClaimAnswered) and event.answer == "won":
+            won.append(event.job)
+        elif isinstance(event, LeaseLost):
+            lost.append(event)
+
+    async def handler(run: Run) -> None:
+        began.append((run.job, run.attempt))
+        if len(began) == 1:
+            won_before_the_stall.extend(won)
+            # The loop stands still past both leases.
+            time.sleep(2 * lease_ms / 1000)  # noqa: ASYNC251 - a starved loop, on purpose
+
+    scheduler = Scheduler(
+        RedisBackend(redis=server_url, prefix=prefix), lease_ms=lease_ms, heartbeat_ms=250
+    )
+    for name in ("a", "b"):
+        scheduler.add_job(handler, schedule, name=name)
+    scheduler.on_event(on_event)
+    async with scheduler:
+        await wait_until(lambda: len(began) >= 2, 15, "the other job's retry to begin")
+        await anyio.sleep(0.3)  # and nothing more
+
+    # Both attempts were won before the first handler stood the loop still.
+    assert sorted(won_before_the_stall) == ["a", "b"], won_before_the_stall
+    first = began[0][0]
+    other = "b" if first == "a" else "a"
+    assert began == [(first, 1), (other, 2)]
+    assert [(event.job, event.attempt) for event in lost] == [(other, 1)], lost
+    results = results_of(direct, prefix, other)
+    assert [(r[1], r[2]) for r in results] == [("1", "cancelled"), ("2", "ok")]
