@@ -126,9 +126,10 @@ class RunRetried(Event):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LeaseLost(Event):
-    """An attempt (or a timer's firing) this instance ran lost its lease: its handler
-    was cancelled or told, and a backup may run the slot. ``job`` is the timer's kind
-    for a firing, with ``timer_key`` set."""
+    """An attempt (or a timer's firing) this instance won lost its lease: its handler
+    was cancelled or told (or, if the lease ran out before it began, not called), and
+    a backup may run the slot. ``job`` is the timer's kind for a firing, with
+    ``timer_key`` set."""
 
     job: str
     slot_ms: int

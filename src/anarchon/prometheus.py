@@ -78,7 +78,7 @@ _COUNTERS = {
     "retries": ("anarchon_retries", "Attempts that ended without success and were retried.",
                 ("job",)),
     "lease_losses": ("anarchon_lease_losses",
-                     "Runs (and timer firings) that lost their lease while running here.",
+                     "Runs (and timer firings) won here that lost their lease.",
                      ("job",)),
     "skipped": ("anarchon_skipped_slots", "Scheduled slots that did not run, by reason.",
                 ("job", "reason")),
