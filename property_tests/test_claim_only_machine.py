@@ -33,6 +33,8 @@ from anarchon._store import AttemptEnd, ClaimReply, ClaimRequest, Store
 from property_tests.profiles import examples
 from tests.servers import MATRIX_FIRST, ServerSpec, has_idmp, matrix, running_server
 
+pytestmark = pytest.mark.server_tier
+
 INSTANCES = ("a", "b", "c")
 HISTORY_SIZE = 5
 

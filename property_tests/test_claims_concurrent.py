@@ -35,6 +35,8 @@ from anarchon._store import ClaimReply, ClaimRequest, Store
 from property_tests.profiles import examples
 from tests.servers import ServerSpec, running_server
 
+pytestmark = pytest.mark.server_tier
+
 STRATEGIES = ["lease", "stream-id", "idmp", "script"]
 
 #: A wave: the instances that send their next batch together, each with that batch.

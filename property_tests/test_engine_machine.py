@@ -117,6 +117,8 @@ from tests.faults import FaultProxy, busy, oom, read_only
 from tests.restartable_server import RestartableServer
 from tests.servers import ServerSpec, discover_servers
 
+pytestmark = pytest.mark.engine_tier
+
 LEASE_MS = 900
 HEARTBEAT_MS = 300
 RETRY_DELAY_MS = 200
@@ -1351,8 +1353,8 @@ for _spec, _loop in PAIRS:
     _test.settings = settings(
         # A mutant (python -m tests.mutants --engine) gets twice the ci examples: a
         # fault that meets the defect is drawn in a few examples out of six.
-        max_examples={"long": 200, "mutants": 12}.get(PROFILE, 6),
-        stateful_step_count=60 if PROFILE == "long" else 12,
+        max_examples={"deep": 200, "mutants": 12}.get(PROFILE, 6),
+        stateful_step_count=60 if PROFILE == "deep" else 12,
         deadline=None,
         suppress_health_check=list(HealthCheck),
         # The engine runs on the real clock: a replay is not the same run, so shrinking

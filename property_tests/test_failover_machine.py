@@ -25,6 +25,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+import pytest
 from hypothesis import event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import precondition, rule
@@ -34,6 +35,8 @@ from property_tests.model import JobModel
 from property_tests.profiles import examples
 from property_tests.test_lease_machine import LeaseMachine
 from tests.servers import MATRIX_FIRST, ServerSpec, matrix, running_pair
+
+pytestmark = pytest.mark.server_tier
 
 Snapshot = tuple[dict[str, str], frozenset[str], tuple[str, ...]]
 

@@ -33,6 +33,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+import pytest
 import redis
 from hypothesis import event, settings
 from hypothesis import strategies as st
@@ -42,6 +43,8 @@ from property_tests.lease_scripts import timed_script
 from property_tests.model import JobModel, Reply
 from property_tests.profiles import examples
 from tests.servers import MATRIX_FIRST, ServerSpec, matrix, running_server
+
+pytestmark = pytest.mark.server_tier
 
 LEASE_MS = 1000
 RETRY_DELAY_MS = 300

@@ -33,6 +33,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+import pytest
 import redis
 from hypothesis import event, settings
 from hypothesis import strategies as st
@@ -43,6 +44,8 @@ from property_tests.lease_scripts import timed_timer_script
 from property_tests.profiles import examples
 from property_tests.timer_model import KindModel, Timer, Win
 from tests.servers import MATRIX_FIRST, ServerSpec, matrix, running_server
+
+pytestmark = pytest.mark.server_tier
 
 LEASE_MS = 1000
 BASE_MS = 1_800_000_000_000

@@ -325,9 +325,10 @@ class LongJobFleet:
 def a_long_run(url: str, prefix: str) -> tuple[Scheduler[Any], anyio.Event]:
     """An instance (1.5 s leases, a heartbeat every 0.5 s) whose job "long" starts once,
     soon, sets the returned event and then takes 30 s: freeze its server mid-run and the
-    run loses its lease."""
+    run loses its lease. Its stop cancels a run still going after 0.1 s (not the default
+    30 s grace, which no test of it is about)."""
     scheduler: Scheduler[Any] = Scheduler(
-        RedisBackend(redis=url, prefix=prefix), lease_ms=1500, heartbeat_ms=500
+        RedisBackend(redis=url, prefix=prefix), lease_ms=1500, heartbeat_ms=500, stop_grace_ms=100
     )
     started = anyio.Event()
 
@@ -349,7 +350,9 @@ async def long_job_fleet(
 ) -> AsyncIterator[LongJobFleet]:
     """Two running instances (``options`` go to each Scheduler, and each goes through
     ``setup`` before its start) of a fleet whose job "long" (on ``schedule``) records
-    its run and then takes a minute: a stop of its runner gives it back mid-run."""
+    its run and then takes a minute: a stop of its runner gives it back mid-run (after
+    ``stop_grace_ms``, 0.1 s unless given)."""
+    options.setdefault("stop_grace_ms", 100)
     fleet = LongJobFleet(
         [
             Scheduler(RedisBackend(redis=server_url, prefix=prefix), instance_id=name, **options)

@@ -26,11 +26,10 @@ swapped for an argument (``property_tests/lease_scripts.py``), so a mutant of
 the clock read would only trip their "the clock read moved" assertion: the
 clock mutants run ``tests/`` tests instead, on the real server clock.
 
-The property suite runs under the ``mutants`` Hypothesis profile (the lease
-machine's ``ci`` count, a fixed seed, no shrinking, no example database): this
-module is loaded as a pytest plugin (``-p tests.mutants``) in each pytest
-process, which registers that profile before ``property_tests/profiles.py``
-loads it (``HYPOTHESIS_PROFILE=mutants``).
+The property suite runs under the ``mutants`` Hypothesis profile
+(``property_tests/profiles.py``: the ``ci`` profile's example counts, so a kill
+here is a kill in CI, with no shrinking and no example database) and a fixed
+seed.
 Always the quick server matrix (``CI`` and ``ANARCHON_FULL_MATRIX`` unset).
 """
 
@@ -48,25 +47,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 LUA = ROOT / "lua"
+#: property_tests/profiles.py: ci's example counts, no shrinking, no example database.
 PROFILE = "mutants"
-MUTANT_EXAMPLES = 1000  # what ci gives the lease machine
 SEED = "20261201"
-
-if os.environ.get("HYPOTHESIS_PROFILE") == PROFILE:
-    # Loaded as a pytest plugin (``-p tests.mutants``): register the profile that
-    # property_tests/profiles.py is about to load.
-    from hypothesis import Phase, settings
-
-    # No shrinking (a kill needs one failing example, not the smallest) and no example
-    # database (a mutant's failures must not be replayed by the next ordinary run).
-    settings.register_profile(
-        PROFILE,
-        max_examples=MUTANT_EXAMPLES,
-        stateful_step_count=40,
-        deadline=None,
-        database=None,
-        phases=(Phase.explicit, Phase.generate),
-    )
 
 MACHINE = "property_tests/test_lease_machine.py"
 HONEST = "tests/test_honest_answers.py"
@@ -509,7 +492,7 @@ def mutated_copy(mutant: Mutant, into: Path) -> None:
 def selection_command(mutant: Mutant) -> list[str]:
     return [
         sys.executable, "-m", "pytest", "-x", "-q", "-n", "2", "-p", "no:randomly",
-        "-p", "tests.mutants", "--no-header", f"--hypothesis-seed={SEED}",
+        "--no-header", f"--hypothesis-seed={SEED}",
         *mutant.tests,
     ]  # fmt: skip
 

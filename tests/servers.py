@@ -11,6 +11,11 @@ data under test prefixes is left behind).
 A local run uses a quick matrix (the newest Redis and the newest Valkey);
 ``CI=true`` or ``ANARCHON_FULL_MATRIX=1`` runs every server found. Under
 ``CI=true`` the servers CI builds or installs (``CI_SERVERS``) must be found.
+
+Each test that takes a server belongs to a tier (``conftest.py``): the server
+tier runs on every server of the matrix under both event loops, the engine tier
+on the pairs of ``engine_pairs`` (one server under each event loop), except
+under ``ANARCHON_FULL_MATRIX=1``, which runs every test everywhere.
 """
 
 from __future__ import annotations
@@ -31,8 +36,11 @@ __all__ = [
     "CI_SERVERS",
     "NO_IDMP",
     "ServerSpec",
+    "LOOPS",
     "cluster_matrix",
     "discover_servers",
+    "engine_pairs",
+    "everything_everywhere",
     "full_matrix",
     "has_idmp",
     "in_ci",
@@ -143,8 +151,39 @@ NO_IDMP = (
 )
 
 
+def everything_everywhere() -> bool:
+    """``ANARCHON_FULL_MATRIX=1``: every test on every server under both event loops,
+    the engine tier included (a release check; about four times CI's test time)."""
+    return os.environ.get("ANARCHON_FULL_MATRIX", "") in ("1", "true", "yes")
+
+
 def full_matrix() -> bool:
-    return in_ci() or os.environ.get("ANARCHON_FULL_MATRIX", "") in ("1", "true", "yes")
+    """Every server found (CI, or ``ANARCHON_FULL_MATRIX=1``), not the newest of each family."""
+    return in_ci() or everything_everywhere()
+
+
+#: The event loops every async test runs under.
+LOOPS = ("asyncio", "trio")
+
+
+def engine_pairs(specs: list[ServerSpec]) -> list[tuple[ServerSpec, str]]:
+    """The engine tier's servers, each with the one event loop it runs under: the
+    newest Valkey under asyncio, the newest Redis under trio and, where the matrix
+    holds an older one (CI), the oldest Redis under asyncio; then each of
+    ``ANARCHON_TEST_SERVERS`` under both loops. The engine's code is the same on
+    every server (the server tier checks the scripts, replies and clients on each);
+    these cover both loops, both families, and the oldest server's paths."""
+    own = [s for s in specs if s.family != "external"]
+    pairs: list[tuple[ServerSpec, str]] = []
+    if own:
+        valkeys = [s for s in own if s.family == "valkey"]
+        redises = [s for s in own if s.family == "redis"] or own
+        pairs.append(((valkeys or own)[0], "asyncio"))
+        pairs.append((redises[0], "trio"))
+        if redises[-1] is not redises[0]:
+            pairs.append((redises[-1], "asyncio"))
+    pairs += [(s, loop) for s in specs if s.family == "external" for loop in LOOPS]
+    return pairs
 
 
 def matrix() -> list[ServerSpec]:

@@ -24,7 +24,7 @@ from tests.faults import read_only
 from tests.helpers import OneShot, PinnedConnection, wait_until
 from tests.servers import ServerSpec
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.server_tier]
 
 
 async def test_a_newer_store_format_refuses_to_start_and_writes_nothing(
@@ -80,6 +80,7 @@ async def run_one_slot(backend: RedisBackend) -> list[Run]:
     return runs
 
 
+@pytest.mark.engine_tier  # anarchon's own client building
 async def test_an_options_mapping_connects(server_url: str, prefix: str) -> None:
     port = int(server_url.rsplit(":", 1)[1].split("/")[0])
     runs = await run_one_slot(
@@ -126,6 +127,7 @@ async def test_a_passed_sync_client_is_used_and_left_open(
     client.close()
 
 
+@pytest.mark.engine_tier  # anarchon's own check, before any command
 @pytest.mark.parametrize("anyio_backend", ["trio"])
 async def test_the_asyncio_client_under_trio_fails_at_start_naming_what_works(
     server_url: str, prefix: str

@@ -15,7 +15,7 @@ from anarchon._scripts import lease_script
 from anarchon.clients import Command, Connection
 from tests.helpers import wait_until
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.engine_tier]
 
 
 class CountingConnection(Connection):

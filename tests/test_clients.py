@@ -42,7 +42,7 @@ from tests.servers import (
     running_server,
 )
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.server_tier]
 
 STANDALONE_CASES = [(loop, kind) for kind, (loops, _) in CLIENT_KINDS.items() for loop in loops]
 CLUSTER_CASES = [
@@ -152,7 +152,7 @@ async def test_exactly_once_with_each_client_and_the_script_strategy_on_the_firs
     standalone: Target, prefix: str, kind: str
 ) -> None:
     """The script strategy's replies through every client, on the matrix's first server
-    (tests/test_exactly_once.py runs each strategy on every server)."""
+    (tests/test_exactly_once.py runs each strategy through the URL client)."""
     await run_exactly_once(standalone, [kind], "script", prefix)
 
 

@@ -16,7 +16,7 @@ import pytest
 from anarchon._coalesce import pipeline
 from anarchon.clients import Command, Connection, ServerReplyError, open_connection
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.engine_tier]
 
 
 class Spy(Connection):

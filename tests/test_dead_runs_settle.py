@@ -20,7 +20,7 @@ from anarchon._store import ClaimRequest
 from anarchon.clients import ServerReplyError
 from tests.helpers import wait_until
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.engine_tier]
 
 LEASE_MS = 1500
 EVERY_MS = 250  # the job fires six times per lease

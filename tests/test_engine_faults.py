@@ -27,7 +27,7 @@ from anarchon.clients import ServerReplyError
 from tests.faults import FaultProxy, oom
 from tests.helpers import NEVER, Ledger, OneShot, claim_as, claim_for_a_dead_runner, wait_until
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.engine_tier]
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from tests.clients import CLIENT_KINDS, Target, make_client
 from tests.faults import busy, oom, read_only
 from tests.servers import ServerSpec
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.server_tier]
 
 WRITING_SCRIPT = "return redis.call('SET', KEYS[1], '1')"
 

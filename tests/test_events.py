@@ -44,7 +44,7 @@ from tests.helpers import (
     wait_until,
 )
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.engine_tier]
 
 
 @pytest.fixture

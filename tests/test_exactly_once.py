@@ -1,5 +1,5 @@
-"""Every slot runs exactly once across instances, with every strategy, on every server
-that has it, under both event loops."""
+"""Every slot runs exactly once across instances, with every strategy, under both event
+loops (the engine tier: its pairs of server and loop; idmp on a server that has it)."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ import redis
 
 from anarchon import RedisBackend, Run, Scheduler
 from tests.helpers import Ledger
-from tests.servers import NO_IDMP, ServerSpec, has_idmp
+from tests.servers import ServerSpec
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.engine_tier]
 
 INSTANCES = 5
 JOBS = 20
@@ -52,13 +52,9 @@ async def fleet(
         yield
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("strategy", ["lease", "stream-id", "idmp", "script"])
-async def test_each_slot_runs_exactly_once_with_five_instances_and_twenty_jobs(
-    server: ServerSpec, server_url: str, prefix: str, direct: redis.Redis, strategy: str
+async def each_slot_runs_exactly_once(
+    server_url: str, prefix: str, direct: redis.Redis, strategy: str
 ) -> None:
-    if strategy == "idmp" and not has_idmp(server):
-        pytest.skip(NO_IDMP.format(server.id))
     ledger = Ledger(direct, prefix)
     async with fleet(server_url, prefix, strategy, ledger):
         all_started_ms = time.time() * 1000
@@ -68,6 +64,22 @@ async def test_each_slot_runs_exactly_once_with_five_instances_and_twenty_jobs(
     jobs = [f"job{j:02d}" for j in range(JOBS)]
     expected = ledger.assert_each_slot_ran_once(jobs, all_started_ms, stopping_ms)
     assert expected >= JOBS * (SECONDS - 2)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["lease", "stream-id", "script"])
+async def test_each_slot_runs_exactly_once_with_five_instances_and_twenty_jobs(
+    server_url: str, prefix: str, direct: redis.Redis, strategy: str
+) -> None:
+    await each_slot_runs_exactly_once(server_url, prefix, direct, strategy)
+
+
+@pytest.mark.slow
+@pytest.mark.needs_idmp
+async def test_each_slot_runs_exactly_once_with_idmp_five_instances_and_twenty_jobs(
+    server_url: str, prefix: str, direct: redis.Redis
+) -> None:
+    await each_slot_runs_exactly_once(server_url, prefix, direct, "idmp")
 
 
 @pytest.mark.slow

@@ -22,6 +22,8 @@ from anarchon._embedded import EmbeddedServer
 from tests.faults import FaultProxy, busy, oom, read_only, server_error, server_version
 from tests.servers import ServerSpec
 
+pytestmark = pytest.mark.engine_tier
+
 PING = b"*1\r\n$4\r\nPING\r\n"
 WRITE_SCRIPT = "return redis.call('SET', KEYS[1], ARGV[1])"
 
@@ -372,6 +374,7 @@ async def test_the_proxy_runs_under_either_event_loop(anyio_backend: str, server
 # -- error replies from the real server -----------------------------------------------
 
 
+@pytest.mark.server_tier  # the server's own error replies
 def test_oom_refuses_writes_and_writing_scripts(direct: redis.Redis, prefix: str) -> None:
     newer = server_version(direct) >= (7, 0)
     direct.set(f"{prefix}kept", "1")
@@ -406,6 +409,7 @@ def test_oom_refuses_writes_and_writing_scripts(direct: redis.Redis, prefix: str
     assert direct.set(f"{prefix}k", "v")
 
 
+@pytest.mark.server_tier  # the server's own error replies
 def test_read_only_refuses_writes_and_keeps_the_data(direct: redis.Redis, prefix: str) -> None:
     newer = server_version(direct) >= (7, 0)
     direct.set(f"{prefix}kept", "1")
@@ -435,6 +439,7 @@ def test_read_only_refuses_writes_and_keeps_the_data(direct: redis.Redis, prefix
     assert direct.set(f"{prefix}k", "v")
 
 
+@pytest.mark.server_tier  # the server's own error replies
 def test_busy_answers_busy_until_the_script_is_killed(server_url: str, direct: redis.Redis) -> None:
     old_limit = direct.config_get("lua-time-limit")
     other = client(server_url)

@@ -26,6 +26,8 @@ from tests.faults import FaultProxy
 from tests.helpers import OneShot, long_job_fleet, wait_until
 from tests.test_timers import set_until_fired, subscribers
 
+pytestmark = pytest.mark.engine_tier
+
 PREFIX = "hints-test:"
 #: Far in the future: a hint's due time is always sooner than the claims made here.
 LATER_MS = 4_000_000_000_000

@@ -27,7 +27,7 @@ from anarchon._store import (
 from anarchon.clients import ServerReplyError
 from tests.servers import REPLICATION_ARGS, ServerSpec, wait_in_sync
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.server_tier]
 
 LEASE_MS = 300
 

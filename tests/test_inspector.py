@@ -29,7 +29,7 @@ from anarchon.clients import ServerReplyError
 from tests.faults import FaultProxy
 from tests.helpers import NEVER, OneShot, long_job_fleet, wait_until
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.engine_tier]
 
 
 async def test_the_inspector_sees_jobs_leases_instances_and_history_of_a_running_fleet(
@@ -118,6 +118,7 @@ async def test_an_instance_that_dies_leaves_the_registry_when_its_entry_expires(
         assert await inspector.instances() == []
 
 
+@pytest.mark.server_tier  # request_run.lua, checked nowhere else
 async def test_pause_resume_and_run_now_from_the_inspector_reach_every_instance(
     server_url: str, prefix: str
 ) -> None:

@@ -14,7 +14,7 @@ import pytest
 from anarchon import InvalidOptionError, RedisBackend, Run, RunResult, Scheduler
 from tests.helpers import OneShot
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.engine_tier]
 
 
 async def settled_history(

@@ -29,7 +29,7 @@ from tests.faults import FaultProxy, oom
 from tests.helpers import wait_until
 from tests.test_agenda import a_job
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.engine_tier]
 
 LEASE_MS = 5_000
 HEARTBEAT_MS = 1_000

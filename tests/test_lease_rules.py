@@ -28,9 +28,8 @@ from anarchon._lease import JobKeys
 from anarchon._schedule import iso_ms
 from anarchon._store import AttemptEnd, ClaimRequest
 from tests.helpers import NEVER, CommandLog, Ledger, OneShot, Seconds, wait_until
-from tests.servers import ServerSpec
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.engine_tier]
 
 
 async def sleep_until_after_second(offset_sec: float) -> None:
@@ -542,9 +541,9 @@ async def test_a_backups_claim_of_a_forgotten_slot_is_told_done_and_starts_nothi
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("strategy", ["lease", "stream-id", "idmp", "script"])
+@pytest.mark.parametrize("strategy", ["lease", "stream-id", "script"])
 async def test_a_short_run_costs_one_claim_per_instance_and_one_finish(
-    server: ServerSpec, server_url: str, prefix: str, strategy: str
+    server_url: str, prefix: str, strategy: str
 ) -> None:
     """The lease strategy: claims and a finish, all EVALSHA; the claim-only ones: a
     claim per instance (XADD for stream-id, a script call for the others) and one
@@ -554,8 +553,20 @@ async def test_a_short_run_costs_one_claim_per_instance_and_one_finish(
     both due: the older one is then skipped, as designed, and claimed by nobody that
     skipped it; each instance's skips are counted from its events, so the cost still
     holds to the command."""
-    if strategy == "idmp" and not (server.family == "redis" and server.version >= (8, 6)):
-        pytest.skip(f"{server.id} has no idempotent XADD (Redis 8.6+): idmp is refused there")
+    await a_short_run_costs_one_claim_per_instance_and_one_finish(server_url, prefix, strategy)
+
+
+@pytest.mark.slow
+@pytest.mark.needs_idmp
+async def test_a_short_idmp_run_costs_one_claim_per_instance_and_one_finish(
+    server_url: str, prefix: str
+) -> None:
+    await a_short_run_costs_one_claim_per_instance_and_one_finish(server_url, prefix, "idmp")
+
+
+async def a_short_run_costs_one_claim_per_instance_and_one_finish(
+    server_url: str, prefix: str, strategy: str
+) -> None:
     instances, slots = 3, 5
     # A first slot loads the scripts (a fresh server answers NOSCRIPT); MONITOR
     # watches the five after it, from before the first claim to after the last

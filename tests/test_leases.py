@@ -15,7 +15,7 @@ from anarchon._lease import JobKeys
 from anarchon._store import ClaimRequest
 from tests.helpers import Ledger, OneShot, OneShotAtFirstAsk, wait_until
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.engine_tier]
 
 
 def state_of(direct: redis.Redis, prefix: str, job: str, slot_ms: int) -> list[str]:

@@ -14,7 +14,7 @@ import pytest
 from anarchon import JsonLogFormatter, RedisBackend, Run, Scheduler
 from tests.helpers import OneShot, wait_until
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.engine_tier]
 
 
 def lines(caplog: pytest.LogCaptureFixture, job: str) -> list[logging.LogRecord]:

@@ -20,7 +20,7 @@ from anarchon.otel import instrument
 from tests.faults import FaultProxy
 from tests.helpers import OneShot, Seconds, a_long_run, wait_until
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.engine_tier]
 
 
 @pytest.fixture

@@ -18,6 +18,8 @@ import pytest
 from anarchon import RedisBackend, RunResult, Scheduler
 from tests.servers import MATRIX_FIRST, running_server
 
+pytestmark = pytest.mark.engine_tier
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

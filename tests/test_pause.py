@@ -20,9 +20,10 @@ from anarchon import (
 )
 from tests.helpers import wait_until
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.engine_tier]
 
 
+@pytest.mark.server_tier  # the claim script's paused branch, checked nowhere else
 async def test_a_pause_is_honoured_by_every_instance_and_its_slots_are_recorded_skipped(
     server_url: str, prefix: str
 ) -> None:

@@ -44,7 +44,7 @@ from tests.test_run_command import RunCommand, app_env, commands, history, wait_
 
 __all__ = ["commands"]  # a fixture
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.engine_tier]
 
 
 async def test_the_counters_and_histograms_match_the_recorded_runs(

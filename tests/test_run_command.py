@@ -34,7 +34,7 @@ from tests.test_takeover import wait_for
 ROOT = Path(__file__).resolve().parents[1]
 LEASE_MS = 30_000
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.engine_tier]
 
 
 class RunCommand:

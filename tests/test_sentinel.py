@@ -17,7 +17,7 @@ from tests.helpers import OneShot, wait_until
 from tests.sentinels import MASTER, SentinelGroup
 from tests.servers import ServerSpec
 
-pytestmark = [pytest.mark.anyio, pytest.mark.slow]
+pytestmark = [pytest.mark.anyio, pytest.mark.slow, pytest.mark.server_tier]
 
 
 def group_of(server: ServerSpec, tmp_path: Path) -> SentinelGroup:
@@ -96,6 +96,7 @@ def test_a_bad_sentinel_spec_is_refused_at_construction(spec: object, says: str)
         RedisBackend(redis=spec)
 
 
+@pytest.mark.engine_tier  # the harness's own cleanup
 def test_a_group_that_fails_to_start_leaves_no_server_running(
     server: ServerSpec, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -17,7 +17,7 @@ import redis
 
 from tests.test_run_command import ROOT, RunCommand, app_env, wait_for
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.engine_tier]
 
 
 def anarchon(url: str, prefix: str, *args: str) -> subprocess.CompletedProcess[str]:

@@ -20,7 +20,7 @@ from anarchon import (
 from tests.helpers import NEVER, OneShot, Seconds, wait_until
 from tests.servers import NO_IDMP, ServerSpec, has_idmp
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.server_tier]
 
 STRATEGIES = ["stream-id", "idmp", "script"]
 

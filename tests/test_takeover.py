@@ -15,6 +15,8 @@ import redis
 from anarchon import RedisBackend, Scheduler
 from tests.helpers import hand_over_slot
 
+pytestmark = pytest.mark.engine_tier
+
 ROOT = Path(__file__).resolve().parents[1]
 LEASE_MS = 2000
 HEARTBEAT_MS = 500

@@ -19,6 +19,8 @@ from tests.restartable_server import RestartableServer
 from tests.servers import ServerSpec
 from tests.test_takeover import wait_for
 
+pytestmark = pytest.mark.engine_tier
+
 ROOT = Path(__file__).resolve().parents[1]
 LEASE_MS = 2000
 HEARTBEAT_MS = 500
@@ -133,6 +135,7 @@ def test_a_firing_whose_lease_ran_out_before_its_handler_began_is_not_run_there(
             proc.wait(10)
 
 
+@pytest.mark.server_tier  # the server's append-only file
 @pytest.mark.slow
 @pytest.mark.anyio
 async def test_a_kill_9_of_redis_with_its_append_only_file_loses_no_timer(

@@ -25,7 +25,7 @@ from anarchon._timer_store import (
     encode_payload,
 )
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.server_tier]
 
 LEASE_MS = 2000
 

@@ -29,7 +29,7 @@ from anarchon import (
 from anarchon._timer import Recurrence
 from anarchon._timer_store import TimerKeys
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.engine_tier]
 
 LEASE_MS = 1500
 
@@ -361,6 +361,7 @@ async def set_until_fired(
                     await anyio.sleep(0.05)
 
 
+@pytest.mark.server_tier  # a PUBLISH from a script, heard by a subscription
 async def test_a_timer_set_by_another_process_sooner_than_the_next_poll_fires_through_a_hint(
     server_url: str, prefix: str, direct: redis.Redis
 ) -> None:

@@ -33,7 +33,7 @@ from tests.test_run_command import ROOT, RunCommand, app_env, command_env, comma
 
 __all__ = ["commands"]  # a fixture
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.engine_tier]
 
 TOKEN = "open-sesame-42"
 CHROMIUM = Path("/usr/bin/chromium")
