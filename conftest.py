@@ -30,12 +30,13 @@ ParameterSet = type(pytest.param())
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    """``-n auto``: two workers per CPU. The tests mostly wait (on servers, on slots),
-    so a worker per CPU leaves the machine idle; more than two per CPU starves the
-    schedulers under test on a loaded machine. ANARCHON_TEST_WORKERS overrides it."""
+    """``-n auto``: four workers per CPU. The tests mostly wait (on servers, on slots):
+    with two per CPU a full run kept the 2-core machine's load average near 1; with four
+    it is near 3, and the suite passes beside ``stress-ng --cpu 4`` (docs/testing.md).
+    ANARCHON_TEST_WORKERS overrides it."""
     if os.environ.get("ANARCHON_TEST_WORKERS"):
         return int(os.environ["ANARCHON_TEST_WORKERS"])
-    return 2 * (os.cpu_count() or 1)
+    return 4 * (os.cpu_count() or 1)
 
 
 def _check_ci_servers() -> None:
@@ -79,6 +80,42 @@ def pytest_configure(config: pytest.Config) -> None:
     for name, what in TIERS.items():
         config.addinivalue_line("markers", f"{name}: {what}")
     _check_ci_servers()
+
+
+#: A test that takes longer than this says why in its ``slow`` marker.
+SLOW_SEC = 20.0
+_slow_unexplained: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Sums each test's setup, call and teardown; ``pytest_terminal_summary`` names the
+    tests that took longer than ``SLOW_SEC`` without a reason in their ``slow`` marker."""
+    if report.when == "setup":
+        _slow_unexplained[report.nodeid] = 0.0
+    if report.nodeid in _slow_unexplained:
+        _slow_unexplained[report.nodeid] += report.duration
+    if report.when == "teardown":
+        took = _slow_unexplained.pop(report.nodeid, 0.0)
+        if took > SLOW_SEC and not dict(report.user_properties).get("slow_reason"):
+            _slow_unexplained[f"!{report.nodeid}"] = took
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    marker = item.get_closest_marker("slow")
+    if marker is not None and (marker.args or marker.kwargs.get("reason")):
+        reason = marker.kwargs.get("reason") or marker.args[0]
+        item.user_properties.append(("slow_reason", reason))
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    over = {k[1:]: v for k, v in _slow_unexplained.items() if k.startswith("!")}
+    if over:
+        terminalreporter.section(f"tests over {SLOW_SEC:.0f} s whose slow marker says no why")
+        for nodeid, took in sorted(over.items(), key=lambda kv: -kv[1]):
+            terminalreporter.write_line(f"{took:6.1f} s  {nodeid}")
+        terminalreporter.write_line(
+            'mark each @pytest.mark.slow("why it must take this long") or make it faster'
+        )
 
 
 def _tier(metafunc: pytest.Metafunc) -> str:

@@ -153,7 +153,7 @@ for _spec in matrix():
             {"server": _spec, "strategy": _strategy},
         )
         _case = _machine.TestCase
-        _case.settings = settings(_case.settings, max_examples=examples(60))
+        _case.settings = settings(_case.settings, max_examples=examples(60, _spec))
         globals()[f"TestClaimOnlyMachine_{_name}"] = _case
         del _case
 

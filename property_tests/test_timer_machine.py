@@ -322,7 +322,7 @@ def encode(timer: Timer) -> str:
 for _spec in matrix():
     _machine = type(f"TimerMachine_{_spec.id}", (TimerMachine,), {"server": _spec})
     _case = _machine.TestCase
-    _case.settings = settings(_case.settings, max_examples=examples(300))
+    _case.settings = settings(_case.settings, max_examples=examples(300, _spec))
     globals()[f"TestTimerMachine_{_spec.id.replace('-', '_').replace('.', '_')}"] = _case
     del _case
 

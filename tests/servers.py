@@ -20,6 +20,7 @@ under ``ANARCHON_FULL_MATRIX=1``, which runs every test everywhere.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shutil
@@ -46,6 +47,7 @@ __all__ = [
     "in_ci",
     "matrix",
     "missing_ci_servers",
+    "newest_of_family",
     "running_cluster",
     "running_pair",
     "running_server",
@@ -186,16 +188,30 @@ def engine_pairs(specs: list[ServerSpec]) -> list[tuple[ServerSpec, str]]:
     return pairs
 
 
+def _newest_of_each_family(specs: list[ServerSpec]) -> list[ServerSpec]:
+    chosen: list[ServerSpec] = []
+    for family in ("valkey", "redis"):
+        chosen += [s for s in specs if s.family == family][:1]
+    return chosen
+
+
 def matrix() -> list[ServerSpec]:
     """The servers this run covers: all of them in CI, the newest of each family locally."""
     specs = discover_servers()
     if full_matrix():
         return specs
-    chosen: list[ServerSpec] = []
-    for family in ("valkey", "redis"):
-        newest = [s for s in specs if s.family == family]
-        chosen += newest[:1]
-    return chosen + [s for s in specs if s.family == "external"]
+    return _newest_of_each_family(specs) + [s for s in specs if s.family == "external"]
+
+
+def newest_of_family(spec: ServerSpec) -> bool:
+    """Whether ``spec`` is the newest Valkey or the newest Redis found (the quick run's
+    matrix), or a server of ``ANARCHON_TEST_SERVERS``."""
+    return spec.family == "external" or spec in _newest_of_each_family(_discovered())
+
+
+@functools.cache
+def _discovered() -> list[ServerSpec]:
+    return discover_servers()
 
 
 _running: dict[str, EmbeddedServer] = {}

@@ -54,6 +54,7 @@ def fleet(
     handler: Callable[[TimerRun], Any],
     lease_ms: int = LEASE_MS,
     timer_poll_ms: int | None = None,
+    heartbeat_ms: int | None = None,
     **options: Any,
 ) -> list[Scheduler[Any]]:
     """``n`` schedulers that fire the ``remind`` kind through ``handler``."""
@@ -62,6 +63,7 @@ def fleet(
         scheduler = Scheduler(
             RedisBackend(redis=url, prefix=prefix), lease_ms=lease_ms, instance_id=f"i{i}",
             retry_delay_ms=100, stop_grace_ms=200, timer_poll_ms=timer_poll_ms,
+            heartbeat_ms=heartbeat_ms,
         )  # fmt: skip
         scheduler.add_timer(handler, "remind", **options)
         schedulers.append(scheduler)
@@ -137,6 +139,36 @@ async def test_timers_due_together_fire_exactly_once_across_three_instances(
     assert sorted(counts) == sorted(keys)
     assert all(f.payload == f.key.encode() for f in fired)
     assert len({f.fence for f in fired}) == len(fired)
+
+
+@pytest.mark.slow
+async def test_a_firing_longer_than_its_lease_keeps_it_through_heartbeats(
+    server_url: str, prefix: str
+) -> None:
+    """A firing of two leases, on three instances: heartbeats every 250 ms keep its
+    3 s lease (through a loaded machine's stall of two seconds), so no backup takes it
+    over, as one would at 3 s without them; it runs once and ends at attempt 1."""
+    lease_ms = 3000
+    fired: list[Fired] = []
+    finished: list[int] = []
+    record = recorder(fired)
+
+    async def long(fire: TimerRun) -> None:
+        await record(fire)
+        await anyio.sleep(2 * lease_ms / 1000)
+        finished.append(fire.attempt)
+
+    schedulers = fleet(server_url, prefix, 3, long, lease_ms=lease_ms, heartbeat_ms=250)
+    async with AsyncExitStack() as stack:
+        for scheduler in schedulers:
+            await stack.enter_async_context(scheduler)
+        await schedulers[0].set_timer("remind", "user:1", delay_ms=300)
+        with anyio.fail_after(20):
+            while not finished:  # noqa: ASYNC110 - polls what the handler recorded
+                await anyio.sleep(0.05)
+        await anyio.sleep(lease_ms / 1000)  # one more lease for a backup to misbehave
+    assert [(f.key, f.attempt, f.trigger) for f in fired] == [("user:1", 1, "due")]
+    assert finished == [1]
 
 
 async def test_a_rearm_from_the_handler_fires_the_key_again_with_its_payload(
