@@ -453,7 +453,7 @@ def scenario_takeover(url: str | None, mode: Mode) -> Result:
     pairs = mode.pick([(1000, 250), (2000, 500)], [(1000, 250), (2000, 500), (5000, 1000),
                                                    (10_000, 2500)])  # fmt: skip
     cases = [(lease, hb, "SIGKILL") for lease, hb in pairs] + [(30_000, 1000, "SIGTERM")]
-    trials = mode.pick(2, 4)
+    trials = mode.pick(2, 4, smoke=1)
     with server(url) as live:
         jobs = [case for case in cases for _ in range(trials)]
         # Trials run side by side (each a pair of processes on a prefix of its own).
@@ -804,7 +804,7 @@ def scenario_observe(url: str | None, mode: Mode) -> Result:
     with server(url) as live:
         config = InstanceConfig(live, new_prefix("observe"), "switching", 1000,
                                 observe="alternate")  # fmt: skip
-        (result,), start_at, _, _ = run_instances([config], mode.pick(24, 124))
+        (result,), start_at, _, _ = run_instances([config], mode.pick(24, 124, smoke=12))
         beside = {row["observe"]: row for row in _side_by_side(live, ("off", "all"), 10)}
     starts = sorted(start_ms / 1000 for _, start_ms, _ in result["runs"])
     # (watched, CPU s, of it in the garbage collector, runs started) per phase

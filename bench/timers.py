@@ -327,18 +327,22 @@ def cluster_spread(count: int, instances: int, window_sec: float) -> Result:
 
 def scenario_timers(url: str | None, mode: Any) -> Result:
     loads = mode.pick([(1000, 1), (1000, 4)], [(1000, 1), (1000, 4), (10_000, 1), (10_000, 4)])
-    seconds = mode.pick(4.0, 10.0)
+    seconds = mode.pick(4.0, 10.0, smoke=2.0)
     out: Result = {"floor": summary_ms(timer_floor_ms(mode.pick(5, 15)))}
     with server(url) as live:
         out["lateness"] = [lateness(live, rate, n, seconds) for rate, n in loads]
     with server(url) as live:
         out["set"] = anyio.run(_set_rates, live, mode.pick(5_000, 50_000), 200)
     with server(url) as live:
-        out["memory"] = memory_and_idle(live, mode.pick(100_000, 1_000_000), mode.pick(12.0, 60.0))
+        out["memory"] = memory_and_idle(
+            live, mode.pick(100_000, 1_000_000, smoke=10_000), mode.pick(12.0, 60.0, smoke=4.0)
+        )
     if url is None:  # a cluster of the embedded Valkey (not of a server the user gave)
-        out["cluster"] = cluster_spread(mode.pick(6_000, 30_000), 2, mode.pick(8.0, 12.0))
+        out["cluster"] = cluster_spread(
+            mode.pick(6_000, 30_000, smoke=2_000), 2, mode.pick(8.0, 12.0, smoke=4.0)
+        )
     with server(url) as live:
-        trials = [takeover(live, 2000, 500) for _ in range(mode.pick(2, 4))]
+        trials = [takeover(live, 2000, 500) for _ in range(mode.pick(2, 4, smoke=1))]
         times = [t["takeover_ms"] for t in trials if t["takeover_ms"] is not None]
         out["takeover"] = {
             "lease_ms": 2000,
