@@ -12,9 +12,12 @@ import sys
 import time
 from pathlib import Path
 
+import anyio
 import pytest
 import redis
 
+from anarchon import RedisBackend, Run, Scheduler
+from tests.helpers import NEVER, wait_until
 from tests.test_run_command import ROOT, RunCommand, app_env, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.engine_tier]
@@ -141,3 +144,30 @@ def test_an_error_reply_from_the_server_is_a_one_line_error(
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "WRONGTYPE" in lines[0], lines
     assert direct.get(jobs_key) == "not a hash"
+
+
+@pytest.mark.anyio
+async def test_leases_shows_a_run_in_progress_and_marks_a_manual_one(
+    server_url: str, prefix: str
+) -> None:
+    """``anarchon leases`` while a manual run goes on: one row with its job, its slot
+    marked manual, its status, attempt, runner and fence."""
+    scheduler = Scheduler(
+        RedisBackend(redis=server_url, prefix=prefix), instance_id="holder", stop_grace_ms=100
+    )
+    started: list[Run] = []
+
+    @scheduler.job(NEVER, name="long")
+    async def long(run: Run) -> None:
+        started.append(run)
+        await anyio.sleep(60)
+
+    async with scheduler, anyio.create_task_group() as group:
+        group.start_soon(scheduler.run_now, "long")
+        await wait_until(lambda: bool(started), 20, "the manual run to start")
+        shown = await anyio.to_thread.run_sync(anarchon, server_url, prefix, "leases")
+        group.cancel_scope.cancel()
+    assert shown.returncode == 0, shown
+    (row,) = [line for line in shown.stdout.splitlines() if "long" in line]
+    for seen in ("manual", "running", "holder", str(started[0].fence)):
+        assert seen in row, (seen, shown.stdout)
