@@ -76,6 +76,20 @@ def test_a_hint_brings_its_buckets_claim_forward_to_the_due_time_on_this_clock()
     }
 
 
+def test_hints_for_two_buckets_put_their_claims_on_the_agenda_in_due_order() -> None:
+    """A hint brings a bucket's claim forward behind a sooner one (not to the agenda's
+    head): each claim is popped at its own due time, the sooner one first."""
+    remind = a_kind("remind", buckets=3)
+    hints, agenda = listening(remind)
+    first, second = (TimerKeys.for_kind(PREFIX, "remind", b, 3) for b in (0, 2))
+    soon = int(_now_ms()) + 1_000
+    hints.on_hint(f"{soon} {first.due}")
+    hints.on_hint(f"{soon + 500} {second.due}")
+    assert [due.timer_keys for due in agenda._pop_due(soon)] == [first]
+    assert [due.timer_keys for due in agenda._pop_due(soon + 499)] == []
+    assert [due.timer_keys for due in agenda._pop_due(soon + 500)] == [second]
+
+
 def test_a_hint_heard_while_the_kinds_claim_is_in_flight_puts_one_on_the_agenda() -> None:
     """While a claim of the bucket's due timers is on its way (taken off the agenda), a
     hint puts a claim of that kind on the agenda at its due time."""
