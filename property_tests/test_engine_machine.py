@@ -1364,6 +1364,8 @@ for _spec, _loop in PAIRS:
         # A mutant's failures (python -m tests.mutants) must not be replayed later.
         database=None if PROFILE == "mutants" else settings.default.database,
     )
-    _test.pytestmark = [pytest.mark.slow]
+    _test.pytestmark = [
+        pytest.mark.slow("real schedulers on the real clock: 6 examples of up to 12 steps of slots")
+    ]
     globals()[_name] = _test
 del _spec, _loop, _name, _machine, _test

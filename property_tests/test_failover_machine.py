@@ -132,6 +132,9 @@ for _spec in matrix():
     # Redis 5 replicas reconnect only once a second, so each failover there costs
     # about a second: fewer examples keep it within the suite's time.
     _examples = examples(200 if _spec.version >= (6,) else 40, _spec)
+    _case.pytestmark = [
+        pytest.mark.slow("every failover waits for a real replica to be in sync (Redis 5: 1 s)")
+    ]
     _case.settings = settings(_case.settings, max_examples=_examples)
     globals()[f"TestFailoverMachine_{_spec.id.replace('-', '_').replace('.', '_')}"] = _case
     del _case

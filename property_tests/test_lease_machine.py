@@ -477,6 +477,9 @@ for _spec in matrix():
     _machine = type(f"LeaseMachine_{_spec.id}", (LeaseMachine,), {"server": _spec})
     _case = _machine.TestCase
     _case.settings = settings(_case.settings, max_examples=examples(1000, _spec))
+    _case.pytestmark = [
+        pytest.mark.slow("1000 examples of up to 40 steps of the real scripts (the Lua mutants)")
+    ]
     globals()[f"TestLeaseMachine_{_spec.id.replace('-', '_').replace('.', '_')}"] = _case
     del _case
 

@@ -80,7 +80,7 @@ time.sleep(3)
 """
 
 
-@pytest.mark.slow
+@pytest.mark.slow("three demo processes each made to spend 3 s starting, then a 3 s demo")
 def test_the_demo_misses_no_slot_when_its_instances_are_slow_to_start(tmp_path: Path) -> None:
     """On a loaded machine Python takes seconds to start and import anarchon: the demo
     picks its first slot once every instance is ready, not at a guess made before them
