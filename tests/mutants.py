@@ -383,10 +383,10 @@ ENGINE_MUTANTS: list[Mutant] = [
     _engine(
         "no-claim-deadline",
         "_engine/claimer.py",
-        "            scope.deadline = anyio.current_time() + context.round_trip_sec\n"
-        "            try:\n"
-        "                replies = await store.claim_many(requests)\n",
-        "            try:\n                replies = await store.claim_many(requests)\n",
+        "                scope.deadline = anyio.current_time() + context.round_trip_sec\n"
+        "                try:\n"
+        "                    replies = await store.claim_many(requests)\n",
+        "                try:\n                    replies = await store.claim_many(requests)\n",
         "a claim batch's round trip has a deadline",
         f"{ENGINE_FAULTS}::test_stop_is_bounded_while_the_server_is_frozen",
     ),
@@ -418,8 +418,8 @@ ENGINE_MUTANTS: list[Mutant] = [
     _engine(
         "no-self-fencing",
         "_engine/lease_keeper.py",
-        "    def _give_up(attempt: _Leased) -> None:\n        attempt.lost = True\n",
-        "    def _give_up(attempt: _Leased) -> None:\n        return\n",
+        "    def _give_up(self, attempt: _Leased) -> None:\n        self.lose(\n",
+        "    def _give_up(self, attempt: _Leased) -> None:\n        return\n        self.lose(\n",
         "a runner cancels its handler when its lease would expire unconfirmed",
         f"{ENGINE_FAULTS}::test_a_runner_that_cannot_reach_the_server_gives_up_its_lease_by_its_expiry",
     ),
