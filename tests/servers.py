@@ -197,7 +197,7 @@ def _newest_of_each_family(specs: list[ServerSpec]) -> list[ServerSpec]:
 
 def matrix() -> list[ServerSpec]:
     """The servers this run covers: all of them in CI, the newest of each family locally."""
-    specs = discover_servers()
+    specs = _discovered()
     if full_matrix():
         return specs
     return _newest_of_each_family(specs) + [s for s in specs if s.family == "external"]
@@ -211,6 +211,7 @@ def newest_of_family(spec: ServerSpec) -> bool:
 
 @functools.cache
 def _discovered() -> list[ServerSpec]:
+    """``discover_servers()``, once a process (it asks each binary its version)."""
     return discover_servers()
 
 
