@@ -199,7 +199,7 @@ def matrix() -> list[ServerSpec]:
     """The servers this run covers: all of them in CI, the newest of each family locally."""
     specs = _discovered()
     if full_matrix():
-        return specs
+        return list(specs)
     return _newest_of_each_family(specs) + [s for s in specs if s.family == "external"]
 
 
