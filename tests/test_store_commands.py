@@ -143,6 +143,7 @@ def test_an_error_reply_from_the_server_is_a_one_line_error(
     assert done.returncode == 1, done
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "WRONGTYPE" in lines[0], lines
+    assert "the server refused a command" in lines[0] and "--prefix" in lines[0], lines
     assert direct.get(jobs_key) == "not a hash"
 
 

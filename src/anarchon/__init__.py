@@ -6,6 +6,8 @@ fire once across the fleet and survive restarts. This module is the whole
 public API.
 """
 
+from types import FunctionType as _FunctionType
+
 from ._backend import (
     ClaimOnly,
     IdmpStrategy,
@@ -25,7 +27,9 @@ from ._errors import (
     LeaseLostError,
     RunOverlapError,
     SchedulerStateError,
+    ServerReplyError,
     StoreFormatError,
+    TransportError,
     UnsupportedClientError,
     UnsupportedServerError,
 )
@@ -95,6 +99,7 @@ __all__ = [
     "Scheduler",
     "ScriptStrategy",
     "SchedulerStateError",
+    "ServerReplyError",
     "StoreFormatError",
     "StreamIdStrategy",
     "TimerInfo",
@@ -103,6 +108,7 @@ __all__ = [
     "TimerSetting",
     "TimerStatus",
     "TimerTrigger",
+    "TransportError",
     "Trigger",
     "UnsupportedClientError",
     "UnsupportedServerError",
@@ -122,3 +128,15 @@ __all__ = [
     "TimerSet",
     "serve",
 ]
+
+
+def _report_public_names() -> None:
+    """Public classes and functions say ``anarchon.Scheduler``, not the private module
+    that defines them: in reprs, tracebacks and generated references."""
+    for name in __all__:
+        obj = globals()[name]
+        if isinstance(obj, type | _FunctionType):
+            obj.__module__ = __name__
+
+
+_report_public_names()

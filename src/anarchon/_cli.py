@@ -137,8 +137,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
-    from ._errors import AnarchonError, ConnectionFailedError
-    from .clients import ServerReplyError
+    from ._errors import AnarchonError, ConnectionFailedError, ServerReplyError
 
     try:
         if args.command == "demo":
@@ -174,14 +173,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             hint = " (start the server, or give its URL with --redis)"
             if args.command == "run":
                 hint = " (start the server, or wait longer with --wait-for-server)"
+        elif isinstance(exc, ServerReplyError):
+            hint = (
+                " (the server refused a command: check the --prefix: its keys are anarchon's "
+                "alone; check the server's state and the user's permissions)"
+            )
         print(f"anarchon: {exc}{hint}", file=sys.stderr)
-        return 1
-    except ServerReplyError as exc:
-        print(
-            f"anarchon: the server refused a command: {exc} (check the --prefix: its keys "
-            "are anarchon's alone; check the server's state and the user's permissions)",
-            file=sys.stderr,
-        )
         return 1
     except BaseException as exc:
         if _only_interrupts(exc):

@@ -1,7 +1,6 @@
 """The one error hierarchy of anarchon. Every error has a stable ``code``."""
 
-from __future__ import annotations
-
+import re
 from typing import ClassVar
 
 __all__ = [
@@ -13,7 +12,9 @@ __all__ = [
     "LeaseLostError",
     "RunOverlapError",
     "SchedulerStateError",
+    "ServerReplyError",
     "StoreFormatError",
+    "TransportError",
     "UnsupportedClientError",
     "UnsupportedServerError",
 ]
@@ -101,3 +102,37 @@ class LeaseLostError(AnarchonError):
     the attempt is recorded as cancelled and, with attempts left, released for a retry."""
 
     code = "ANARCHON_LEASE_LOST"
+
+
+_SCRIPT_INNER_CODE = re.compile(r"Error running script.*?: -([A-Z]{2,}) ")
+
+
+class ServerReplyError(AnarchonError):
+    """The server answered a command with an error reply (``ERR ...``, ``NOSCRIPT ...``,
+    ``NOPERM ...``).
+
+    ``kind`` is the reply's own error code, such as ``NOSCRIPT`` or ``ERR``: adapters
+    whose library strips the code from the message pass it explicitly.
+    """
+
+    code = "ANARCHON_SERVER_REPLY"
+
+    def __init__(self, message: str, kind: str | None = None) -> None:
+        super().__init__(message)
+        if kind is None:
+            word = message.split(" ", 1)[0]
+            kind = word if word.isupper() else "ERR"
+        if kind == "ERR":
+            # Redis before 7 wraps the error of a command inside a script:
+            # "ERR Error running script (...): ... -OOM command not allowed ...".
+            inner = _SCRIPT_INNER_CODE.search(message)
+            if inner:
+                kind = inner.group(1)
+        self.kind = kind
+
+
+class TransportError(AnarchonError):
+    """The command may not have reached the server, or its reply was lost (a reset or
+    refused connection, a timeout)."""
+
+    code = "ANARCHON_TRANSPORT"

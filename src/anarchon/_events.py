@@ -6,8 +6,6 @@ makes one. A listener never slows the engine: each stream has a bounded buffer, 
 consumer that falls behind loses the oldest events (counted in ``EventStream.dropped``).
 """
 
-from __future__ import annotations
-
 import logging
 import time
 from collections import deque
@@ -276,7 +274,7 @@ class EventStream:
     is dropped to make room (``dropped`` counts them), so a slow consumer never slows
     the scheduler."""
 
-    def __init__(self, hub: EventHub, buffer: int) -> None:
+    def __init__(self, hub: "EventHub", buffer: int) -> None:
         self._hub = hub
         self._queue: deque[Event] = deque(maxlen=buffer)
         #: Events dropped because the buffer was full.
@@ -293,7 +291,7 @@ class EventStream:
             self._ready.set()
             self._ready = None
 
-    def __aiter__(self) -> EventStream:
+    def __aiter__(self) -> "EventStream":
         return self
 
     async def __anext__(self) -> Event:
@@ -313,7 +311,7 @@ class EventStream:
         self._hub.streams.discard(self)
         self._end()
 
-    async def __aenter__(self) -> EventStream:
+    async def __aenter__(self) -> "EventStream":
         return self
 
     async def __aexit__(

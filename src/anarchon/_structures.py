@@ -1,7 +1,5 @@
 """Value types that handlers and readers of history see."""
 
-from __future__ import annotations
-
 import threading
 from collections.abc import Generator
 from dataclasses import dataclass, field

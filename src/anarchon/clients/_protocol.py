@@ -8,10 +8,11 @@ nothing above knows which library is underneath.
 
 from __future__ import annotations
 
-import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from typing import Any
+
+from .._errors import ServerReplyError, TransportError
 
 __all__ = [
     "Arg",
@@ -26,30 +27,6 @@ __all__ = [
 
 Arg = str | int | float | bytes
 Command = Sequence[Arg]
-
-
-_SCRIPT_INNER_CODE = re.compile(r"Error running script.*?: -([A-Z]{2,}) ")
-
-
-class ServerReplyError(Exception):
-    """The server answered a command with an error reply (``ERR ...``, ``NOSCRIPT ...``).
-
-    ``kind`` is the reply's error code, such as ``NOSCRIPT`` or ``ERR``: adapters
-    whose library strips the code from the message pass it explicitly.
-    """
-
-    def __init__(self, message: str, kind: str | None = None) -> None:
-        super().__init__(message)
-        if kind is None:
-            word = message.split(" ", 1)[0]
-            kind = word if word.isupper() else "ERR"
-        if kind == "ERR":
-            # Redis before 7 wraps the error of a command inside a script:
-            # "ERR Error running script (...): ... -OOM command not allowed ...".
-            inner = _SCRIPT_INNER_CODE.search(message)
-            if inner:
-                kind = inner.group(1)
-        self.kind = kind
 
 
 #: Client libraries that turn an error reply into an exception class and drop the
@@ -69,10 +46,6 @@ REPLY_ERROR_CLASSES = (
     ("NoPermissionError", "NOPERM"),
     ("AuthenticationError", "NOAUTH"),
 )
-
-
-class TransportError(Exception):
-    """The command may not have reached the server, or its reply was lost."""
 
 
 #: Error replies that a later try gets past: the server is loading its data, busy
