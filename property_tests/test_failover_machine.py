@@ -30,7 +30,7 @@ from hypothesis import event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import precondition, rule
 
-from anarchon._embedded import free_port
+from anarchon._ops.embedded import free_port
 from property_tests.model import JobModel
 from property_tests.profiles import examples
 from property_tests.test_lease_machine import LeaseMachine

@@ -487,7 +487,7 @@ for _spec in matrix():
 def test_the_timed_scripts_differ_from_the_shipped_ones_only_in_the_clock_read() -> None:
     import difflib
 
-    from anarchon._scripts import lease_script
+    from anarchon._store.scripts import lease_script
     from property_tests.lease_scripts import CLOCK_ARGUMENT, CLOCK_READ
 
     for name in ("claim", "heartbeat", "finish"):

@@ -38,7 +38,7 @@ from hypothesis import assume, event, given, settings
 from hypothesis import strategies as st
 
 from anarchon import CronSchedule, IntervalSchedule
-from anarchon._schedule import SlotClock, from_epoch_ms, to_epoch_ms
+from anarchon._model.schedule import SlotClock, from_epoch_ms, to_epoch_ms
 from property_tests.profiles import examples
 
 ZONES = ["UTC", "Europe/Berlin", "America/New_York", "Australia/Lord_Howe", "Asia/Kolkata"]

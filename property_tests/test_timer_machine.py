@@ -39,7 +39,7 @@ from hypothesis import event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from anarchon._timer_store import TimerKeys
+from anarchon._store.timers import TimerKeys
 from property_tests.lease_scripts import timed_timer_script
 from property_tests.profiles import examples
 from property_tests.timer_model import KindModel, Timer, Win
@@ -328,7 +328,7 @@ for _spec in matrix():
 
 
 def test_the_timed_timer_scripts_differ_from_the_shipped_ones_only_in_the_clock_read() -> None:
-    from anarchon._scripts import timer_script
+    from anarchon._store.scripts import timer_script
     from property_tests.lease_scripts import CLOCK_ARGUMENT, CLOCK_READ
 
     for name in ("timer_set", "timer_cancel", "timer_claim", "timer_heartbeat", "timer_finish"):

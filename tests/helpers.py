@@ -21,8 +21,8 @@ import redis
 import redis.asyncio
 
 from anarchon import Event, RedisBackend, Run, RunResult, Scheduler, SlotSkipped
-from anarchon._lease import JobKeys
-from anarchon._store import ClaimReply, ClaimRequest
+from anarchon._store.contract import ClaimReply, ClaimRequest
+from anarchon._store.lease import JobKeys
 from anarchon.clients import ServerReplyError
 
 

@@ -2,10 +2,11 @@
 engine's Python), each removing one decision.
 
 ``python -m tests.mutants`` applies each mutant in turn to a temporary copy of
-``lua/``, points anarchon at it (``ANARCHON_LUA_DIR``) and runs the mutant's
-pytest selection against it; a mutant is killed when its selection fails. It
-ends with one line ``mutants: killed=K of N`` and exits 0 only when every
-mutant was killed (the survivors are printed first, one line each).
+the scripts (``src/anarchon/_store/lua/``), points anarchon at it
+(``ANARCHON_LUA_DIR``) and runs the mutant's pytest selection against it; a mutant
+is killed when its selection fails. It ends with one line ``mutants: killed=K of N``
+and exits 0 only when every mutant was killed (the survivors are printed first, one
+line each).
 
     python -m tests.mutants              # every mutant
     python -m tests.mutants --list       # what each one removes, and its selection
@@ -14,7 +15,7 @@ mutant was killed (the survivors are printed first, one line each).
     python -m tests.mutants --machine    # each against the engine machine alone
 
 An engine mutant is applied to a copy of ``src/`` that the selection imports first
-(``PYTHONPATH``), with ``ANARCHON_LUA_DIR`` at the shipped ``lua/`` (the copy has no
+(``PYTHONPATH``), with ``ANARCHON_LUA_DIR`` at the shipped scripts (the mutant's copy has no
 scripts beside it); its selection is the engine machine and its direct test.
 ``--machine`` runs the listed mutants (Lua or engine) against the engine machine
 alone: whether the real engine in its state machine finds the defect by itself.
@@ -46,7 +47,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-LUA = ROOT / "lua"
+LUA = ROOT / "src" / "anarchon" / "_store" / "lua"
 #: property_tests/profiles.py: ci's example counts, no shrinking, no example database.
 PROFILE = "mutants"
 SEED = "20261201"

@@ -130,7 +130,7 @@ source_paths = ["src/anarchon/"]
 only_mutate = ["src/anarchon/_engine/{module}.py"]
 pytest_add_cli_args_test_selection = [{tests}]
 pytest_add_cli_args = ["-n", "0", "-p", "no:randomly", "--timeout=120", "-k", "{keyword}"]
-also_copy = ["lua/", "property_tests/", "conftest.py"]
+also_copy = ["property_tests/", "conftest.py"]
 """
     pyproject = work / "pyproject.toml"
     text = pyproject.read_text(encoding="utf-8").split("\n\n[tool.mutmut]")[0]

@@ -10,7 +10,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from anarchon._embedded import free_port, launch
+from anarchon._ops.embedded import free_port, launch
 
 __all__ = ["RestartableServer"]
 

@@ -12,7 +12,7 @@ from types import TracebackType
 
 import redis
 
-from anarchon._embedded import free_port, launch, ping
+from anarchon._ops.embedded import free_port, launch, ping
 
 __all__ = ["SentinelGroup"]
 

@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from anarchon._embedded import CLUSTER_BUS_OFFSET, EmbeddedServer, package_binary
+from anarchon._ops.embedded import CLUSTER_BUS_OFFSET, EmbeddedServer, package_binary
 from tests.build_servers import cache_dir
 from tests.faults import FaultProxy
 

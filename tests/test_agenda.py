@@ -15,8 +15,8 @@ import pytest
 
 from anarchon._engine._context import EngineContext, _now_ms
 from anarchon._engine.agenda import _SLEEP_CAP_SEC, Agenda, _Due
-from anarchon._job import Job, overlap_policy
-from anarchon._schedule import IntervalSchedule, SlotClock
+from anarchon._model.job import Job, overlap_policy
+from anarchon._model.schedule import IntervalSchedule, SlotClock
 
 LEASE_MS = 30_000
 # The agenda's clock is its caller's ``now_ms``: the tests hand it a fixed instant (half

@@ -10,8 +10,8 @@ import anyio.lowlevel
 import pytest
 
 from anarchon import RedisBackend, Run, Scheduler
-from anarchon._registry import RegistryKeys
-from anarchon._scripts import lease_script
+from anarchon._store.registry import RegistryKeys
+from anarchon._store.scripts import lease_script
 from anarchon.clients import Command, Connection
 from tests.helpers import wait_until
 

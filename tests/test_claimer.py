@@ -29,8 +29,8 @@ from anarchon import (
     RunResult,
     Scheduler,
 )
-from anarchon._lease import JobKeys
-from anarchon._store import AttemptEnd, ClaimRequest
+from anarchon._store.contract import AttemptEnd, ClaimRequest
+from anarchon._store.lease import JobKeys
 from anarchon.clients import ServerReplyError
 from tests.faults import FaultProxy, oom
 from tests.helpers import NEVER, OneShot, claim_as, claim_for_a_dead_runner, wait_until

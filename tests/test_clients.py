@@ -27,8 +27,8 @@ from anarchon import (
     TimerRun,
     UnsupportedClientError,
 )
-from anarchon._embedded import CLUSTER_BUS_OFFSET, EmbeddedServer, free_port
-from anarchon._timer_store import TimerKeys
+from anarchon._ops.embedded import CLUSTER_BUS_OFFSET, EmbeddedServer, free_port
+from anarchon._store.timers import TimerKeys
 from anarchon.clients import TransportError
 from tests.clients import CLIENT_KINDS, Target, make_client
 from tests.faults import FaultProxy

@@ -1,4 +1,4 @@
-"""Commands that tasks send at the same moment share a round trip (src/anarchon/_coalesce.py):
+"""Commands that tasks send at the same moment share a round trip (src/anarchon/_store/coalesce.py):
 calls made in one scheduling turn go out together in one pipeline; error replies come
 back as items, to their own caller only; a sender that asyncio itself cancels leaves
 nobody waiting. On a real server, through anarchon's own connection; a spy counts the
@@ -13,7 +13,7 @@ from typing import Any
 import anyio
 import pytest
 
-from anarchon._coalesce import pipeline
+from anarchon._store.coalesce import pipeline
 from anarchon.clients import Command, Connection, ServerReplyError, open_connection
 
 pytestmark = [pytest.mark.anyio, pytest.mark.engine_tier]

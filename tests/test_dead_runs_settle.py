@@ -15,8 +15,8 @@ import pytest
 import redis
 
 from anarchon import RedisBackend, Run, Scheduler
-from anarchon._lease import JobKeys
-from anarchon._store import ClaimRequest
+from anarchon._store.contract import ClaimRequest
+from anarchon._store.lease import JobKeys
 from anarchon.clients import ServerReplyError
 from tests.helpers import wait_until
 

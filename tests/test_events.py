@@ -34,7 +34,7 @@ from anarchon import (
     TimerRun,
     TimerSet,
 )
-from anarchon._events import claim_answered, instant, run_finished, run_started
+from anarchon._observe.events import claim_answered, instant, run_finished, run_started
 from tests.faults import FaultProxy
 from tests.helpers import (
     Seconds,

@@ -18,7 +18,7 @@ from redis.exceptions import OutOfMemoryError, ReadOnlyError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
-from anarchon._embedded import EmbeddedServer
+from anarchon._ops.embedded import EmbeddedServer
 from tests.faults import FaultProxy, busy, oom, read_only, server_error, server_version
 from tests.servers import ServerSpec
 

@@ -20,8 +20,8 @@ from anarchon import RedisBackend, Scheduler, TimerRun
 from anarchon._engine._context import EngineContext, _now_ms
 from anarchon._engine.agenda import Agenda
 from anarchon._engine.hints import Hints
-from anarchon._timer import TimerKind
-from anarchon._timer_store import TimerKeys
+from anarchon._model.timer import TimerKind
+from anarchon._store.timers import TimerKeys
 from tests.faults import FaultProxy
 from tests.helpers import OneShot, long_job_fleet, wait_until
 from tests.test_timers import set_until_fired, subscribers

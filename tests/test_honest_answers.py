@@ -14,9 +14,8 @@ import pytest
 import redis
 
 from anarchon import RedisBackend
-from anarchon._embedded import EmbeddedServer, free_port
-from anarchon._lease import JobKeys
-from anarchon._store import (
+from anarchon._ops.embedded import EmbeddedServer, free_port
+from anarchon._store.contract import (
     AttemptEnd,
     ClaimReply,
     ClaimRequest,
@@ -24,6 +23,7 @@ from anarchon._store import (
     HeartbeatRequest,
     Store,
 )
+from anarchon._store.lease import JobKeys
 from anarchon.clients import ServerReplyError
 from tests.servers import REPLICATION_ARGS, ServerSpec, wait_in_sync
 

@@ -23,8 +23,8 @@ from anarchon import (
     Scheduler,
     TimerRun,
 )
-from anarchon._lease import JobKeys
-from anarchon._registry import REGISTRATION_TTL_MS, RegistryKeys
+from anarchon._store.lease import JobKeys
+from anarchon._store.registry import REGISTRATION_TTL_MS, RegistryKeys
 from anarchon.clients import ServerReplyError
 from tests.faults import FaultProxy
 from tests.helpers import NEVER, OneShot, long_job_fleet, wait_until
@@ -292,7 +292,7 @@ async def test_reads_of_many_jobs_keep_each_reply_with_its_job_across_round_trip
     async with scheduler, Inspector(backend) as inspector:
         for name in sorted(paused):
             await inspector.pause(name)
-        monkeypatch.setattr("anarchon._inspector._COMMANDS_A_TRIP", 3)
+        monkeypatch.setattr("anarchon._ops.inspector._COMMANDS_A_TRIP", 3)
         with anyio.fail_after(30):
             while True:  # until every job has a result
                 jobs = await inspector.jobs()

@@ -24,9 +24,9 @@ from anarchon import (
     Scheduler,
     SlotSkipped,
 )
-from anarchon._lease import JobKeys
-from anarchon._schedule import iso_ms
-from anarchon._store import AttemptEnd, ClaimRequest
+from anarchon._model.schedule import iso_ms
+from anarchon._store.contract import AttemptEnd, ClaimRequest
+from anarchon._store.lease import JobKeys
 from tests.helpers import NEVER, CommandLog, Ledger, OneShot, Seconds, wait_until
 
 pytestmark = [pytest.mark.anyio, pytest.mark.engine_tier]

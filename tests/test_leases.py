@@ -11,8 +11,8 @@ import pytest
 import redis
 
 from anarchon import ClaimAnswered, Event, LeaseLost, RedisBackend, Run, Scheduler
-from anarchon._lease import JobKeys
-from anarchon._store import ClaimRequest
+from anarchon._store.contract import ClaimRequest
+from anarchon._store.lease import JobKeys
 from tests.helpers import Ledger, OneShot, OneShotAtFirstAsk, wait_until
 
 pytestmark = [pytest.mark.anyio, pytest.mark.engine_tier]

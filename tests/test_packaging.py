@@ -32,12 +32,14 @@ def test_the_wheel_ships_the_lua_scripts_and_py_typed(tmp_path: Path) -> None:
     )
     (wheel,) = tmp_path.glob("anarchon-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    for script in sorted((ROOT / "lua").glob("*.lua")):
-        assert f"anarchon/lua/{script.name}" in names
-        shipped = zipfile.ZipFile(wheel).read(f"anarchon/lua/{script.name}")
+    for script in sorted((ROOT / "src" / "anarchon" / "_store" / "lua").glob("*.lua")):
+        assert f"anarchon/_store/lua/{script.name}" in names
+        shipped = zipfile.ZipFile(wheel).read(f"anarchon/_store/lua/{script.name}")
         assert shipped == script.read_bytes()
     assert "anarchon/py.typed" in names
     assert "anarchon/clients/__init__.py" in names
+    for layer in ("_model", "_store", "_engine", "_ops", "_ops/cli", "_observe"):
+        assert f"anarchon/{layer}/__init__.py" in names
 
 
 @pytest.mark.slow
@@ -239,7 +241,7 @@ def test_ctrl_c_ends_the_demo_quietly_and_leaves_no_instance_running() -> None:
     assert demo.returncode == 130, stderr
     assert "Traceback" not in stderr, stderr
     time.sleep(0.5)
-    left = subprocess.run(["pgrep", "-f", f"anarchon._demo instance .* {prefix} "],
+    left = subprocess.run(["pgrep", "-f", f"anarchon._ops.demo instance .* {prefix} "],
                           capture_output=True, text=True)  # fmt: skip
     assert left.stdout.strip() == "", f"instances left running: {left.stdout}"
 
@@ -260,7 +262,7 @@ def test_a_killed_demo_leaves_neither_its_embedded_server_nor_an_instance_runnin
         return subprocess.run(["pgrep", "-af", pattern], capture_output=True, text=True).stdout
 
     deadline = time.monotonic() + 10
-    while (left := running(server) + running(f"anarchon._demo instance .* {prefix} ")) and (
+    while (left := running(server) + running(f"anarchon._ops.demo instance .* {prefix} ")) and (
         time.monotonic() < deadline
     ):
         time.sleep(0.1)

@@ -15,7 +15,7 @@ import anyio
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-import anarchon._inspector
+import anarchon._ops.inspector
 import anarchon.prometheus
 from anarchon import (
     RedisBackend,
@@ -28,7 +28,7 @@ from anarchon import (
     ServerBack,
     TimerRun,
 )
-from anarchon._embedded import free_port
+from anarchon._ops.embedded import free_port
 from anarchon.prometheus import instrument
 from tests.faults import FaultProxy
 from tests.helpers import (
@@ -203,7 +203,7 @@ async def test_the_store_s_gauges_vanish_while_the_server_is_frozen_and_return_a
     the store), and the gauges read from the store are left out rather than shown stale
     once a read of them fails; the server back, they are read and shown again."""
     monkeypatch.setattr(anarchon.prometheus, "STORE_READ_SEC", 0.2)
-    monkeypatch.setattr(anarchon._inspector, "_DEADLINE_SEC", 2.0)  # a frozen read's wait
+    monkeypatch.setattr(anarchon._ops.inspector, "_DEADLINE_SEC", 2.0)  # a frozen read's wait
     registry = CollectorRegistry()
 
     def alive() -> float | None:

@@ -23,8 +23,8 @@ import pytest
 import redis
 
 from anarchon import ConnectionFailedError, RedisBackend, Scheduler, serve
-from anarchon._embedded import free_port
-from anarchon._registry import RegistryKeys
+from anarchon._ops.embedded import free_port
+from anarchon._store.registry import RegistryKeys
 from tests.faults import FaultProxy
 from tests.helpers import hand_over_slot
 from tests.restartable_server import RestartableServer

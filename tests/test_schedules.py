@@ -9,7 +9,7 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from anarchon import CronSchedule, IntervalSchedule, InvalidScheduleError, Schedule
-from anarchon._schedule import SlotClock, from_epoch_ms, to_epoch_ms
+from anarchon._model.schedule import SlotClock, from_epoch_ms, to_epoch_ms
 
 # (zone, spring day, autumn day, a time in the repeated hour)
 DST_ZONES = [

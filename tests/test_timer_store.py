@@ -1,4 +1,4 @@
-"""The timers' store (anarchon._timer_store) on real servers, under asyncio and trio: what
+"""The timers' store (anarchon._store.timers) on real servers, under asyncio and trio: what
 the scripts answer reaches Python intact (payloads of any bytes, generations, fences,
 triggers), on the connection anarchon opens from a URL. The scripts' rules themselves
 are proved against a model by property_tests/test_timer_machine.py."""
@@ -14,7 +14,7 @@ import pytest
 import redis
 
 from anarchon import RedisBackend
-from anarchon._timer_store import (
+from anarchon._store.timers import (
     TimerEnd,
     TimerKeys,
     TimerPeek,

@@ -26,8 +26,8 @@ from anarchon import (
     TimerRun,
     TimerSetting,
 )
-from anarchon._timer import Recurrence
-from anarchon._timer_store import TimerKeys
+from anarchon._model.timer import Recurrence
+from anarchon._store.timers import TimerKeys
 
 pytestmark = [pytest.mark.anyio, pytest.mark.engine_tier]
 

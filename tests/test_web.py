@@ -24,7 +24,7 @@ import anyio
 import pytest
 
 from anarchon import Inspector, JobInfo, LeaseInfo, RedisBackend, Scheduler, TimerRun
-from anarchon._embedded import free_port
+from anarchon._ops.embedded import free_port
 from anarchon.web import PAGE_SEC
 from tests.faults import FaultProxy
 from tests.restartable_server import RestartableServer

@@ -8,16 +8,6 @@ public API.
 
 from types import FunctionType as _FunctionType
 
-from ._backend import (
-    ClaimOnly,
-    IdmpStrategy,
-    Leases,
-    LeaseStrategy,
-    RedisBackend,
-    ScriptStrategy,
-    StreamIdStrategy,
-    ValkeyBackend,
-)
 from ._errors import (
     AnarchonError,
     ConnectionFailedError,
@@ -33,27 +23,8 @@ from ._errors import (
     UnsupportedClientError,
     UnsupportedServerError,
 )
-from ._events import (
-    ClaimAnswered,
-    Event,
-    EventStream,
-    LeaseLost,
-    RunFinished,
-    RunRetried,
-    RunStarted,
-    ServerBack,
-    ServerUnreachable,
-    SlotSkipped,
-    TimerCancelled,
-    TimerFired,
-    TimerSet,
-)
-from ._inspector import Inspector
-from ._logging import JsonLogFormatter
-from ._schedule import CronSchedule, IntervalSchedule, Schedule
-from ._scheduler import Scheduler
-from ._serve import serve
-from ._structures import (
+from ._model.schedule import CronSchedule, IntervalSchedule, Schedule
+from ._model.values import (
     InstanceInfo,
     JobInfo,
     LeaseInfo,
@@ -68,6 +39,35 @@ from ._structures import (
     TimerStatus,
     TimerTrigger,
     Trigger,
+)
+from ._observe.events import (
+    ClaimAnswered,
+    Event,
+    EventStream,
+    LeaseLost,
+    RunFinished,
+    RunRetried,
+    RunStarted,
+    ServerBack,
+    ServerUnreachable,
+    SlotSkipped,
+    TimerCancelled,
+    TimerFired,
+    TimerSet,
+)
+from ._observe.logs import JsonLogFormatter
+from ._ops.inspector import Inspector
+from ._ops.serve import serve
+from ._scheduler import Scheduler
+from ._store.backend import (
+    ClaimOnly,
+    IdmpStrategy,
+    Leases,
+    LeaseStrategy,
+    RedisBackend,
+    ScriptStrategy,
+    StreamIdStrategy,
+    ValkeyBackend,
 )
 from ._version import __version__ as __version__
 

@@ -1,5 +1,5 @@
 import sys
 
-from ._cli import main
+from ._ops.cli.main import main
 
 sys.exit(main())

@@ -20,7 +20,6 @@ from typing import Any, Generic, TypeVar, overload
 
 import anyio
 
-from ._backend import ClaimOnly, K, Leases, RedisBackend
 from ._engine._context import EngineContext, _now_ms
 from ._engine._context import current_attempt as _current_attempt
 from ._engine.agenda import Agenda
@@ -30,8 +29,7 @@ from ._engine.lease_keeper import LeaseKeeper
 from ._engine.runner import Runner
 from ._engine.settle import Settler
 from ._errors import AnarchonError, InvalidJobError, InvalidOptionError, SchedulerStateError
-from ._events import Event, EventStream, TimerCancelled, TimerSet
-from ._job import (
+from ._model.job import (
     Handler,
     Job,
     check_duration_ms,
@@ -42,13 +40,15 @@ from ._job import (
     takes_run_argument,
     validate_job_name,
 )
-from ._lease import LeaseStore
-from ._registry import REGISTRATION_TTL_MS, Registry
-from ._schedule import Schedule, SlotClock, from_epoch_ms, iso_ms
-from ._store import ClaimReply, Store, manual_slot_id
-from ._structures import OverlapPolicy, RunResult, TimerInfo, TimerSetting
-from ._timer import Recurrence, TimerKind, due_from, validate_kind, validate_timer_key
-from ._timer_store import TimerKeys, TimerStore, decode_payload, encode_payload
+from ._model.schedule import Schedule, SlotClock, from_epoch_ms, iso_ms
+from ._model.timer import Recurrence, TimerKind, due_from, validate_kind, validate_timer_key
+from ._model.values import OverlapPolicy, RunResult, TimerInfo, TimerSetting
+from ._observe.events import Event, EventStream, TimerCancelled, TimerSet
+from ._store.backend import ClaimOnly, K, Leases, RedisBackend
+from ._store.contract import ClaimReply, Store, manual_slot_id
+from ._store.lease import LeaseStore
+from ._store.registry import REGISTRATION_TTL_MS, Registry
+from ._store.timers import TimerKeys, TimerStore, decode_payload, encode_payload
 from ._version import __version__
 from .clients import Connection
 
@@ -848,7 +848,7 @@ class Scheduler(Generic[K]):
         return self
 
     async def _keep_registered(self, registry: Registry) -> None:
-        """Renew this instance's registration (``_registry.py``) until the stop, which
+        """Renew this instance's registration (``_store/registry.py``) until the stop, which
         ends this (a renewal in flight too) before it withdraws the registration."""
         assert self._renewing is not None and self._renewed is not None
         try:

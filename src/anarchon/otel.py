@@ -23,10 +23,10 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import Span, Status, StatusCode, Tracer, TracerProvider
 
-from ._schedule import iso_ms
+from ._model.schedule import iso_ms
+from ._model.values import Run
 from ._scheduler import Scheduler
-from ._store import Outcome
-from ._structures import Run
+from ._store.contract import Outcome
 from ._version import __version__
 
 __all__ = ["instrument"]

@@ -37,7 +37,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from ._errors import SchedulerStateError
-from ._events import (
+from ._observe.events import (
     ClaimAnswered,
     Event,
     LeaseLost,
@@ -48,7 +48,7 @@ from ._events import (
     SlotSkipped,
     TimerFired,
 )
-from ._inspector import Inspector
+from ._ops.inspector import Inspector
 from ._scheduler import Scheduler
 from .clients import Connection
 

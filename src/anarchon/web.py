@@ -50,10 +50,10 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 
-from ._backend import RedisBackend
 from ._errors import AnarchonError, ConnectionFailedError, InvalidOptionError
-from ._inspector import Inspector, newest_failures, runners
-from ._structures import InstanceInfo, JobInfo, LeaseInfo, RunResult, TimerKindInfo
+from ._model.values import InstanceInfo, JobInfo, LeaseInfo, RunResult, TimerKindInfo
+from ._ops.inspector import Inspector, newest_failures, runners
+from ._store.backend import RedisBackend
 from .clients import ServerReplyError
 
 __all__ = ["dashboard"]

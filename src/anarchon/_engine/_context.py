@@ -16,13 +16,13 @@ from typing import Literal
 import anyio
 from anyio.abc import TaskGroup
 
-from .._events import EventHub, ServerBack, ServerUnreachable, SkipReason, SlotSkipped
-from .._job import Job
-from .._store import Store, describe_slot, is_fleet_request, is_manual
-from .._structures import Run, TimerRun
-from .._timer import Recurrence, TimerKind
-from .._timer_store import TimerKeys, TimerStore
-from .._tracing import Tracing
+from .._model.job import Job
+from .._model.timer import Recurrence, TimerKind
+from .._model.values import Run, TimerRun
+from .._observe.events import EventHub, ServerBack, ServerUnreachable, SkipReason, SlotSkipped
+from .._observe.tracing import Tracing
+from .._store.contract import Store, describe_slot, is_fleet_request, is_manual
+from .._store.timers import TimerKeys, TimerStore
 
 __all__ = [
     "EngineContext",

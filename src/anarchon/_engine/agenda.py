@@ -22,11 +22,11 @@ from dataclasses import dataclass, field
 import anyio
 import anyio.lowlevel
 
-from .._job import Job
-from .._schedule import iso_ms
-from .._store import slot_ms_of
-from .._structures import Trigger
-from .._timer_store import TimerKeys
+from .._model.job import Job
+from .._model.schedule import iso_ms
+from .._model.values import Trigger
+from .._store.contract import slot_ms_of
+from .._store.timers import TimerKeys
 from ._context import EngineContext, _now_ms
 
 __all__ = ["Agenda", "_Due"]

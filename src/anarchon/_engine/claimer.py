@@ -19,11 +19,11 @@ from dataclasses import replace
 import anyio
 
 from .._errors import AnarchonError, ConnectionFailedError, RunOverlapError
-from .._events import ClaimAnswer, claim_answered, instant
-from .._job import Job
-from .._schedule import iso_ms
-from .._store import ClaimReply, ClaimRequest, Store, describe_slot
-from .._timer_store import TimerClaim
+from .._model.job import Job
+from .._model.schedule import iso_ms
+from .._observe.events import ClaimAnswer, claim_answered, instant
+from .._store.contract import ClaimReply, ClaimRequest, Store, describe_slot
+from .._store.timers import TimerClaim
 from ..clients import ServerReplyError, is_transient
 from ._context import EngineContext, _attempts_for, _now_ms, firing_key
 from .agenda import Agenda, _Due

@@ -2,7 +2,7 @@
 
 Two kinds of message come on the prefix's hint channel (``TimerKeys.hint_channel``):
 
-- ``<due_ms> <due key>``: ``lua/timer_set.lua`` publishes a set that makes its key the
+- ``<due_ms> <due key>``: ``_store/lua/timer_set.lua`` publishes a set that makes its key the
   first of the kind (bucket) to need attention; an instance that fires the kind brings
   the kind's claim forward to that due time.
 - ``release <slot id> <job>``: a stopping instance gave a run back (it was cancelled
@@ -24,7 +24,7 @@ import logging
 
 import anyio
 
-from .._timer_store import TimerKeys, kind_keys
+from .._store.timers import TimerKeys, kind_keys
 from ._context import EngineContext
 from .agenda import Agenda
 

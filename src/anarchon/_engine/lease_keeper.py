@@ -14,8 +14,8 @@ import time
 
 import anyio
 
-from .._events import LeaseLost
-from .._store import HeartbeatRequest
+from .._observe.events import LeaseLost
+from .._store.contract import HeartbeatRequest
 from ..clients import ServerReplyError
 from ._context import EngineContext, _Attempt, _Firing, _Leased
 

@@ -17,13 +17,13 @@ import traceback
 import anyio
 
 from .._errors import LeaseLostError
-from .._events import instant, run_started
-from .._job import Job
-from .._schedule import from_epoch_ms
-from .._store import ClaimReply, Outcome, slot_ms_of
-from .._structures import Run, TimerRun
-from .._timer import Recurrence, TimerKind
-from .._timer_store import TimerKeys, TimerWin, decode_payload
+from .._model.job import Job
+from .._model.schedule import from_epoch_ms
+from .._model.timer import Recurrence, TimerKind
+from .._model.values import Run, TimerRun
+from .._observe.events import instant, run_started
+from .._store.contract import ClaimReply, Outcome, slot_ms_of
+from .._store.timers import TimerKeys, TimerWin, decode_payload
 from ._context import EngineContext, _Attempt, _Firing, _Leased, _now_ms, current_attempt
 from .agenda import Agenda
 from .lease_keeper import LeaseKeeper

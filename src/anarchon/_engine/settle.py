@@ -16,13 +16,13 @@ from typing import TypeVar
 
 import anyio
 
-from .._coalesce import pipeline
-from .._events import RunRetried, TimerFired, instant, run_finished
-from .._job import Job
-from .._schedule import iso_ms
-from .._store import AttemptEnd, ClaimReply, FinishReply, Outcome
-from .._timer import Recurrence, TimerKind
-from .._timer_store import TimerEnd, TimerFinishReply, TimerKeys, TimerOutcome, TimerWin
+from .._model.job import Job
+from .._model.schedule import iso_ms
+from .._model.timer import Recurrence, TimerKind
+from .._observe.events import RunRetried, TimerFired, instant, run_finished
+from .._store.coalesce import pipeline
+from .._store.contract import AttemptEnd, ClaimReply, FinishReply, Outcome
+from .._store.timers import TimerEnd, TimerFinishReply, TimerKeys, TimerOutcome, TimerWin
 from ..clients import ServerReplyError, is_transient
 from ._context import EngineContext, _Attempt, _attempts_for, _Firing, _Leased, _now_ms
 from .agenda import Agenda

@@ -9,17 +9,13 @@ from typing import Any, Generic, Literal, Required, TypedDict, TypeVar, cast, ov
 
 import anyio
 
-from ._claim_only import ClaimOnlyStore, IdmpSettings, ScriptSettings
-from ._claim_only import StrategyName as ClaimOnlyStrategyName
-from ._errors import (
+from .._errors import (
     ConnectionFailedError,
     InvalidOptionError,
     StoreFormatError,
     UnsupportedServerError,
 )
-from ._lease import LeaseStore
-from ._store import Store
-from .clients import (
+from ..clients import (
     Connection,
     ConnectionSpec,
     ServerReplyError,
@@ -27,8 +23,12 @@ from .clients import (
     is_transient,
     open_connection,
 )
-from .clients import validate_options as validate_connection_options
-from .clients.sentinel import SentinelSpec, is_sentinel_url
+from ..clients import validate_options as validate_connection_options
+from ..clients.sentinel import SentinelSpec, is_sentinel_url
+from .claim_only import ClaimOnlyStore, IdmpSettings, ScriptSettings
+from .claim_only import StrategyName as ClaimOnlyStrategyName
+from .contract import Store
+from .lease import LeaseStore
 
 __all__ = [
     "ClaimOnly",

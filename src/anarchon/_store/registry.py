@@ -22,15 +22,15 @@ from typing import Any
 
 import anyio
 
-from ._claim_only import ClaimOnlyKeys
-from ._coalesce import pipeline
-from ._job import Job
-from ._lease import JobKeys
-from ._schedule import CronSchedule, IntervalSchedule
-from ._scripts import ScriptCall, lease_script, run_scripts
-from ._timer import TimerKind
-from ._version import __version__
-from .clients import Command, Connection, ServerReplyError
+from .._model.job import Job
+from .._model.schedule import CronSchedule, IntervalSchedule
+from .._model.timer import TimerKind
+from .._version import __version__
+from ..clients import Command, Connection, ServerReplyError
+from .claim_only import ClaimOnlyKeys
+from .coalesce import pipeline
+from .lease import JobKeys
+from .scripts import ScriptCall, lease_script, run_scripts
 
 __all__ = ["REGISTRATION_TTL_MS", "Registry", "RegistryKeys", "job_definition"]
 

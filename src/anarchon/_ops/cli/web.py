@@ -14,8 +14,9 @@ import socket
 import sys
 from typing import Any
 
-from ._cli_store import store_backend, store_options
-from ._errors import InvalidOptionError
+from ..._errors import InvalidOptionError
+from .store import store_backend, store_options
+from .usage import UsageError
 
 __all__ = ["add_web_command", "run_web"]
 
@@ -71,12 +72,11 @@ def add_web_command(commands: Any, port: Any) -> None:
 
 
 def run_web(args: argparse.Namespace) -> int:
-    from ._cli import UsageError
 
     try:
         import uvicorn
 
-        from .web import dashboard
+        from ...web import dashboard
     except ModuleNotFoundError:
         raise UsageError("the dashboard needs Starlette and uvicorn: pip install "
                             "'anarchon[web]'") from None  # fmt: skip

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
-from ._errors import InvalidOptionError, LeaseLostError
+from .._errors import InvalidOptionError, LeaseLostError
 
 __all__ = [
     "InstanceInfo",

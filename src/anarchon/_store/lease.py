@@ -6,8 +6,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import cast
 
-from ._scripts import ScriptCall, lease_script, run_scripts
-from ._store import (
+from .._model.values import RunResult, Trigger
+from ..clients import Connection, ServerReplyError
+from .contract import (
     AttemptEnd,
     ClaimKind,
     ClaimReply,
@@ -18,8 +19,7 @@ from ._store import (
     read_result,
     slot_ms_of,
 )
-from ._structures import RunResult, Trigger
-from .clients import Connection, ServerReplyError
+from .scripts import ScriptCall, lease_script, run_scripts
 
 __all__ = ["PAUSED_FIELD", "JobKeys", "LeaseStore", "set_paused"]
 

@@ -11,9 +11,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from ._coalesce import pipeline
-from ._scripts import Script, ScriptCall, lua_source, run_scripts
-from ._store import (
+from .._model.values import RunResult
+from ..clients import Command, Connection, ServerReplyError
+from .coalesce import pipeline
+from .contract import (
     AttemptEnd,
     ClaimReply,
     ClaimRequest,
@@ -24,8 +25,7 @@ from ._store import (
     result_member,
     slot_ms_of,
 )
-from ._structures import RunResult
-from .clients import Command, Connection, ServerReplyError
+from .scripts import Script, ScriptCall, lua_source, run_scripts
 
 __all__ = ["ClaimOnlyKeys", "ClaimOnlyStore", "IdmpSettings", "ScriptSettings"]
 

@@ -16,7 +16,7 @@ from typing import Any
 import anyio
 import anyio.lowlevel
 
-from .clients import Command, Connection, TransportError
+from ..clients import Command, Connection, TransportError
 
 __all__ = ["pipeline"]
 

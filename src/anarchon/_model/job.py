@@ -11,9 +11,9 @@ from typing import Any
 
 import anyio.to_thread
 
-from ._errors import InvalidJobError, InvalidOptionError, InvalidScheduleError
-from ._schedule import CronSchedule, IntervalSchedule, Schedule, SlotClock
-from ._structures import OverlapPolicy, Run
+from .._errors import InvalidJobError, InvalidOptionError, InvalidScheduleError
+from .schedule import CronSchedule, IntervalSchedule, Schedule, SlotClock
+from .values import OverlapPolicy, Run
 
 __all__ = [
     "Handler",

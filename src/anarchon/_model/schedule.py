@@ -13,7 +13,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from cronsim import CronSim, CronSimError
 
-from ._errors import InvalidScheduleError
+from .._errors import InvalidScheduleError
 
 __all__ = ["CronSchedule", "IntervalSchedule", "Schedule", "SlotClock", "load_timezone"]
 

@@ -6,9 +6,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, cast
 
-from ._schedule import from_epoch_ms, iso_ms
-from ._structures import RunResult, RunStatus, Trigger
-from .clients import Command, Connection, ServerReplyError
+from .._model.schedule import from_epoch_ms, iso_ms
+from .._model.values import RunResult, RunStatus, Trigger
+from ..clients import Command, Connection, ServerReplyError
 
 __all__ = [
     "AttemptEnd",

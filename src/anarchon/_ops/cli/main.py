@@ -15,11 +15,12 @@ from typing import Any
 
 import anyio
 
-from ._cli_store import COMMANDS as STORE_COMMANDS
-from ._cli_store import add_store_commands, run_store_command
-from ._cli_web import add_web_command, run_web
-from ._errors import InvalidOptionError
-from ._serve import WAIT_FOR_SERVER_SEC
+from ..._errors import InvalidOptionError
+from ..serve import WAIT_FOR_SERVER_SEC
+from .store import COMMANDS as STORE_COMMANDS
+from .store import add_store_commands, run_store_command
+from .usage import UsageError
+from .web import add_web_command, run_web
 
 __all__ = ["main"]
 
@@ -49,7 +50,7 @@ def _port(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from . import __version__
+    from ... import __version__
 
     parser = argparse.ArgumentParser(
         prog="anarchon", description="Distributed cron and durable timers on Redis and Valkey."
@@ -137,7 +138,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
-    from ._errors import AnarchonError, ConnectionFailedError, ServerReplyError
+    from ..._errors import AnarchonError, ConnectionFailedError, ServerReplyError
 
     try:
         if args.command == "demo":
@@ -145,7 +146,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 level=logging.INFO if args.verbose else logging.WARNING,
                 format="%(asctime)s %(levelname)s %(name)s: %(message)s",
             )
-            from ._demo import run_demo
+            from ..demo import run_demo
 
             summary = run_demo(
                 redis_url=args.redis,
@@ -194,10 +195,6 @@ def _only_interrupts(exc: BaseException) -> bool:
     return isinstance(exc, KeyboardInterrupt)
 
 
-class UsageError(Exception):
-    """A command line that cannot work as given: exit code 2."""
-
-
 def _load_target(target: str) -> Any:
     """``MODULE:ATTRIBUTE`` imported from the current directory (then sys.path)."""
     module_name, colon, attribute = target.partition(":")
@@ -230,9 +227,9 @@ def _load_target(target: str) -> Any:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from ._logging import configure_logging
-    from ._scheduler import Scheduler
-    from ._serve import serve
+    from ..._observe.logs import configure_logging
+    from ..._scheduler import Scheduler
+    from ..serve import serve
 
     configure_logging(args.log_level, args.log_format)
     target = _load_target(args.target)
@@ -281,7 +278,7 @@ def _metrics_served(scheduler: Any, host: str, port: int) -> Iterator[None]:
     try:
         from prometheus_client import start_http_server
 
-        from .prometheus import instrument
+        from ...prometheus import instrument
     except ModuleNotFoundError:
         raise UsageError(
             "--metrics-port needs prometheus_client: pip install 'anarchon[prometheus]'"
@@ -302,7 +299,7 @@ def _metrics_served(scheduler: Any, host: str, port: int) -> Iterator[None]:
 
 
 def _health(args: argparse.Namespace) -> int:
-    from ._serve import check_health_file
+    from ..serve import check_health_file
 
     problem = check_health_file(Path(args.path), max_age_sec=args.max_age, ready=args.ready)
     if problem is not None:

@@ -12,9 +12,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, cast
 
-from ._coalesce import pipeline
-from ._scripts import ScriptCall, run_scripts, timer_script
-from .clients import Command, Connection, ServerReplyError
+from ..clients import Command, Connection, ServerReplyError
+from .coalesce import pipeline
+from .scripts import ScriptCall, run_scripts, timer_script
 
 __all__ = [
     "TimerClaim",

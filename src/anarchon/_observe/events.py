@@ -17,8 +17,8 @@ from typing import Any, Literal
 
 import anyio
 
-from ._store import Outcome
-from ._structures import Run, TimerRun
+from .._model.values import Run, TimerRun
+from .._store.contract import Outcome
 
 __all__ = [
     "ClaimAnswered",

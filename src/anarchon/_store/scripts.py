@@ -7,21 +7,18 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from ._coalesce import pipeline
-from .clients import Arg, Command, Connection, ServerReplyError
+from ..clients import Arg, Command, Connection, ServerReplyError
+from .coalesce import pipeline
 
 __all__ = ["Script", "ScriptCall", "lease_script", "lua_source", "run_scripts", "timer_script"]
 
 
 def _lua_dir() -> Path:
-    """Where the Lua scripts are loaded from.
-
-    In a wheel the scripts are the package's data (anarchon/lua); in a source
-    checkout (editable install) they are the repository's top-level lua/.
+    """Where the Lua scripts are loaded from: ``lua/`` beside this module, the
+    package's data in a wheel and in a source checkout alike.
 
     Test hook: ``ANARCHON_LUA_DIR`` names another directory to load them from
     (``python -m tests.mutants`` points it at mutated copies). Not for production.
@@ -29,10 +26,7 @@ def _lua_dir() -> Path:
     override = os.environ.get("ANARCHON_LUA_DIR")
     if override:
         return Path(override)
-    packaged = resources.files("anarchon") / "lua"
-    if packaged.is_dir():
-        return Path(str(packaged))
-    return Path(__file__).resolve().parents[2] / "lua"
+    return Path(__file__).resolve().with_name("lua")
 
 
 @cache

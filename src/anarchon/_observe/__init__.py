@@ -1,0 +1,1 @@
+"""What an instance tells the outside: typed events, tracing spans, JSON logs."""
