@@ -23,6 +23,7 @@ import anyio
 import anyio.to_thread
 
 from anarchon import RedisBackend, Run, Scheduler
+from anarchon._engine.instance import Instance
 from bench.common import open_glide
 
 
@@ -94,7 +95,7 @@ async def alternate(
     half a second after a whole second (between its slots' instants): ``phases`` gets
     (time, process CPU time, watched from then on, of it in the collector) at each
     switch."""
-    hub = scheduler._context.events
+    hub = Instance.of(scheduler).context.events
     (counting,) = hub.hooks  # what instrument() added; taken off while not watched
     hub.hooks.remove(counting)
     watched = False

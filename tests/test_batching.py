@@ -10,6 +10,7 @@ import anyio.lowlevel
 import pytest
 
 from anarchon import RedisBackend, Run, Scheduler
+from anarchon._engine.instance import Instance
 from anarchon._store.registry import RegistryKeys
 from anarchon._store.scripts import lease_script
 from anarchon.clients import Command, Connection
@@ -62,9 +63,9 @@ async def three_instants(
         scheduler.add_job(handler, "* * * * * *", name=f"job{index}")
 
     async with scheduler:
-        assert scheduler._store is not None
-        counting = CountingConnection(scheduler._store.conn)
-        scheduler._store.conn = counting
+        assert Instance.of(scheduler).context.store is not None
+        counting = CountingConnection(Instance.of(scheduler).context.store.conn)
+        Instance.of(scheduler).context.store.conn = counting
         await wait_until(lambda: len({r.slot_ms for r in runs}) >= 3, 15, "three slots")
         await anyio.lowlevel.checkpoint()
     return runs, counting

@@ -227,3 +227,23 @@ def test_an_object_that_is_not_a_client_is_refused_at_start() -> None:
 
     with pytest.raises(UnsupportedClientError, match="send"):
         anyio.run(main)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_bad_timer_or_kind_names_its_error_code_once() -> None:
+    """A timer's error wraps the check's message with the key: the code is said once."""
+    with pytest.raises(InvalidScheduleError) as bad_cron:
+        await scheduler().set_timer("remind", "user:42", cron="every tuesday")
+    assert str(bad_cron.value).count("ANARCHON_") == 1, str(bad_cron.value)
+    assert "timer 'user:42'" in str(bad_cron.value)
+    with pytest.raises(InvalidJobError) as bad_kind:
+        scheduler().add_timer(handler, "two words")
+    assert str(bad_kind.value).count("ANARCHON_") == 1, str(bad_kind.value)
+    assert "timer kind name 'two words'" in str(bad_kind.value)
+
+
+def test_an_unknown_job_option_is_refused_with_the_options_there_are() -> None:
+    with pytest.raises((InvalidOptionError, TypeError)) as unknown:
+        scheduler().add_job(handler, "* * * * *", max_late=5)  # type: ignore[call-arg]
+    assert "max_late" in str(unknown.value)

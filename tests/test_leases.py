@@ -11,6 +11,7 @@ import pytest
 import redis
 
 from anarchon import ClaimAnswered, Event, LeaseLost, RedisBackend, Run, Scheduler
+from anarchon._engine.instance import Instance
 from anarchon._store.contract import ClaimRequest
 from anarchon._store.lease import JobKeys
 from tests.helpers import Ledger, OneShot, OneShotAtFirstAsk, wait_until
@@ -173,8 +174,8 @@ async def test_stop_cancels_a_handler_after_the_grace_period_and_releases_its_le
     backup = Scheduler(RedisBackend(redis=server_url, prefix=prefix), instance_id="backup")
     backup.add_job(stuck, schedule, name="stuck", max_attempts=max_attempts)
     async with backup:
-        assert backup._store is not None
-        (reply,) = await backup._store.claim_many(
+        assert Instance.of(backup).context.store is not None
+        (reply,) = await Instance.of(backup).context.store.claim_many(
             [
                 ClaimRequest(
                     job="stuck",

@@ -28,6 +28,7 @@ from anarchon import (
     ServerBack,
     TimerRun,
 )
+from anarchon._engine.instance import Instance
 from anarchon._ops.embedded import free_port
 from anarchon.prometheus import instrument
 from tests.faults import FaultProxy
@@ -271,7 +272,7 @@ async def test_a_started_scheduler_is_refused_and_a_restricted_registry_has_the_
     async with scheduler:
         with pytest.raises(SchedulerStateError, match="before its start"):
             instrument(scheduler, registry)
-        assert scheduler._context.events.hooks == []  # nothing was hooked
+        assert Instance.of(scheduler).context.events.hooks == []  # nothing was hooked
     other = Scheduler(RedisBackend(redis=server_url, prefix=prefix))
     instrument(other, registry)
     unreachable = "anarchon_server_unreachable_total"
@@ -303,7 +304,7 @@ def test_lateness_and_durations_are_bucketed_in_seconds_and_each_is_a_run() -> N
     registry = CollectorRegistry()
     scheduler = Scheduler(RedisBackend(redis="redis://127.0.0.1:6379/0"))  # never started
     instrument(scheduler, registry)
-    (count,) = scheduler._context.events.hooks
+    (count,) = Instance.of(scheduler).context.events.hooks
     run = Run(job="work", slot=datetime.now(UTC), slot_ms=0, attempt=1, trigger="schedule",
               runner="a", fence=1)  # fmt: skip
     for late_ms, duration_ms, outcome in ((30.0, 7000.0, "ok"), (-2.0, 20.0, "ok"),

@@ -23,11 +23,14 @@ from anarchon import (
     InvalidScheduleError,
     RedisBackend,
     Scheduler,
+    SchedulerStateError,
     TimerRun,
+    Timers,
     TimerSetting,
 )
 from anarchon._model.timer import Recurrence
 from anarchon._store.timers import TimerKeys
+from tests.helpers import CommandLog, wait_until
 
 pytestmark = [pytest.mark.anyio, pytest.mark.engine_tier]
 
@@ -118,6 +121,45 @@ async def test_a_timer_set_by_a_process_without_a_scheduler_fires_once_in_anothe
         ("user:42", {"text": "your cart"}, generation, 1, "due")
     ]
     assert await producer.get_timer("remind", "user:42") is None  # spent, nothing lingers
+
+
+async def test_timers_keeps_its_connection_and_a_set_after_the_first_is_one_command(
+    server_url: str, prefix: str, direct: redis.Redis
+) -> None:
+    """A web app keeps one ``Timers`` open: its first set reads what it needs (the
+    server, the store's format, the kind's buckets); each later set is the set script
+    alone, one command on the wire, and the timers it sets fire once in a fleet."""
+    monitor = CommandLog(server_url)
+    try:
+        async with Timers(RedisBackend(redis=server_url, prefix=prefix)) as timers:
+            first = await timers.set("remind", "user:1", delay_ms=300, payload={"n": 1})
+            direct.echo("before the second set")
+            second = await timers.set("remind", "user:2", delay_ms=300, payload={"n": 2})
+            direct.echo("after the second set")
+            info = await timers.get("remind", "user:2")
+        assert info is not None and info.generation == second and info.payload == {"n": 2}
+
+        def between() -> list[str] | None:
+            names = [name for _, name in monitor.seen()]
+            echoes = [i for i, name in enumerate(names) if name == "ECHO"]
+            return names[echoes[0] + 1 : echoes[1]] if len(echoes) == 2 else None
+
+        await wait_until(lambda: between() is not None, 10, "both marks in MONITOR")
+        assert between() == ["EVALSHA"]
+    finally:
+        await anyio.to_thread.run_sync(monitor.close)
+    fired: list[Fired] = []
+    await run_for(fleet(server_url, prefix, 2, recorder(fired)), 1.5)
+    assert sorted((f.key, f.payload, f.generation) for f in fired) == [
+        ("user:1", {"n": 1}, first),
+        ("user:2", {"n": 2}, second),
+    ]
+
+
+async def test_timers_used_without_async_with_says_how_to_open_it(prefix: str) -> None:
+    timers = Timers(RedisBackend(redis="redis://127.0.0.1:1", prefix=prefix))
+    with pytest.raises(SchedulerStateError, match="async with Timers"):
+        await timers.set("remind", "user:1", delay_ms=1000)
 
 
 async def test_timers_due_together_fire_exactly_once_across_three_instances(

@@ -69,6 +69,7 @@ from ._store.backend import (
     StreamIdStrategy,
     ValkeyBackend,
 )
+from ._timers import Timers
 from ._version import __version__ as __version__
 
 __all__ = [
@@ -108,6 +109,7 @@ __all__ = [
     "TimerSetting",
     "TimerStatus",
     "TimerTrigger",
+    "Timers",
     "TransportError",
     "Trigger",
     "UnsupportedClientError",

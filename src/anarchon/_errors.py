@@ -37,7 +37,12 @@ class AnarchonError(Exception):
     code: ClassVar[str] = "ANARCHON_ERROR"
 
     def __str__(self) -> str:
-        return f"{self.code}: {super().__str__()}"
+        return f"{self.code}: {self.message}"
+
+    @property
+    def message(self) -> str:
+        """The message without the code."""
+        return super().__str__()
 
 
 class StoreFormatError(AnarchonError):

@@ -23,6 +23,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import Span, Status, StatusCode, Tracer, TracerProvider
 
+from ._engine.instance import Instance
 from ._model.schedule import iso_ms
 from ._model.values import Run
 from ._scheduler import Scheduler
@@ -36,7 +37,7 @@ def instrument(scheduler: Scheduler[Any], tracer_provider: TracerProvider | None
     """Trace ``scheduler``'s attempts and claims with ``tracer_provider`` (OpenTelemetry's
     global one unless given), from its next attempt on."""
     tracer = trace.get_tracer("anarchon", __version__, tracer_provider=tracer_provider)
-    scheduler._context.tracing = _Tracing(tracer)
+    Instance.of(scheduler).trace_with(_Tracing(tracer))
 
 
 class _Tracing:

@@ -36,6 +36,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
+from ._engine.instance import Instance
 from ._errors import SchedulerStateError
 from ._observe.events import (
     ClaimAnswered,
@@ -48,7 +49,7 @@ from ._observe.events import (
     SlotSkipped,
     TimerFired,
 )
-from ._ops.inspector import Inspector
+from ._ops.inspector import Inspector, inspector_over
 from ._scheduler import Scheduler
 from .clients import Connection
 
@@ -234,7 +235,8 @@ class SchedulerMetrics(Collector):
 
     def add(self, scheduler: Scheduler[Any]) -> None:
         """Count ``scheduler``'s events, and read its gauges (before its start)."""
-        state = scheduler._context.state
+        instance = Instance.of(scheduler)
+        state = instance.state
         if state != "new":
             raise SchedulerStateError(
                 f"instrument a scheduler before its start (this one is {state}): its gauges "
@@ -242,7 +244,7 @@ class SchedulerMetrics(Collector):
             )
         source = _Source(scheduler)
         scheduler.on_event(source.counts.pending.append)
-        scheduler._read_beside(source.read_beside)
+        instance.read_beside(source.read_beside)
         self._sources.append(weakref.ref(source))
 
     def describe(self) -> Iterator[Metric]:
@@ -304,7 +306,7 @@ class SchedulerMetrics(Collector):
         totals: dict[str, int] = {}
         for source in sources:
             source.wanted = True
-            for job, count in source.scheduler._leases_held().items():
+            for job, count in Instance.of(source.scheduler).leases_held().items():
                 totals[job] = totals.get(job, 0) + count
         for job, count in sorted(totals.items()):
             held.add_metric([job], count)
@@ -379,7 +381,7 @@ class _Source:
             self.counts.flush(wait=False)
 
     async def _read_gauges(self, conn: Connection) -> None:
-        inspector = Inspector._over(self.scheduler.backend, conn)
+        inspector = inspector_over(self.scheduler.backend, conn)
         try:
             while True:
                 if self.wanted:

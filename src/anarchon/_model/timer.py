@@ -30,7 +30,7 @@ def validate_kind(kind: object) -> str:
     try:
         name = validate_job_name(kind)
     except InvalidJobError as exc:
-        raise InvalidJobError(str(exc).replace("job", "timer kind", 1)) from None
+        raise InvalidJobError(exc.message.replace("job", "timer kind", 1)) from None
     if "#" in name:
         raise InvalidJobError(
             f"timer kind {name!r} cannot hold '#': it separates a kind from its bucket in "

@@ -80,13 +80,6 @@ class Inspector:
         self._keys = RegistryKeys.for_prefix(backend.prefix)
         self._conn: Connection | None = None
 
-    @classmethod
-    def _over(cls, backend: RedisBackend[Any], conn: Connection) -> Inspector:
-        """An Inspector that reads through a connection someone else opened (and closes)."""
-        inspector = cls(backend)
-        inspector._conn = conn
-        return inspector
-
     async def __aenter__(self) -> Inspector:
         self._conn = await self.backend.open_connection()
         return self
@@ -477,3 +470,11 @@ def newest_failures(recent: dict[str, list[RunResult]], limit: int) -> list[RunR
     found = [r for results in recent.values() for r in results if r.status in _FAILED]
     found.sort(key=lambda r: (r.finished_at, r.slot_ms, r.attempt), reverse=True)
     return found[:limit]
+
+
+def inspector_over(backend: RedisBackend[Any], conn: Connection) -> Inspector:
+    """An Inspector that reads through a connection someone else opened (and closes):
+    ``anarchon.prometheus`` reads its gauges on the scheduler's."""
+    inspector = Inspector(backend)
+    inspector._conn = conn
+    return inspector

@@ -19,6 +19,7 @@ from typing import Any
 import anyio
 from anyio.abc import SocketStream, TaskGroup
 
+from .._engine.instance import Instance
 from .._errors import ConnectionFailedError, InvalidOptionError
 from .._scheduler import Scheduler
 
@@ -37,13 +38,13 @@ _MOST_BETWEEN_TRIES_SEC = 5.0
 def health_of(scheduler: Scheduler[Any]) -> dict[str, Any]:
     """What a health probe reports: ``live`` while the scheduler runs, ``ready`` while it
     runs and its server answers, and what it runs."""
-    context = scheduler._context
-    down_since = context.health.down_since
-    live = context.state == "running"
+    instance = Instance.of(scheduler)
+    down_since = instance.server_down_since
+    live = instance.state == "running"
     return {
         "live": live,
         "ready": live and down_since is None,
-        "state": context.state,
+        "state": instance.state,
         "instance": scheduler.instance_id,
         "pid": os.getpid(),
         "server": "answers" if down_since is None else "does not answer",
@@ -51,9 +52,9 @@ def health_of(scheduler: Scheduler[Any]) -> dict[str, Any]:
         if down_since is None
         else round(time.monotonic() - down_since, 1),
         "jobs": scheduler.jobs,
-        "disabled_jobs": sorted(context.disabled),
+        "disabled_jobs": sorted(instance.disabled),
         "timer_kinds": scheduler.timer_kinds,
-        "running": len(context.attempts),
+        "running": instance.running,
         "at_ms": int(time.time() * 1000),
     }
 
@@ -142,7 +143,7 @@ async def _serve_started(
         if listener is not None:
             await stack.enter_async_context(listener)
         await _start_waiting_for_server(scheduler, wait_for_server_sec, stop.asked)
-        if scheduler._context.state != "running":
+        if Instance.of(scheduler).state != "running":
             return  # a signal came while it waited for the server
         await _serve_running(
             scheduler, stop, outer, health_file, listener, f"{health_host}:{health_port}"
@@ -169,7 +170,7 @@ async def _serve_running(
                 probes.start_soon(_keep_health_file, scheduler, Path(health_file))
             if listener is not None:
                 probes.start_soon(_serve_health_port, scheduler, listener, health_where)
-            await scheduler._stopped.wait()
+            await Instance.of(scheduler).wait_stopped()
             probes.cancel_scope.cancel()
 
 
@@ -226,7 +227,7 @@ class _StopRequests:
                 "%s: still stopping, waiting for %d handler(s); a handler that is a plain "
                 "function cannot be interrupted (it sees run.lease_lost set)",
                 name,
-                len(scheduler._context.attempts),
+                Instance.of(scheduler).running,
             )
 
 

@@ -15,6 +15,7 @@ from .._errors import (
     StoreFormatError,
     UnsupportedServerError,
 )
+from .._model.job import Job
 from ..clients import (
     Connection,
     ConnectionSpec,
@@ -240,15 +241,27 @@ class RedisBackend(Generic[K]):
         """True for the lease strategy; False for the claim-only ones."""
         return self._strategy.name == "lease"
 
-    @property
-    def script_window_ms(self) -> int | None:
-        """The script strategy's window_ms (None with other strategies)."""
-        return self._strategy.script.window_ms if self._strategy.name == "script" else None
-
-    @property
-    def idmp_duration_sec(self) -> int | None:
-        """The idmp strategy's duration_sec (None with other strategies)."""
-        return self._strategy.idmp.duration_sec if self._strategy.name == "idmp" else None
+    def check_job(self, job: Job) -> None:
+        """Refuse a job whose lateness window outlasts what the strategy remembers of a
+        slot: a late claim could find the slot forgotten and run it again."""
+        if self._strategy.name == "script":
+            window_ms = self._strategy.script.window_ms
+            if job.late_window_ms >= window_ms:
+                raise InvalidOptionError(
+                    f"job {job.name!r}: jitter_ms + max_late_ms ({job.late_window_ms}) must "
+                    f"be less than the script strategy's window_ms ({window_ms}), or a late "
+                    "claim could find the slot forgotten and run it again; lower max_late_ms "
+                    "or raise window_ms"
+                )
+        if self._strategy.name == "idmp":
+            duration_sec = self._strategy.idmp.duration_sec
+            if job.late_window_ms >= duration_sec * 1000:
+                raise InvalidOptionError(
+                    f"job {job.name!r}: jitter_ms + max_late_ms ({job.late_window_ms} ms) must "
+                    f"be less than the idmp strategy's duration_sec ({duration_sec} s), or a "
+                    "late claim could come after Redis forgot the slot's id and run it again; "
+                    "lower max_late_ms or jitter_ms, or raise duration_sec"
+                )
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(strategy={self.strategy!r}, prefix={self.prefix!r})"

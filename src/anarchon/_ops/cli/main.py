@@ -246,7 +246,7 @@ def _run(args: argparse.Namespace) -> int:
                 "Scheduler or a function that returns one"
             )
         if args.instance_id is not None:
-            scheduler._rename(args.instance_id)
+            scheduler.instance_id = args.instance_id
         async with AsyncExitStack() as stack:
             if args.metrics_port is not None:
                 # Bound before the start: a port that is taken fails before anything runs.

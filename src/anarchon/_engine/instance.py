@@ -1,0 +1,405 @@
+"""One instance of the engine: it owns the shared context and the parts, starts them,
+keeps the instance registered, and stops them.
+
+``Scheduler`` is the public facade over an ``Instance``; anarchon's own integrations
+reach the engine through ``Instance.of(scheduler)`` and use only this internal API:
+
+- ``state``, ``instance_id``, ``running``, ``server_down_since``, ``disabled``,
+  ``leases_held()`` and ``wait_stopped()``: what an instance is doing (``serve``'s
+  health probes, ``anarchon.prometheus``'s gauges);
+- ``read_beside(reader)``: run a reader of the store on the instance's connection from
+  its start to its stop (``anarchon.prometheus``);
+- ``trace_with(tracing)``: spans of attempts and claims (``anarchon.otel``);
+- ``rename(instance_id)``: another id before the start (``anarchon run
+  --instance-id``).
+
+The start opens the store, prepares the jobs and timer kinds, registers the instance
+(``_store/registry.py``), then starts the claim loop, the registry's renewals, the lease
+keeper and the hints in one task group. The stop ends them in the reverse order: no
+new claim, unanswered claims resolved, handlers given their grace, leases released,
+the registration withdrawn, the connection closed.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from collections.abc import Callable, Coroutine
+from types import TracebackType
+from typing import Any
+
+import anyio
+
+from .._errors import InvalidOptionError, SchedulerStateError
+from .._model.job import Job
+from .._model.timer import TimerKind
+from .._model.values import RunResult
+from .._observe.tracing import Tracing
+from .._store.backend import RedisBackend, StoreOptions
+from .._store.contract import Store
+from .._store.registry import REGISTRATION_TTL_MS, Registry
+from .._store.timers import TimerKeys, TimerStore
+from .._version import __version__
+from ..clients import Connection
+from ._context import EngineContext, State, _now_ms, current_attempt
+from .agenda import Agenda
+from .claimer import Claimer
+from .hints import Hints
+from .lease_keeper import LeaseKeeper
+from .manual import run_now
+from .runner import Runner
+from .settle import Settler
+
+__all__ = ["Instance", "Reader"]
+
+log = logging.getLogger("anarchon")
+
+#: A task that reads the store beside the engine, given the instance's connection.
+Reader = Callable[[Connection], Coroutine[Any, Any, None]]
+
+#: The instance behind each scheduler (``Instance.of``).
+_INSTANCES: weakref.WeakKeyDictionary[object, Instance] = weakref.WeakKeyDictionary()
+
+
+class Instance:
+    """The engine of one scheduler: its parts, its lifecycle and its registration."""
+
+    def __init__(
+        self,
+        owner: object,
+        backend: RedisBackend[Any],
+        context: EngineContext,
+        *,
+        store_options: StoreOptions,
+        stop_grace_ms: int,
+    ) -> None:
+        self.backend = backend
+        self.context = context
+        self._store_options = store_options
+        self._stop_grace_ms = stop_grace_ms
+        self.agenda = Agenda(context)
+        self._lease_keeper = LeaseKeeper(context)
+        self.settler = Settler(context, self.agenda)
+        self.runner = Runner(context, self.agenda, self.settler, self._lease_keeper)
+        self.claimer = Claimer(context, self.agenda, self.runner, self.settler)
+        self._hints = Hints(context, self.agenda, backend.prefix)
+        self._stopped = anyio.Event()
+        #: This instance's registration in the store (from start on), its renewals (which
+        #: the stop cancels) and their end.
+        self._registry: Registry | None = None
+        self._renewing: anyio.CancelScope | None = None
+        self._renewed: anyio.Event | None = None
+        #: The grace period of a stop in progress (None until stop() is first called).
+        self._grace: anyio.CancelScope | None = None
+        self._readers: list[Reader] = []
+        _INSTANCES[owner] = self
+
+    @staticmethod
+    def of(owner: object) -> Instance:
+        """The instance behind a ``Scheduler``."""
+        return _INSTANCES[owner]
+
+    # ------------------------------------------------------------ what it does
+
+    @property
+    def state(self) -> State:
+        return self.context.state
+
+    @property
+    def instance_id(self) -> str:
+        return self.context.instance_id
+
+    @property
+    def running(self) -> int:
+        """How many attempts and timer firings run here now."""
+        return len(self.context.attempts)
+
+    @property
+    def server_down_since(self) -> float | None:
+        """Since when (monotonic) the server has not answered; None while it answers."""
+        return self.context.health.down_since
+
+    @property
+    def disabled(self) -> dict[str, str]:
+        """The jobs that no longer claim slots here, with the reason."""
+        return dict(self.context.disabled)
+
+    def leases_held(self) -> dict[str, int]:
+        """The attempts (and timer firings) this instance runs, by job (timer kind).
+        Safe from another thread: the keys are copied at once."""
+        held: dict[str, int] = {}
+        for job, _ in list(self.context.attempts):
+            held[job] = held.get(job, 0) + 1
+        return held
+
+    async def wait_stopped(self) -> None:
+        await self._stopped.wait()
+
+    def running_store(self, what: str) -> Store:
+        """The store, for a call that needs a running instance (``what`` names it)."""
+        store = self.context.store
+        if store is None or self.context.state != "running":
+            raise SchedulerStateError(f"{what} needs a running scheduler (inside `async with`)")
+        return store
+
+    # ---------------------------------------------------------- before the start
+
+    def rename(self, instance_id: str) -> None:
+        """Another instance id, before the start (checked by the caller)."""
+        if self.context.state != "new":
+            raise SchedulerStateError("an instance id can only change before the start")
+        self.context.instance_id = instance_id
+        self._store_options["runner"] = instance_id
+
+    def read_beside(self, reader: Reader) -> None:
+        """Run ``reader`` with the instance's connection from the start to the stop,
+        which cancels it before the connection closes."""
+        if self.context.state != "new":
+            raise SchedulerStateError("a reader of the store is added before the start")
+        self._readers.append(reader)
+
+    def trace_with(self, tracing: Tracing) -> None:
+        """Spans of attempts and claims from the next one on."""
+        self.context.tracing = tracing
+
+    # --------------------------------------------------------------- registration
+
+    def add_job(self, job: Job) -> None:
+        """A job of this instance; added while it runs, its first slot is the next one
+        after now (no catch-up before it was added)."""
+        self.context.jobs[job.name] = job
+        if self.context.state == "running":
+            now_ms = _now_ms()
+            self.context.first_seen_ms.setdefault(job.name, int(now_ms))
+            self.agenda.schedule_first_slots(job, now_ms)
+            self._listen_for_hints()
+
+    def add_timer_kind(self, kind: TimerKind) -> None:
+        self.context.timer_kinds[kind.name] = kind
+        if self.context.state == "running":
+            self._claim_timers_now(kind)
+            self._listen_for_hints()
+
+    def timer_set_here(self, kind: str, keys: TimerKeys, wake_ms: float) -> None:
+        """A timer set through this instance falls due at ``wake_ms``: if it fires here,
+        the agenda looks then (it may be sooner than it would have looked)."""
+        if self.context.state == "running" and kind in self.context.timer_kinds:
+            self.agenda.timer_due(kind, keys, wake_ms)
+
+    def _listen_for_hints(self) -> None:
+        """From the first job or timer kind registered on (with leases), hear of timers set
+        elsewhere to fall due sooner than this instance would look, and of runs given
+        back by stopping instances (``hints.py``)."""
+        context = self.context
+        wanted = context.timer_kinds or (context.jobs and self.backend.leases)
+        if context.group is not None and wanted and not self._hints.listening:
+            self._hints.listening = True
+            context.group.start_soon(self._hints.listen)
+
+    def _claim_timers_now(self, kind: TimerKind) -> None:
+        now = _now_ms()
+        for bucket in range(kind.buckets):
+            keys = TimerKeys.for_kind(self.backend.prefix, kind.name, bucket, kind.buckets)
+            self.agenda.timer_due(kind.name, keys, now)
+
+    # ---------------------------------------------------------------------- start
+
+    async def start(self) -> None:
+        context = self.context
+        if context.state != "new":
+            raise SchedulerStateError(
+                f"this scheduler is {context.state}; a Scheduler starts once: create a new one"
+            )
+        store = await self.backend.open(self._store_options)
+        context.store = store
+        registry = self._registry = Registry(
+            self.backend.prefix, context.instance_id, self.backend.strategy
+        )
+        try:
+            await store.prepare_jobs(list(context.jobs))
+            if context.timer_kinds:
+                await self._prepare_timers(store.conn)
+            with anyio.fail_after(context.round_trip_sec * 3):
+                context.first_seen_ms = await registry.register(
+                    store.conn, context.jobs, context.timer_kinds, {}, 0
+                )
+        except BaseException:
+            if store.conn.owned:
+                with anyio.move_on_after(5, shield=True):
+                    await store.conn.aclose()
+            raise
+        if store.leases:
+            # Also when no kind is registered yet: add_timer may come later.
+            context.timer_store = TimerStore(
+                store.conn, prefix=self.backend.prefix, runner=context.instance_id
+            )
+        group = context.group = anyio.create_task_group()
+        await group.__aenter__()
+        context.state = "running"
+        now = _now_ms()
+        for job in context.jobs.values():
+            self.agenda.schedule_first_slots(job, now)
+        for kind in context.timer_kinds.values():
+            self._claim_timers_now(kind)
+        group.start_soon(self.claimer.claim_loop)
+        self._renewing, self._renewed = anyio.CancelScope(), anyio.Event()
+        group.start_soon(self._keep_registered, registry)
+        if store.leases:
+            group.start_soon(self._lease_keeper.keep_leases)
+            self._listen_for_hints()
+        jobs, kinds = list(context.jobs), list(context.timer_kinds)
+        log.info(
+            "anarchon %s started: instance %s, %d job(s)%s%s, server %s, prefix %r, strategy %s",
+            __version__,
+            context.instance_id,
+            len(jobs),
+            f" ({', '.join(jobs)})" if jobs else "",
+            f", timer kinds {', '.join(kinds)}" if kinds else "",
+            self.backend.where(),
+            self.backend.prefix,
+            self.backend.strategy,
+            extra={"instance": context.instance_id},
+        )
+
+    async def _prepare_timers(self, conn: Connection) -> None:
+        """Before the first claim of timers: each kind's number of buckets is the one the
+        store knows (written by the first instance), and a warning if the server may
+        evict timers."""
+        for kind in self.context.timer_kinds.values():
+            key = TimerKeys.buckets_key(self.backend.prefix, kind.name)
+            with anyio.fail_after(self.context.round_trip_sec * 3):
+                await conn.execute(("SET", key, kind.buckets, "NX"))
+                stored = await conn.execute(("GET", key))
+            if stored is not None and int(stored) != kind.buckets:
+                raise InvalidOptionError(
+                    f"timer kind {kind.name!r} has {int(stored)} bucket(s) in the store, and "
+                    f"this scheduler gives it {kind.buckets}: every instance must give the "
+                    "same number (timers set under another number would never fire)"
+                )
+        await self._warn_if_timers_may_be_evicted(conn)
+
+    async def _warn_if_timers_may_be_evicted(self, conn: Connection) -> None:
+        """Timers live as long as the server keeps their keys: a policy that evicts keys
+        under memory pressure may drop them."""
+        try:
+            with anyio.fail_after(self.context.round_trip_sec):
+                reply = await conn.execute(("CONFIG", "GET", "maxmemory-policy"))
+        except Exception:
+            return  # CONFIG refused (a managed server): nothing to tell
+        values = list(reply.values()) if isinstance(reply, dict) else list(reply or [])
+        policy = str(values[-1]) if values else ""
+        if policy and policy != "noeviction" and not policy.startswith("volatile"):
+            log.warning(
+                "the server's maxmemory-policy is %r: under memory pressure it may evict "
+                "timers (they are keys without an expiry); use noeviction (or a volatile-* "
+                "policy) for a server that holds timers",
+                policy,
+            )
+
+    async def _keep_registered(self, registry: Registry) -> None:
+        """Renew this instance's registration until the stop, which ends this (a renewal
+        in flight too) before it withdraws the registration; the readers of the store
+        run beside it."""
+        assert self._renewing is not None and self._renewed is not None
+        try:
+            with self._renewing:
+                async with anyio.create_task_group() as group:
+                    store = self.context.store
+                    if store is not None:
+                        for reader in self._readers:
+                            group.start_soon(reader, store.conn)
+                    await self._renew_until_stopped(registry)
+                    group.cancel_scope.cancel()
+        finally:
+            self._renewed.set()
+
+    async def _renew_until_stopped(self, registry: Registry) -> None:
+        context = self.context
+        while context.state == "running":
+            with anyio.move_on_after(REGISTRATION_TTL_MS / 3000):
+                await context.stopping.wait()
+            store = context.store
+            if context.state != "running" or store is None:
+                return
+            try:
+                with anyio.fail_after(context.round_trip_sec * 3):
+                    await registry.register(
+                        store.conn, context.jobs, context.timer_kinds,
+                        self.agenda.next_slot_ms, len(context.attempts),
+                    )  # fmt: skip
+            except Exception as exc:
+                log.debug("renewing the registration failed (tried again later): %s", exc)
+
+    # ----------------------------------------------------------------------- stop
+
+    async def exit(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        """Leave ``async with``: stop (shielded), then exit the task group."""
+        group = self.context.group
+        assert group is not None
+        with anyio.CancelScope(shield=True):
+            await self.stop(None)
+        return await group.__aexit__(exc_type, exc, tb)
+
+    async def stop(self, grace_ms: int | None) -> None:
+        """See ``Scheduler.stop``."""
+        context = self.context
+        if context.state == "new":
+            context.state = "stopped"
+            context.events.close()
+            self._stopped.set()
+            return
+        grace_sec = (self._stop_grace_ms if grace_ms is None else grace_ms) / 1000
+        if self._grace is None:
+            self._grace = anyio.CancelScope(deadline=anyio.current_time() + grace_sec)
+            assert context.group is not None
+            context.group.start_soon(self._stop, name="anarchon stop")
+        else:
+            self._grace.deadline = min(self._grace.deadline, anyio.current_time() + grace_sec)
+        if current_attempt.get() is not None:
+            return  # from a handler: waiting here would wait for itself
+        await self._stopped.wait()
+
+    async def _stop(self) -> None:
+        """The stop itself, in the instance's task group, shielded: whoever asked for it
+        may be cancelled, the stop still completes, and it always ends stopped."""
+        context = self.context
+        assert self._grace is not None
+        with anyio.CancelScope(shield=True):
+            try:
+                context.begin_stopping()
+                self._hints.stop()
+                self.agenda.wake()
+                await self.claimer.loop_done.wait()
+                await self.claimer.release_unanswered()
+                with self._grace:
+                    await self.runner.wait_idle()
+                self.runner.cancel_all("the scheduler is stopping")
+                await self.runner.wait_idle()
+                store = context.store
+                if self._renewing is not None and self._renewed is not None:
+                    self._renewing.cancel()
+                    await self._renewed.wait()
+                if store is not None and self._registry is not None:
+                    await self._registry.withdraw(store.conn, context.round_trip_sec)
+                if store is not None and store.conn.owned:
+                    with anyio.move_on_after(context.round_trip_sec):
+                        await store.conn.aclose()
+            except Exception:
+                log.exception("stopping the scheduler failed; it is stopped all the same")
+            finally:
+                context.state = "stopped"
+                self._lease_keeper.wake()  # the lease keeper ends
+                self._stopped.set()
+                log.info("instance %s stopped", context.instance_id)
+                context.events.close()
+
+    # ------------------------------------------------------------------ run_now
+
+    async def run_now(self, job: Job) -> RunResult:
+        """See ``Scheduler.run_now``."""
+        return await run_now(self.context, self.claimer, self.runner, self.settler, job)

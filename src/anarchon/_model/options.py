@@ -1,0 +1,284 @@
+"""The options of a scheduler, of a job and of a timer kind: each written once, here,
+with its default and its check. ``Scheduler`` takes them as given and hands them on."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, TypedDict
+
+from .._errors import InvalidJobError, InvalidOptionError
+from .job import (
+    Handler,
+    Job,
+    check_duration_ms,
+    exception_types,
+    is_async_callable,
+    make_schedule,
+    overlap_policy,
+    takes_run_argument,
+    validate_job_name,
+)
+from .schedule import Schedule, SlotClock
+from .timer import TimerKind, validate_kind
+from .values import OverlapPolicy
+
+__all__ = [
+    "JobOptions",
+    "LeaseJobOptions",
+    "SchedulerSettings",
+    "check_buckets",
+    "check_instance_id",
+    "make_job",
+    "make_timer_kind",
+    "refuse_lease_options",
+]
+
+
+class JobOptions(TypedDict, total=False):
+    """A job's options with every strategy (``Scheduler.add_job`` says what each does)."""
+
+    #: Fire at fixed intervals aligned to the Unix epoch, instead of a schedule.
+    every_ms: int | None
+    #: The job's name (default: the handler's ``__name__``).
+    name: str | None
+    #: The IANA time zone of a cron schedule (default ``"UTC"``).
+    timezone: str
+    #: Wait a random part of this before claiming (default 0).
+    jitter_ms: int
+    #: How late a slot may still be claimed for the first time (default 60 s).
+    max_late_ms: int
+    #: How long an attempt may run (default: as long as it likes).
+    timeout_ms: int | None
+
+
+class LeaseJobOptions(JobOptions, total=False):
+    """A job's options with the lease strategy: the common ones and these."""
+
+    #: What a slot does while an older run is unsettled (default ``"skip"``).
+    overlap: OverlapPolicy | bool | None
+    #: Every attempt counts, crashed or failed (default 3).
+    max_attempts: int | None
+    #: Run the slots missed in this window on start and after a gap (default 0).
+    catch_up_ms: int | None
+    #: The delay before the second attempt, doubling for each later one (default: the
+    #: scheduler's).
+    retry_delay_ms: int | None
+    #: Retry only these exceptions (default: every one).
+    retry_on: type[Exception] | tuple[type[Exception], ...] | None
+
+
+_COMMON = frozenset(JobOptions.__annotations__)
+_LEASE_ONLY = frozenset(LeaseJobOptions.__annotations__) - _COMMON
+
+
+def refuse_lease_options(strategy: str, options: Mapping[str, object]) -> None:
+    """A claim-only strategy holds no leases: a lease option given to it is an error."""
+    given = sorted(name for name, value in options.items() if value is not None)
+    if given:
+        raise InvalidOptionError(
+            f"{', '.join(given)}: lease option(s) that the {strategy!r} strategy does not have "
+            "(it holds no leases: no backups, retries, overlap protection or catch-up); drop "
+            "them, or use the 'lease' strategy"
+        )
+
+
+def make_job(
+    handler: Handler,
+    schedule: str | Schedule | None,
+    options: Mapping[str, Any],
+    *,
+    strategy: str,
+    leases: bool,
+    taken: Mapping[str, object],
+) -> Job:
+    """A job from its handler, schedule and options, every option checked; ``taken``
+    holds the names of the jobs already registered."""
+    unknown = sorted(set(options) - _COMMON - _LEASE_ONLY)
+    if unknown:
+        raise InvalidOptionError(
+            f"unknown job option(s) {', '.join(unknown)}; the options are "
+            f"{', '.join(sorted(_COMMON | (_LEASE_ONLY if leases else set())))}"
+        )
+    if not callable(handler):
+        raise InvalidJobError(f"a job's handler must be callable, got {handler!r}")
+    given_name = options.get("name")
+    name = validate_job_name(
+        given_name if given_name is not None else getattr(handler, "__name__", None)
+    )
+    if name in taken:
+        raise InvalidJobError(
+            f"a job named {name!r} already exists on this scheduler; give one of them "
+            "another name with name=..."
+        )
+    if not leases:
+        refuse_lease_options(strategy, {key: options.get(key) for key in _LEASE_ONLY})
+    max_attempts = options.get("max_attempts")
+    attempts = 3 if max_attempts is None else max_attempts
+    if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
+        raise InvalidOptionError(
+            f"max_attempts must be a whole number, 1 or more, got {max_attempts!r}"
+        )
+    job_schedule = make_schedule(schedule, options.get("every_ms"), options.get("timezone", "UTC"))
+    catch_up_ms = options.get("catch_up_ms")
+    timeout_ms = options.get("timeout_ms")
+    retry_delay_ms = options.get("retry_delay_ms")
+    return Job(
+        name=name,
+        handler=handler,
+        schedule=job_schedule,
+        clock=SlotClock(job_schedule),
+        overlap_policy=overlap_policy(options.get("overlap")),
+        max_attempts=attempts if leases else 1,
+        catch_up_ms=check_duration_ms(
+            "catch_up_ms", 0 if catch_up_ms is None else catch_up_ms, allow_zero=True
+        ),
+        jitter_ms=check_duration_ms("jitter_ms", options.get("jitter_ms", 0), allow_zero=True),
+        max_late_ms=check_duration_ms(
+            "max_late_ms", options.get("max_late_ms", 60_000), allow_zero=True
+        ),
+        takes_run=takes_run_argument(handler, name),
+        is_async=is_async_callable(handler),
+        timeout_ms=None if timeout_ms is None else check_duration_ms("timeout_ms", timeout_ms),
+        retry_delay_ms=None
+        if retry_delay_ms is None
+        else check_duration_ms("retry_delay_ms", retry_delay_ms, allow_zero=True),
+        retry_on=exception_types("retry_on", options.get("retry_on")),
+    )
+
+
+def check_buckets(buckets: object) -> int:
+    if isinstance(buckets, bool) or not isinstance(buckets, int) or not 1 <= buckets <= 1024:
+        raise InvalidOptionError(f"buckets must be a whole number from 1 to 1024, got {buckets!r}")
+    return buckets
+
+
+def make_timer_kind(
+    handler: Any,
+    kind: str,
+    *,
+    strategy: str,
+    leases: bool,
+    max_attempts: int,
+    retry_delay_ms: int | None,
+    buckets: int,
+    taken: Mapping[str, object],
+) -> TimerKind:
+    """A kind of timer from its handler and options, every option checked; ``taken``
+    holds the kinds already registered."""
+    if not callable(handler):
+        raise InvalidJobError(f"a timer's handler must be callable, got {handler!r}")
+    if not leases:
+        raise InvalidOptionError(
+            f"timers fire with the lease strategy's rules; this scheduler's backend uses "
+            f"{strategy!r}: use a backend with the 'lease' strategy (the default) for the "
+            "scheduler that fires timers"
+        )
+    name = validate_kind(kind)
+    if name in taken:
+        raise InvalidJobError(f"a timer kind named {name!r} already has a handler here")
+    if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
+        raise InvalidOptionError(
+            f"max_attempts must be a whole number, 1 or more, got {max_attempts!r}"
+        )
+    return TimerKind(
+        name=name,
+        handler=handler,
+        max_attempts=max_attempts,
+        retry_delay_ms=None
+        if retry_delay_ms is None
+        else check_duration_ms("retry_delay_ms", retry_delay_ms, allow_zero=True),
+        buckets=check_buckets(buckets),
+        takes_run=takes_run_argument(handler, name),
+        is_async=is_async_callable(handler),
+    )
+
+
+def check_instance_id(instance_id: object) -> str:
+    if not isinstance(instance_id, str) or not instance_id or "|" in instance_id:
+        raise InvalidOptionError(
+            f"instance_id must be a non-empty string without '|', got {instance_id!r}"
+        )
+    return instance_id
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SchedulerSettings:
+    """A scheduler's options, checked, with their defaults filled in."""
+
+    lease_ms: int
+    heartbeat_ms: int
+    history_size: int
+    history_ttl_ms: int | None
+    instance_id: str
+    stop_grace_ms: int
+    retry_delay_ms: int
+    timer_poll_ms: int
+
+    @classmethod
+    def make(
+        cls,
+        *,
+        strategy: str,
+        leases: bool,
+        lease_ms: int | None,
+        heartbeat_ms: int | None,
+        history_size: int,
+        history_ttl_ms: int | None,
+        instance_id: str | None,
+        stop_grace_ms: int,
+        retry_delay_ms: int | None,
+        timer_poll_ms: int | None,
+    ) -> SchedulerSettings:
+        if not leases:
+            refuse_lease_options(
+                strategy,
+                {
+                    "lease_ms": lease_ms,
+                    "heartbeat_ms": heartbeat_ms,
+                    "retry_delay_ms": retry_delay_ms,
+                    "timer_poll_ms": timer_poll_ms,
+                },
+            )
+        lease = check_duration_ms("lease_ms", 30_000 if lease_ms is None else lease_ms)
+        # By default a third of the lease (10 s for the default 30 s lease).
+        heartbeat = check_duration_ms(
+            "heartbeat_ms", max(lease // 3, 1) if heartbeat_ms is None else heartbeat_ms
+        )
+        if heartbeat * 2 > lease:
+            raise InvalidOptionError(
+                f"heartbeat_ms ({heartbeat}) must be at most half of lease_ms ({lease}), so "
+                "that a late heartbeat still arrives before the lease expires; leave "
+                "heartbeat_ms out to get a third of the lease"
+            )
+        if isinstance(history_size, bool) or not isinstance(history_size, int) or history_size < 1:
+            raise InvalidOptionError(
+                f"history_size must be a whole number of runs, 1 or more, got {history_size!r}"
+            )
+        return cls(
+            lease_ms=lease,
+            heartbeat_ms=heartbeat,
+            history_size=history_size,
+            history_ttl_ms=None
+            if history_ttl_ms is None
+            else check_duration_ms("history_ttl_ms", history_ttl_ms),
+            instance_id=check_instance_id(
+                _default_instance_id() if instance_id is None else instance_id
+            ),
+            stop_grace_ms=check_duration_ms("stop_grace_ms", stop_grace_ms, allow_zero=True),
+            retry_delay_ms=check_duration_ms(
+                "retry_delay_ms",
+                1_000 if retry_delay_ms is None else retry_delay_ms,
+                allow_zero=True,
+            ),
+            timer_poll_ms=check_duration_ms(
+                "timer_poll_ms", 1_000 if timer_poll_ms is None else timer_poll_ms
+            ),
+        )
+
+
+def _default_instance_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"

@@ -1,0 +1,272 @@
+"""``Timers``: sets, cancels and reads timers, on a connection of its own or on a
+scheduler's.
+
+A process that only sets timers (a web app) keeps one ``Timers`` open for its life:
+after its first call on a kind, setting a timer is one command on the wire (the set
+script, by its SHA). ``Scheduler``'s timer methods are a ``Timers`` bound to the
+scheduler's instance: on its connection while it runs (a timer of a kind it fires is
+then looked at when due, and told as an event), else on a connection opened for the
+call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterable
+from contextlib import asynccontextmanager
+from datetime import datetime
+from types import TracebackType
+from typing import Any
+
+import anyio
+
+from ._engine._context import _now_ms, round_trip_deadline_sec
+from ._engine.instance import Instance
+from ._errors import AnarchonError, InvalidOptionError, SchedulerStateError
+from ._model.options import check_buckets
+from ._model.schedule import from_epoch_ms
+from ._model.timer import Recurrence, due_from, validate_kind, validate_timer_key
+from ._model.values import TimerInfo, TimerSetting
+from ._observe.events import TimerCancelled, TimerSet
+from ._store.backend import RedisBackend
+from ._store.timers import TimerKeys, TimerStore, decode_payload, encode_payload
+from .clients import Connection
+
+__all__ = ["Timers", "bound_timers"]
+
+#: ``set_many`` sends its timers in round trips of this many.
+_SET_PER_ROUND_TRIP = 1000
+#: A round trip's deadline without a scheduler's lease to take it from: that of the
+#: default 30 s lease.
+_ROUND_TRIP_SEC = round_trip_deadline_sec(30_000)
+
+#: A timer as the store's set takes it: ``(key, at_ms, delay_ms, schedule, payload)``.
+_Encoded = tuple[str, int | None, int | None, str, str]
+
+
+class Timers:
+    """Sets, cancels and reads timers, keeping one connection from ``async with`` to its
+    end (a process that fires no timers: a web app, a script)::
+
+        async with Timers(RedisBackend(redis="redis://localhost:6379")) as timers:
+            await timers.set("remind", "user:42", delay_ms=30 * 60_000,
+                             payload={"text": "your cart"})
+
+    The instances that fire a kind (``Scheduler.timer``) write its number of buckets in
+    the store; ``Timers`` reads it there once per kind (or takes ``buckets=``).
+    """
+
+    def __init__(self, backend: RedisBackend[Any] | None = None) -> None:
+        if backend is None:
+            backend = RedisBackend()
+        if not isinstance(backend, RedisBackend):
+            raise InvalidOptionError(
+                f"backend must be a RedisBackend or ValkeyBackend, got {type(backend).__name__}"
+            )
+        self.backend = backend
+        self._conn: Connection | None = None
+        #: The scheduler's instance this is bound to (``bound_timers``), if any.
+        self._instance: Instance | None = None
+        #: The number of buckets of kinds not registered here, as the store said.
+        self._stored_buckets: dict[str, int] = {}
+
+    async def __aenter__(self) -> Timers:
+        if self._instance is not None or self._conn is not None:
+            raise SchedulerStateError("this Timers is open already (or a scheduler's own)")
+        self._conn = await self.backend.open_connection()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None and conn.owned:
+            with anyio.move_on_after(5, shield=True):
+                await conn.aclose()
+
+    async def set(
+        self,
+        kind: str,
+        key: str,
+        *,
+        at: datetime | None = None,
+        delay_ms: int | None = None,
+        cron: str | None = None,
+        every_ms: int | None = None,
+        timezone: str = "UTC",
+        payload: object = None,
+        buckets: int | None = None,
+    ) -> int:
+        """Set ``key``'s timer of ``kind`` (``Scheduler.set_timer`` says how) and return
+        its generation."""
+        setting = TimerSetting(key, at, delay_ms, cron, every_ms, timezone, payload)
+        (generation,) = await self.set_many(kind, (setting,), buckets=buckets)
+        return generation
+
+    async def set_many(
+        self, kind: str, timers: Iterable[TimerSetting], *, buckets: int | None = None
+    ) -> list[int]:
+        """Set many timers of ``kind`` (``Scheduler.set_timers`` says how), in round
+        trips of up to 1000, and return their generations in order."""
+        name = validate_kind(kind)
+        encoded = [self._encode(setting) for setting in timers]
+        if not encoded:
+            return []
+        generations: list[int] = []
+        instance = self._instance
+        async with self._store() as store:
+            bucket_count = await self._buckets_of(store, name, buckets)
+            for start in range(0, len(encoded), _SET_PER_ROUND_TRIP):
+                part = encoded[start : start + _SET_PER_ROUND_TRIP]
+                with anyio.fail_after(self._round_trip_sec * 3):
+                    replies = await store.set_many(name, part, bucket_count)
+                for (timer_key, _, delay, _, _), reply in zip(part, replies, strict=True):
+                    if isinstance(reply, BaseException):
+                        raise reply
+                    generation, due_ms, replaced = reply
+                    generations.append(generation)
+                    if instance is None:
+                        continue
+                    events = instance.context.events
+                    if events.on:
+                        events.emit(
+                            TimerSet(
+                                instance=instance.instance_id, kind=name, key=timer_key,
+                                generation=generation, due_ms=due_ms, replaced=replaced,
+                            )
+                        )  # fmt: skip
+                    # Due sooner than the instance would look: it looks then.
+                    wake_ms = _now_ms() + delay if delay is not None else float(due_ms)
+                    instance.timer_set_here(
+                        name, store.keys(name, timer_key, bucket_count), wake_ms
+                    )
+        return generations
+
+    async def cancel(self, kind: str, key: str, *, buckets: int | None = None) -> bool:
+        """Cancel ``key``'s timer of ``kind``; False if it had none
+        (``Scheduler.cancel_timer`` says how)."""
+        name = validate_kind(kind)
+        timer_key = validate_timer_key(key)
+        async with self._store() as store:
+            with anyio.fail_after(self._round_trip_sec * 3):
+                bucket_count = await self._buckets_of(store, name, buckets)
+                found = await store.cancel(name, timer_key, bucket_count)
+        instance = self._instance
+        if instance is not None and instance.context.events.on:
+            instance.context.events.emit(
+                TimerCancelled(instance=instance.instance_id, kind=name, key=timer_key, found=found)
+            )
+        return found
+
+    async def get(self, kind: str, key: str, *, buckets: int | None = None) -> TimerInfo | None:
+        """``key``'s timer of ``kind`` as the store holds it, or None."""
+        name = validate_kind(kind)
+        timer_key = validate_timer_key(key)
+        async with self._store() as store:
+            with anyio.fail_after(self._round_trip_sec * 3):
+                bucket_count = await self._buckets_of(store, name, buckets)
+                state = await store.get(name, timer_key, bucket_count)
+        if state is None:
+            return None
+        recurrence = Recurrence.decode(state.schedule)
+        return TimerInfo(
+            kind=name,
+            key=timer_key,
+            generation=state.gen,
+            due=None if state.due_ms is None else from_epoch_ms(state.due_ms),
+            due_ms=state.due_ms,
+            payload=decode_payload(state.payload),
+            status=state.status,
+            attempt=state.attempt,
+            recurs=None if recurrence is None else recurrence.describe(),
+        )
+
+    # ---------------------------------------------------------------- the parts
+
+    @property
+    def _round_trip_sec(self) -> float:
+        instance = self._instance
+        return _ROUND_TRIP_SEC if instance is None else instance.context.round_trip_sec
+
+    @asynccontextmanager
+    async def _store(self) -> AsyncIterator[TimerStore]:
+        """The timers' store: on this object's connection; bound to a scheduler, on its
+        connection while it runs, else on a connection opened for the call."""
+        prefix = self.backend.prefix
+        if self._conn is not None:
+            yield TimerStore(self._conn, prefix=prefix)
+            return
+        instance = self._instance
+        if instance is None:
+            raise SchedulerStateError(
+                "open Timers with `async with Timers(backend) as timers:` before using it"
+            )
+        store = instance.context.store
+        if instance.state == "running" and store is not None:
+            yield TimerStore(store.conn, prefix=prefix)
+            return
+        conn = await self.backend.open_connection()
+        try:
+            yield TimerStore(conn, prefix=prefix)
+        finally:
+            if conn.owned:
+                with anyio.move_on_after(5, shield=True):
+                    await conn.aclose()
+
+    async def _buckets_of(self, timers: TimerStore, kind: str, buckets: int | None) -> int:
+        """A kind's number of buckets: the registered handler's, else the one given, else
+        the one the kind's instances wrote in the store (read once), else 1."""
+        registered = (
+            None if self._instance is None else self._instance.context.timer_kinds.get(kind)
+        )
+        if registered is not None:
+            if buckets is not None and check_buckets(buckets) != registered.buckets:
+                raise InvalidOptionError(
+                    f"timer kind {kind!r} has {registered.buckets} bucket(s) here, not "
+                    f"{buckets}: every process must use the same number"
+                )
+            return registered.buckets
+        if buckets is not None:
+            return check_buckets(buckets)
+        if kind not in self._stored_buckets:
+            where = TimerKeys.buckets_key(self.backend.prefix, kind)
+            with anyio.fail_after(self._round_trip_sec * 3):
+                stored = await timers.conn.execute(("GET", where))
+            try:
+                count = 1 if stored is None else check_buckets(int(stored))
+            except (TypeError, ValueError, InvalidOptionError):
+                raise InvalidOptionError(
+                    f"the store holds {stored!r} as the number of buckets of timer kind "
+                    f"{kind!r} ({where}), not a whole number from 1 to 1024: something else "
+                    "wrote that key; pass buckets= as the kind's instances register it"
+                ) from None
+            self._stored_buckets[kind] = count
+        return self._stored_buckets[kind]
+
+    def _encode(self, setting: TimerSetting) -> _Encoded:
+        """A setting as the store's set takes it; raises on a bad one, naming its key."""
+        timer_key = validate_timer_key(setting.key)
+        try:
+            at_ms, delay = due_from(setting.at, setting.delay_ms)
+            recurrence = Recurrence.make(setting.cron, setting.every_ms, setting.timezone)
+        except AnarchonError as exc:
+            raise type(exc)(f"timer {timer_key!r}: {exc.message}") from exc
+        if at_ms is None and delay is None:
+            if recurrence is None:
+                raise InvalidOptionError(
+                    f"timer {timer_key!r} needs a due time: at= (an aware datetime), "
+                    "delay_ms=, cron= or every_ms="
+                )
+            offset_ms = 0.0 if self._instance is None else self._instance.context.server_offset_ms
+            at_ms = recurrence.first_ms(int(_now_ms() + offset_ms))
+        schedule = recurrence.encode() if recurrence else ""
+        return timer_key, at_ms, delay, schedule, encode_payload(setting.payload)
+
+
+def bound_timers(backend: RedisBackend[Any], instance: Instance) -> Timers:
+    """The timers of a scheduler: on its instance's connection while it runs."""
+    timers = Timers(backend)
+    timers._instance = instance
+    return timers
