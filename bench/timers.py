@@ -15,8 +15,9 @@ import anyio
 import redis.asyncio
 
 from anarchon import RedisBackend, Scheduler, TimerSetting
+from anarchon._store.keys import TimerKeys, hint_channel
 from anarchon._store.scripts import timer_script
-from anarchon._store.timers import TimerKeys, TimerStore, encode_payload
+from anarchon._store.timers import TimerStore, encode_payload
 from anarchon.clients import open_connection
 from bench.common import (
     Fleet,
@@ -126,7 +127,7 @@ async def _set_rates(url: str, count: int, concurrency: int, rounds: int = 3) ->
         sha = await client.script_load(timer_script("timer_set").body)
         keys = TimerKeys.for_kind(prefix, KIND)
         stored = encode_payload(PAYLOAD)
-        hints = TimerKeys.hint_channel(prefix)
+        hints = hint_channel(prefix)
 
         def args(key: str) -> list[Any]:
             return [sha, 3, keys.timers, keys.due, keys.meta, key, "", 3_600_000, "", stored,

@@ -110,7 +110,7 @@ from anarchon import (
 )
 from anarchon._engine._context import round_trip_deadline_sec
 from anarchon._store.contract import is_manual
-from anarchon._store.lease import JobKeys
+from anarchon._store.keys import JobKeys
 from property_tests.profiles import PROFILE
 from tests.clients import Target, make_client
 from tests.faults import FaultProxy, busy, oom, read_only

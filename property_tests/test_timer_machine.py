@@ -39,7 +39,7 @@ from hypothesis import event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from anarchon._store.timers import TimerKeys
+from anarchon._store.keys import TimerKeys
 from property_tests.lease_scripts import timed_timer_script
 from property_tests.profiles import examples
 from property_tests.timer_model import KindModel, Timer, Win

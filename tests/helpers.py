@@ -22,7 +22,7 @@ import redis.asyncio
 
 from anarchon import Event, RedisBackend, Run, RunResult, Scheduler, SlotSkipped
 from anarchon._store.contract import ClaimReply, ClaimRequest
-from anarchon._store.lease import JobKeys
+from anarchon._store.keys import JobKeys
 from anarchon.clients import ServerReplyError
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from anarchon import RedisBackend, Run, Scheduler
 from anarchon._engine.instance import Instance
-from anarchon._store.registry import RegistryKeys
+from anarchon._store.keys import RegistryKeys
 from anarchon._store.scripts import lease_script
 from anarchon.clients import Command, Connection
 from tests.helpers import wait_until

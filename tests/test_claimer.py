@@ -30,7 +30,7 @@ from anarchon import (
     Scheduler,
 )
 from anarchon._store.contract import AttemptEnd, ClaimRequest
-from anarchon._store.lease import JobKeys
+from anarchon._store.keys import JobKeys
 from anarchon.clients import ServerReplyError
 from tests.faults import FaultProxy, oom
 from tests.helpers import NEVER, OneShot, claim_as, claim_for_a_dead_runner, wait_until

@@ -28,7 +28,7 @@ from anarchon import (
     UnsupportedClientError,
 )
 from anarchon._ops.embedded import CLUSTER_BUS_OFFSET, EmbeddedServer, free_port
-from anarchon._store.timers import TimerKeys
+from anarchon._store.keys import TimerKeys
 from anarchon.clients import TransportError
 from tests.clients import CLIENT_KINDS, Target, make_client
 from tests.faults import FaultProxy

@@ -16,7 +16,7 @@ import redis
 
 from anarchon import RedisBackend, Run, Scheduler
 from anarchon._store.contract import ClaimRequest
-from anarchon._store.lease import JobKeys
+from anarchon._store.keys import JobKeys
 from anarchon.clients import ServerReplyError
 from tests.helpers import wait_until
 

@@ -22,7 +22,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from anarchon import ConnectionFailedError, RedisBackend, Run, Scheduler
-from anarchon._store.lease import JobKeys
+from anarchon._store.keys import JobKeys
 from anarchon.clients import ServerReplyError
 from tests.faults import FaultProxy, oom
 from tests.helpers import NEVER, Ledger, OneShot, claim_as, claim_for_a_dead_runner, wait_until

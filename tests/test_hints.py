@@ -21,7 +21,7 @@ from anarchon._engine._context import EngineContext, _now_ms
 from anarchon._engine.agenda import Agenda
 from anarchon._engine.hints import Hints
 from anarchon._model.timer import TimerKind
-from anarchon._store.timers import TimerKeys
+from anarchon._store.keys import TimerKeys, hint_channel
 from tests.faults import FaultProxy
 from tests.helpers import OneShot, long_job_fleet, wait_until
 from tests.test_timers import set_until_fired, subscribers
@@ -228,7 +228,7 @@ async def test_a_sync_subscription_cancelled_before_its_thread_ran_leaves_the_ne
     from anarchon.clients.redis_py import RedisSyncConnection
 
     conn = RedisSyncConnection(redis.Redis.from_url(server_url, protocol=2), owned=True)
-    channel = TimerKeys.hint_channel(prefix)
+    channel = hint_channel(prefix)
     heard: list[str] = []
     try:
         with anyio.CancelScope() as scope:

@@ -23,7 +23,7 @@ from anarchon._store.contract import (
     HeartbeatRequest,
     Store,
 )
-from anarchon._store.lease import JobKeys
+from anarchon._store.keys import JobKeys
 from anarchon.clients import ServerReplyError
 from tests.servers import REPLICATION_ARGS, ServerSpec, wait_in_sync
 

@@ -23,8 +23,8 @@ from anarchon import (
     Scheduler,
     TimerRun,
 )
-from anarchon._store.lease import JobKeys
-from anarchon._store.registry import REGISTRATION_TTL_MS, RegistryKeys
+from anarchon._store.keys import JobKeys, RegistryKeys
+from anarchon._store.registry import REGISTRATION_TTL_MS
 from anarchon.clients import ServerReplyError
 from tests.faults import FaultProxy
 from tests.helpers import NEVER, OneShot, long_job_fleet, wait_until

@@ -23,7 +23,7 @@ from anarchon._engine._context import EngineContext, _Attempt
 from anarchon._engine.lease_keeper import LeaseKeeper
 from anarchon._model.job import Job
 from anarchon._store.contract import AttemptEnd, ClaimReply, ClaimRequest, HeartbeatRequest, Store
-from anarchon._store.lease import JobKeys
+from anarchon._store.keys import JobKeys
 from anarchon.clients import ServerReplyError
 from tests.faults import FaultProxy, oom
 from tests.helpers import wait_until

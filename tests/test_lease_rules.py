@@ -26,7 +26,7 @@ from anarchon import (
 )
 from anarchon._model.schedule import iso_ms
 from anarchon._store.contract import AttemptEnd, ClaimRequest
-from anarchon._store.lease import JobKeys
+from anarchon._store.keys import JobKeys
 from tests.helpers import NEVER, CommandLog, Ledger, OneShot, Seconds, wait_until
 
 pytestmark = [pytest.mark.anyio, pytest.mark.engine_tier]

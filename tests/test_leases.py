@@ -13,7 +13,7 @@ import redis
 from anarchon import ClaimAnswered, Event, LeaseLost, RedisBackend, Run, Scheduler
 from anarchon._engine.instance import Instance
 from anarchon._store.contract import ClaimRequest
-from anarchon._store.lease import JobKeys
+from anarchon._store.keys import JobKeys
 from tests.helpers import Ledger, OneShot, OneShotAtFirstAsk, wait_until
 
 pytestmark = [pytest.mark.anyio, pytest.mark.engine_tier]

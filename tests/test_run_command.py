@@ -24,7 +24,7 @@ import redis
 
 from anarchon import ConnectionFailedError, RedisBackend, Scheduler, serve
 from anarchon._ops.embedded import free_port
-from anarchon._store.registry import RegistryKeys
+from anarchon._store.keys import RegistryKeys
 from tests.faults import FaultProxy
 from tests.helpers import hand_over_slot
 from tests.restartable_server import RestartableServer

@@ -14,16 +14,8 @@ import pytest
 import redis
 
 from anarchon import RedisBackend
-from anarchon._store.timers import (
-    TimerEnd,
-    TimerKeys,
-    TimerPeek,
-    TimerStore,
-    bucket_of,
-    bucket_tag,
-    decode_payload,
-    encode_payload,
-)
+from anarchon._store.keys import TimerKeys, bucket_of, bucket_tag
+from anarchon._store.timers import TimerEnd, TimerPeek, TimerStore, decode_payload, encode_payload
 
 pytestmark = [pytest.mark.anyio, pytest.mark.server_tier]
 

@@ -29,7 +29,7 @@ from anarchon import (
     TimerSetting,
 )
 from anarchon._model.timer import Recurrence
-from anarchon._store.timers import TimerKeys
+from anarchon._store.keys import TimerKeys, hint_channel
 from tests.helpers import CommandLog, wait_until
 
 pytestmark = [pytest.mark.anyio, pytest.mark.engine_tier]
@@ -415,7 +415,7 @@ async def test_a_timer_set_here_sooner_than_the_next_poll_wakes_this_instance(
 
 async def subscribers(direct: redis.Redis, prefix: str, count: int) -> None:
     """Until ``count`` instances listen for the prefix's timer hints."""
-    channel = TimerKeys.hint_channel(prefix)
+    channel = hint_channel(prefix)
     with anyio.fail_after(15):
         while dict(direct.pubsub_numsub(channel)).get(channel, 0) < count:  # noqa: ASYNC110
             await anyio.sleep(0.05)

@@ -28,7 +28,8 @@ from ._model.timer import Recurrence, due_from, validate_kind, validate_timer_ke
 from ._model.values import TimerInfo, TimerSetting
 from ._observe.events import TimerCancelled, TimerSet
 from ._store.backend import RedisBackend
-from ._store.timers import TimerKeys, TimerStore, decode_payload, encode_payload
+from ._store.keys import TimerKeys
+from ._store.timers import TimerStore, decode_payload, encode_payload
 from .clients import Connection
 
 __all__ = ["Timers", "bound_timers"]

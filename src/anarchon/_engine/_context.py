@@ -22,7 +22,8 @@ from .._model.values import Run, TimerRun
 from .._observe.events import EventHub, ServerBack, ServerUnreachable, SkipReason, SlotSkipped
 from .._observe.tracing import Tracing
 from .._store.contract import Store, describe_slot, is_fleet_request, is_manual
-from .._store.timers import TimerKeys, TimerStore
+from .._store.keys import TimerKeys
+from .._store.timers import TimerStore
 
 __all__ = [
     "EngineContext",

@@ -26,7 +26,7 @@ from .._model.job import Job
 from .._model.schedule import iso_ms
 from .._model.values import Trigger
 from .._store.contract import slot_ms_of
-from .._store.timers import TimerKeys
+from .._store.keys import TimerKeys
 from ._context import EngineContext, _now_ms
 
 __all__ = ["Agenda", "_Due"]

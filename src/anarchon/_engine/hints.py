@@ -1,14 +1,14 @@
 """Hints: an instance hears of work that falls due sooner than it would look.
 
-Two kinds of message come on the prefix's hint channel (``TimerKeys.hint_channel``):
+Three kinds of message come on the prefix's hint channel (``_store/keys.py`` defines
+them, ``Hint``):
 
-- ``<due_ms> <due key>``: ``_store/lua/timer_set.lua`` publishes a set that makes its key the
-  first of the kind (bucket) to need attention; an instance that fires the kind brings
-  the kind's claim forward to that due time.
-- ``release <slot id> <job>``: a stopping instance gave a run back (it was cancelled
-  with attempts left); an instance that is a backup of that slot claims it now, instead
-  of when the lease it knew of would have run out.
-- ``run <slot id> <job>``: the fleet was asked to run the job now (``anarchon run-now``,
+- ``TimerDue``: a set made its key the first of the kind (bucket) to need attention; an
+  instance that fires the kind brings the kind's claim forward to that due time.
+- ``RunGivenBack``: a stopping instance gave a run back (it was cancelled with attempts
+  left); an instance that is a backup of that slot claims it now, instead of when the
+  lease it knew of would have run out.
+- ``RunRequested``: the fleet was asked to run the job now (``anarchon run-now``,
   ``Inspector.run_now``); every instance that runs the job claims that manual slot, and
   one of them wins it.
 
@@ -24,11 +24,11 @@ import logging
 
 import anyio
 
-from .._store.timers import TimerKeys, kind_keys
+from .._store.keys import RunGivenBack, RunRequested, TimerDue, hint_channel, kind_keys, parse_hint
 from ._context import EngineContext
 from .agenda import Agenda
 
-__all__ = ["RELEASED", "REQUESTED", "Hints"]
+__all__ = ["Hints"]
 
 log = logging.getLogger("anarchon")
 
@@ -38,12 +38,6 @@ _RENEW_SEC = 60.0
 #: Pauses before subscribing again after a failure: doubling up to the cap.
 _FIRST_PAUSE_SEC = 0.5
 _MAX_PAUSE_SEC = 5.0
-
-
-#: The first word of a hint that a run was given back.
-RELEASED = "release"
-#: The first word of a hint that the fleet was asked to run a job now.
-REQUESTED = "run"
 
 
 class Hints:
@@ -74,7 +68,7 @@ class Hints:
     async def _listen(self) -> None:
         store = self._context.store
         assert store is not None
-        channel = TimerKeys.hint_channel(self._prefix)
+        channel = hint_channel(self._prefix)
         pause = _FIRST_PAUSE_SEC
         failing = False
         while True:
@@ -111,27 +105,22 @@ class Hints:
         )
 
     def on_hint(self, message: str) -> None:
-        """``<due_ms> <due key>``: claim that kind (bucket) at the due time, if it fires
-        here and would be claimed later. ``release <slot id> <job>``: claim the slot now,
-        if this instance is one of its backups."""
+        """Act on a hint (``Hint``): a timer due sooner is claimed then, if its kind fires
+        here; a run given back is claimed now, if this instance is one of its backups; a
+        run the fleet was asked for is claimed now, if the job runs here."""
         if self._context.state != "running":
             return
-        due_ms, _, due_key = message.partition(" ")
-        if due_ms == RELEASED:
-            slot_id, _, job = due_key.partition(" ")
-            self._agenda.bring_forward(job, slot_id)
-            return
-        if due_ms == REQUESTED:
-            slot_id, _, name = due_key.partition(" ")
-            asked = self._context.jobs.get(name)
-            if asked is not None and slot_id.startswith("m"):
-                self._agenda.claim_now(asked, slot_id)
-            return
-        if not due_ms.isdigit():
-            return
-        for kind in self._context.timer_kinds.values():
-            for keys in kind_keys(self._prefix, kind.name, kind.buckets):
-                if keys.due == due_key:
-                    at_ms = int(due_ms) - self._context.server_offset_ms
-                    self._agenda.timer_due(kind.name, keys, at_ms)
-                    return
+        match parse_hint(message):
+            case RunGivenBack(slot_id, job):
+                self._agenda.bring_forward(job, slot_id)
+            case RunRequested(slot_id, job):
+                asked = self._context.jobs.get(job)
+                if asked is not None and slot_id.startswith("m"):
+                    self._agenda.claim_now(asked, slot_id)
+            case TimerDue(due_ms, due_key):
+                for kind in self._context.timer_kinds.values():
+                    for keys in kind_keys(self._prefix, kind.name, kind.buckets):
+                        if keys.due == due_key:
+                            at_ms = due_ms - self._context.server_offset_ms
+                            self._agenda.timer_due(kind.name, keys, at_ms)
+                            return

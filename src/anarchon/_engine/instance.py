@@ -37,8 +37,9 @@ from .._model.values import RunResult
 from .._observe.tracing import Tracing
 from .._store.backend import RedisBackend, StoreOptions
 from .._store.contract import Store
+from .._store.keys import TimerKeys
 from .._store.registry import REGISTRATION_TTL_MS, Registry
-from .._store.timers import TimerKeys, TimerStore
+from .._store.timers import TimerStore
 from .._version import __version__
 from ..clients import Connection
 from ._context import EngineContext, State, _now_ms, current_attempt

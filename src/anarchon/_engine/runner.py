@@ -23,7 +23,8 @@ from .._model.timer import Recurrence, TimerKind
 from .._model.values import Run, TimerRun
 from .._observe.events import instant, run_started
 from .._store.contract import ClaimReply, Outcome, slot_ms_of
-from .._store.timers import TimerKeys, TimerWin, decode_payload
+from .._store.keys import TimerKeys
+from .._store.timers import TimerWin, decode_payload
 from ._context import EngineContext, _Attempt, _Firing, _Leased, _now_ms, current_attempt
 from .agenda import Agenda
 from .lease_keeper import LeaseKeeper

@@ -22,11 +22,11 @@ from .._model.timer import Recurrence, TimerKind
 from .._observe.events import RunRetried, TimerFired, instant, run_finished
 from .._store.coalesce import pipeline
 from .._store.contract import AttemptEnd, ClaimReply, FinishReply, Outcome
-from .._store.timers import TimerEnd, TimerFinishReply, TimerKeys, TimerOutcome, TimerWin
+from .._store.keys import RunGivenBack, TimerKeys, hint_channel
+from .._store.timers import TimerEnd, TimerFinishReply, TimerOutcome, TimerWin
 from ..clients import ServerReplyError, is_transient
 from ._context import EngineContext, _Attempt, _attempts_for, _Firing, _Leased, _now_ms
 from .agenda import Agenda
-from .hints import RELEASED
 
 __all__ = ["Settler"]
 
@@ -77,12 +77,12 @@ class Settler:
         of would have run out."""
         store = self._context.store
         assert store is not None
-        channel = TimerKeys.hint_channel(self._context.prefix)
+        channel = hint_channel(self._context.prefix)
         with anyio.move_on_after(self._context.round_trip_sec):
             try:
                 # Through the coalescer: the runs a stop gives back together share a trip.
                 (reply,) = await pipeline(
-                    store.conn, [("PUBLISH", channel, f"{RELEASED} {slot_id} {job.name}")]
+                    store.conn, [("PUBLISH", channel, RunGivenBack(slot_id, job.name).message())]
                 )
                 if isinstance(reply, ServerReplyError):
                     raise reply

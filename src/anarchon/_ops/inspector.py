@@ -29,22 +29,20 @@ from .._model.values import (
     LeaseInfo,
     RunResult,
     TimerKindInfo,
-    Trigger,
 )
 from .._store.backend import RedisBackend
-from .._store.claim_only import ClaimOnlyKeys
-from .._store.contract import (
-    fleet_slot_id,
-    history_command,
-    parse_history,
-    parse_result,
-    read_history,
-    slot_ms_of,
+from .._store.contract import fleet_slot_id, slot_ms_of
+from .._store.keys import (
+    ClaimOnlyKeys,
+    JobKeys,
+    RegistryKeys,
+    RunRequested,
+    hint_channel,
 )
-from .._store.lease import PAUSED_FIELD, JobKeys, set_paused
-from .._store.registry import RegistryKeys
+from .._store.lease import PAUSED_FIELD, set_paused
+from .._store.records import LeaseState, history_command, parse_history, parse_result, read_history
 from .._store.scripts import ScriptCall, lease_script, run_scripts
-from .._store.timers import TimerKeys, TimerStore
+from .._store.timers import TimerStore
 from ..clients import Command, Connection, ServerReplyError, TransportError
 
 __all__ = ["Inspector", "newest_failures", "runners"]
@@ -298,8 +296,8 @@ class Inspector:
             (reply,) = await run_scripts(self._require(), [call])
         if isinstance(reply, ServerReplyError):
             raise reply
-        channel = TimerKeys.hint_channel(self._prefix)
-        await self._execute(("PUBLISH", channel, f"run {slot_id} {job}"))
+        hint = RunRequested(slot_id, job).message()
+        await self._execute(("PUBLISH", hint_channel(self._prefix), hint))
         return slot_id
 
     # ---------------------------------------------------------------- helpers
@@ -430,26 +428,22 @@ def _next_fire(definition: dict[str, Any], now_ms: int) -> datetime | None:
 
 
 def _lease(job: str, slot_id: str, raw: Any, now_ms: int) -> LeaseInfo | None:
-    """A run's state ``status|attempt|token|until_ms|fence|trigger|started_ms|runner``,
-    if it is in progress."""
-    if raw is None:
+    """A run's lease state (``LeaseState``), if it is in progress."""
+    state = LeaseState.decode(raw)
+    if state is None or not state.in_progress:
         return None
-    parts = str(raw).split("|", 7)
-    if len(parts) != 8 or parts[0] not in ("running", "retry"):
-        return None
-    status, attempt, _, until_ms, fence, trigger, _, runner = parts
     slot_ms = slot_ms_of(slot_id)
     return LeaseInfo(
         job=job,
         slot=from_epoch_ms(slot_ms),
         slot_ms=slot_ms,
         slot_id=slot_id,
-        status=cast(Any, status),
-        attempt=int(attempt),
-        runner=runner,
-        fence=int(fence),
-        trigger=cast(Trigger, trigger),
-        left_ms=max(int(until_ms) - now_ms, 0),
+        status=cast(Any, state.status),
+        attempt=state.attempt,
+        runner=state.runner,
+        fence=state.fence,
+        trigger=state.trigger,
+        left_ms=max(state.until_ms - now_ms, 0),
     )
 
 

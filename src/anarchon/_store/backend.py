@@ -29,6 +29,7 @@ from ..clients.sentinel import SentinelSpec, is_sentinel_url
 from .claim_only import ClaimOnlyStore, IdmpSettings, ScriptSettings
 from .claim_only import StrategyName as ClaimOnlyStrategyName
 from .contract import Store
+from .keys import format_key
 from .lease import LeaseStore
 
 __all__ = [
@@ -467,7 +468,7 @@ async def _check_server(conn: Connection) -> ServerInfo:
 
 
 async def _check_store_format(conn: Connection, prefix: str) -> None:
-    key = f"{prefix}format"
+    key = format_key(prefix)
     try:
         stored = await conn.execute(("GET", key))
         if stored is None:

@@ -20,30 +20,15 @@ from .contract import (
     ClaimRequest,
     FinishReply,
     HeartbeatRequest,
-    read_history,
-    read_result,
-    result_member,
     slot_ms_of,
 )
+from .keys import ClaimOnlyKeys
+from .records import read_history, read_result, result_member
 from .scripts import Script, ScriptCall, lua_source, run_scripts
 
-__all__ = ["ClaimOnlyKeys", "ClaimOnlyStore", "IdmpSettings", "ScriptSettings"]
+__all__ = ["ClaimOnlyStore", "IdmpSettings", "ScriptSettings"]
 
 StrategyName = Literal["stream-id", "idmp", "script"]
-
-
-@dataclass(frozen=True, slots=True)
-class ClaimOnlyKeys:
-    """The three keys of a job under a claim-only strategy."""
-
-    runs: str
-    manual: str
-    results: str
-
-    @classmethod
-    def for_job(cls, prefix: str, job: str) -> ClaimOnlyKeys:
-        base = f"{prefix}{job}"
-        return cls(runs=f"{base}:runs", manual=f"{base}:manual", results=f"{base}:results")
 
 
 @dataclass(frozen=True, slots=True)

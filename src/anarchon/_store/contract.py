@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol, cast
+from typing import Literal, Protocol
 
-from .._model.schedule import from_epoch_ms, iso_ms
-from .._model.values import RunResult, RunStatus, Trigger
-from ..clients import Command, Connection, ServerReplyError
+from .._model.schedule import iso_ms
+from .._model.values import RunResult, Trigger
+from ..clients import Connection, ServerReplyError
 
 __all__ = [
     "AttemptEnd",
@@ -17,12 +17,7 @@ __all__ = [
     "FinishReply",
     "Outcome",
     "Store",
-    "history_command",
     "manual_slot_id",
-    "parse_history",
-    "parse_result",
-    "read_history",
-    "read_result",
     "slot_ms_of",
 ]
 
@@ -173,63 +168,3 @@ def describe_slot(slot_id: str) -> str:
     2026-12-02T13:40:01.250Z`` (when it was asked for)."""
     when = iso_ms(slot_ms_of(slot_id))
     return f"manual run {when}" if is_manual(slot_id) else f"slot {when}"
-
-
-def result_member(end: AttemptEnd, status: str, runner: str) -> str:
-    """A results member as the claim-only stores write it (the lease scripts write the
-    same shape, see lua/lease_state.lua)."""
-    return "|".join(
-        (end.slot_id, str(end.attempt), status, str(end.started_ms), str(end.finished_ms),
-         str(end.fence), end.trigger, runner, end.error or "")
-    )  # fmt: skip
-
-
-def parse_result(job: str, member: str) -> RunResult:
-    """Read one results member:
-    ``slot|attempt|status|started_ms|finished_ms|fence|trigger|runner|error``."""
-    slot, attempt, status, started_ms, finished_ms, fence, trigger, rest = member.split("|", 7)
-    runner, _, error = rest.partition("|")  # runner ids never hold "|"
-    slot_ms = slot_ms_of(slot)
-    return RunResult(
-        job=job,
-        slot=from_epoch_ms(slot_ms),
-        slot_ms=slot_ms,
-        attempt=int(attempt),
-        trigger=cast(Trigger, trigger),
-        runner=runner,
-        status=cast(RunStatus, status),
-        started_at=from_epoch_ms(int(started_ms)),
-        finished_at=from_epoch_ms(int(finished_ms)),
-        error=error or None,
-        fence=int(fence),
-    )
-
-
-async def read_history(conn: Connection, results_key: str, job: str, limit: int) -> list[RunResult]:
-    """The newest ``limit`` results of a job, newest first."""
-    return parse_history(job, await conn.execute(history_command(results_key, limit)))
-
-
-def history_command(results_key: str, limit: int) -> Command:
-    """The read of a job's newest ``limit`` results (``parse_history`` reads its reply)."""
-    return ("ZREVRANGE", results_key, 0, limit - 1)
-
-
-def parse_history(job: str, members: Any) -> list[RunResult]:
-    """A job's results from the reply of its ``history_command``, newest first."""
-    results = [parse_result(job, str(member)) for member in members]
-    results.sort(key=lambda r: (r.slot_ms, r.attempt), reverse=True)
-    return results
-
-
-async def read_result(
-    conn: Connection, results_key: str, job: str, slot_id: str, attempt: int
-) -> RunResult:
-    """The recorded result of one attempt (LookupError if there is none)."""
-    score = slot_ms_of(slot_id)
-    members = await conn.execute(("ZRANGEBYSCORE", results_key, score, score))
-    head = f"{slot_id}|{attempt}|"
-    for member in members:
-        if str(member).startswith(head):
-            return parse_result(job, str(member))
-    raise LookupError(f"no result recorded for {job} slot {slot_id} attempt {attempt}")

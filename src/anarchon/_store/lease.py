@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import cast
 
 from .._model.values import RunResult, Trigger
@@ -15,13 +14,13 @@ from .contract import (
     ClaimRequest,
     FinishReply,
     HeartbeatRequest,
-    read_history,
-    read_result,
     slot_ms_of,
 )
+from .keys import JobKeys
+from .records import read_history, read_result
 from .scripts import ScriptCall, lease_script, run_scripts
 
-__all__ = ["PAUSED_FIELD", "JobKeys", "LeaseStore", "set_paused"]
+__all__ = ["PAUSED_FIELD", "LeaseStore", "set_paused"]
 
 
 #: The state hash's field that pauses a job (see lua/lease_state.lua).
@@ -35,28 +34,6 @@ async def set_paused(conn: Connection, state: str, paused_by: str | None) -> boo
     if paused_by is None:
         return int(await conn.execute(("HDEL", state, PAUSED_FIELD))) == 1
     return int(await conn.execute(("HSETNX", state, PAUSED_FIELD, paused_by))) == 1
-
-
-@dataclass(frozen=True, slots=True)
-class JobKeys:
-    """The five keys of a job; the hash tag keeps them on one cluster node."""
-
-    state: str
-    active: str
-    slots: str
-    runs: str
-    results: str
-
-    @classmethod
-    def for_job(cls, prefix: str, job: str) -> JobKeys:
-        tag = "{" + prefix + job + "}"
-        return cls(
-            state=f"{tag}:state",
-            active=f"{tag}:active",
-            slots=f"{tag}:slots",
-            runs=f"{tag}:runs",
-            results=f"{tag}:results",
-        )
 
 
 def _orphans(raw: object) -> tuple[str, ...]:

@@ -17,7 +17,6 @@ import logging
 import os
 import socket
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -27,40 +26,16 @@ from .._model.schedule import CronSchedule, IntervalSchedule
 from .._model.timer import TimerKind
 from .._version import __version__
 from ..clients import Command, Connection, ServerReplyError
-from .claim_only import ClaimOnlyKeys
 from .coalesce import pipeline
-from .lease import JobKeys
+from .keys import ClaimOnlyKeys, JobKeys, RegistryKeys
 from .scripts import ScriptCall, lease_script, run_scripts
 
-__all__ = ["REGISTRATION_TTL_MS", "Registry", "RegistryKeys", "job_definition"]
+__all__ = ["REGISTRATION_TTL_MS", "Registry", "job_definition"]
 
 log = logging.getLogger("anarchon")
 
 #: How long a registration lasts without renewal; renewed every third of it.
 REGISTRATION_TTL_MS = 30_000
-
-
-@dataclass(frozen=True, slots=True)
-class RegistryKeys:
-    instances: str
-    jobs: str
-    first_seen: str
-    timer_kinds: str
-    tag: str
-
-    @classmethod
-    def for_prefix(cls, prefix: str) -> RegistryKeys:
-        tag = "{" + prefix + "}"
-        return cls(
-            instances=f"{tag}:instances",
-            jobs=f"{tag}:jobs",
-            first_seen=f"{tag}:first-seen",
-            timer_kinds=f"{tag}:timer-kinds",
-            tag=tag,
-        )
-
-    def instance(self, instance_id: str) -> str:
-        return f"{self.tag}:instance:{instance_id}"
 
 
 def job_definition(job: Job, strategy: str, next_slot_ms: int | None) -> dict[str, Any]:

@@ -5,145 +5,29 @@ for the state a key holds and lua/timer_*.lua for each decision."""
 from __future__ import annotations
 
 import base64
-import functools
 import json
-import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, cast
 
 from ..clients import Command, Connection, ServerReplyError
 from .coalesce import pipeline
+from .keys import TimerKeys, bucket_of, hint_channel
+from .records import TimerState
 from .scripts import ScriptCall, run_scripts, timer_script
 
 __all__ = [
     "TimerClaim",
     "TimerEnd",
     "TimerFinishReply",
-    "TimerKeys",
-    "TimerState",
     "TimerStore",
     "TimerWin",
-    "bucket_of",
-    "bucket_tag",
-    "kind_keys",
-    "key_slot",
     "decode_payload",
     "encode_payload",
 ]
 
-TimerStatus = Literal["pending", "firing", "retry"]
 TimerTrigger = Literal["due", "retry", "takeover", "lapsed"]
 TimerOutcome = Literal["ok", "failed", "cancelled", "interrupted"]
-
-_STATUS: dict[str, TimerStatus] = {"p": "pending", "f": "firing", "r": "retry"}
-
-
-def bucket_of(key: str, buckets: int) -> int:
-    """The bucket a key's timer lives in: the same in every process (CRC-32 of the key)."""
-    return zlib.crc32(key.encode("utf-8")) % buckets if buckets > 1 else 0
-
-
-#: A cluster's hash slots.
-_SLOTS = 16384
-
-
-def _crc16_table() -> list[int]:
-    table = []
-    for byte in range(256):
-        crc = byte << 8
-        for _ in range(8):
-            crc = ((crc << 1) ^ 0x1021 if crc & 0x8000 else crc << 1) & 0xFFFF
-        table.append(crc)
-    return table
-
-
-_CRC16 = _crc16_table()
-
-
-def key_slot(tag: str) -> int:
-    """The cluster's hash slot of a hash tag's text: CRC-16 (XMODEM) modulo 16384."""
-    crc = 0
-    for byte in tag.encode("utf-8"):
-        crc = ((crc << 8) & 0xFFFF) ^ _CRC16[((crc >> 8) ^ byte) & 0xFF]
-    return crc % _SLOTS
-
-
-#: Up to this many buckets each bucket's tag is placed in its own part of the slot space
-#: (a search of about 2N tags per bucket, made once per kind); above it, parts are too
-#: small to be worth it and plain ``#<b>`` tags spread by hashing alone.
-_PLACED_BUCKETS_MAX = 64
-
-
-def bucket_tag(prefix: str, kind: str, bucket: int, buckets: int) -> str:
-    """The hash tag of a kind's bucket: ``{<prefix><kind>}`` for a kind of one bucket.
-    Up to 64 buckets, ``{<prefix><kind>#<bucket>}``, or ``{<prefix><kind>#<bucket>.<n>}``
-    with the smallest ``n`` that puts it in the middle half of the bucket's own equal
-    part of the slot space: a cluster whose primaries hold equal slot ranges (as
-    ``--cluster create`` makes them) then gets as many of the kind's buckets on each
-    primary when the buckets are a multiple of the primaries (3 on 3: one each),
-    wherever CRC-16 would have put them. Above 64, ``{<prefix><kind>#<bucket>}``. The
-    same in every process: it depends on the names alone."""
-    if not 0 <= bucket < buckets:
-        raise ValueError(f"bucket {bucket} of {buckets}")
-    if buckets == 1:
-        return "{" + prefix + kind + "}"
-    base = f"{prefix}{kind}#{bucket}"
-    if buckets > _PLACED_BUCKETS_MAX:
-        return "{" + base + "}"
-    part = _SLOTS / buckets
-    low, high = bucket * part + part / 4, (bucket + 1) * part - part / 4
-    tag, n = base, 0
-    while not low <= key_slot(tag) < high:  # a 128-slot range at least: found soon
-        n += 1
-        tag = f"{base}.{n}"
-    return "{" + tag + "}"
-
-
-@dataclass(frozen=True, slots=True)
-class TimerKeys:
-    """The keys of one kind of timer (or one bucket of it), under one hash tag. The tag is
-    a job's (``{<prefix><kind>}``, with ``#<bucket>`` when the kind is split): a job and a
-    timer kind of the same name share a cluster node, never a key."""
-
-    tag: str
-    timers: str
-    due: str
-    meta: str
-
-    @staticmethod
-    def for_kind(prefix: str, kind: str, bucket: int = 0, buckets: int = 1) -> TimerKeys:
-        return kind_keys(prefix, kind, buckets)[bucket]
-
-    @staticmethod
-    def buckets_key(prefix: str, kind: str) -> str:
-        """Where the number of buckets of a kind is kept (its instances write it at
-        start; a process that only sets timers reads it)."""
-        return "{" + prefix + kind + "}:timer-buckets"
-
-    @staticmethod
-    def hint_channel(prefix: str) -> str:
-        """Where a set that makes a key the first of its kind (bucket) to fall due is
-        published (``<due_ms> <due key>``), for instances that would look later."""
-        return prefix + "timer-hints"
-
-    def claimed(self, token_base: str) -> str:
-        """The set of keys a claim won, kept for a claim sent again after a lost reply."""
-        return f"{self.tag}:timer-claimed:{token_base}"
-
-
-@functools.lru_cache(maxsize=256)
-def kind_keys(prefix: str, kind: str, buckets: int = 1) -> tuple[TimerKeys, ...]:
-    """The keys of each of a kind's buckets, made once per kind: every set, claim and
-    finish asks for them."""
-    keys = []
-    for bucket in range(buckets):
-        tag = bucket_tag(prefix, kind, bucket, buckets)
-        keys.append(TimerKeys(tag, f"{tag}:timers", f"{tag}:timer-due", f"{tag}:timer-meta"))
-    return tuple(keys)
-
-
-# ------------------------------------------------------------------ payloads
 
 
 def encode_payload(payload: object) -> str:
@@ -184,41 +68,6 @@ def decode_payload(stored: str) -> Any:
 
 
 # ------------------------------------------------------------------ state and replies
-
-
-def _int_or_none(text: str) -> int | None:
-    return int(text) if text else None
-
-
-@dataclass(frozen=True, slots=True)
-class TimerState:
-    """A key's timer as stored (lua/timer_state.lua)."""
-
-    key: str
-    gen: int
-    #: When the newest generation is due (None: cancelled while a firing was in flight).
-    due_ms: int | None
-    status: TimerStatus
-    attempt: int
-    token: str
-    until_ms: int
-    fence: int
-    fire_gen: int
-    fire_due_ms: int
-    trigger: str
-    runner: str
-    schedule: str
-    payload: str
-
-    @classmethod
-    def decode(cls, key: str, raw: str) -> TimerState:
-        (gen, due, status, attempt, token, until_ms, fence, fire_gen, fire_due, trigger,
-         runner, schedule, payload) = raw.split("|", 12)  # fmt: skip
-        return cls(
-            key, int(gen), _int_or_none(due), _STATUS[status], int(attempt), token,
-            int(until_ms), int(fence), int(fire_gen), int(fire_due), trigger, runner,
-            schedule, payload,
-        )  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -316,7 +165,7 @@ class TimerStore:
         self.conn = conn
         self.prefix = prefix
         self.runner = runner
-        self.hints = TimerKeys.hint_channel(prefix)
+        self.hints = hint_channel(prefix)
 
     def keys(self, kind: str, key: str, buckets: int = 1) -> TimerKeys:
         return TimerKeys.for_kind(self.prefix, kind, bucket_of(key, buckets), buckets)
