@@ -9,9 +9,10 @@ import logging
 import math
 import threading
 import time
+from collections.abc import Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal, cast
 
 import anyio
 from anyio.abc import TaskGroup
@@ -19,11 +20,28 @@ from anyio.abc import TaskGroup
 from .._model.job import Job
 from .._model.timer import Recurrence, TimerKind
 from .._model.values import Run, TimerRun
-from .._observe.events import EventHub, ServerBack, ServerUnreachable, SkipReason, SlotSkipped
-from .._observe.tracing import Tracing
-from .._store.contract import Store, describe_slot, is_fleet_request, is_manual
+from .._observe.events import (
+    EventHub,
+    LeaseLost,
+    ServerBack,
+    ServerUnreachable,
+    SkipReason,
+    SlotSkipped,
+    instant,
+    run_started,
+)
+from .._observe.tracing import AttemptTrace, Tracing
+from .._store.contract import (
+    HeartbeatRequest,
+    Outcome,
+    Store,
+    describe_slot,
+    is_fleet_request,
+    is_manual,
+)
 from .._store.keys import TimerKeys
 from .._store.timers import TimerStore
+from ..clients import ServerReplyError
 
 __all__ = [
     "EngineContext",
@@ -38,6 +56,10 @@ __all__ = [
     "firing_key",
     "round_trip_deadline_sec",
 ]
+
+if TYPE_CHECKING:
+    from .agenda import Agenda
+    from .settle import Settler
 
 log = logging.getLogger("anarchon")
 
@@ -157,6 +179,31 @@ class _Leased:
     async def invoke(self) -> None:
         raise NotImplementedError
 
+    def trace(self, tracing: Tracing) -> AttemptTrace | None:
+        """A span of this work, if it has one (a job's attempt)."""
+        return None
+
+    def began_event(self, context: EngineContext) -> None:
+        """Tell the listeners the handler begins (a job's attempt: ``RunStarted``)."""
+
+    def lost_event(self, instance: str, reason: str) -> LeaseLost:
+        raise NotImplementedError
+
+    async def settle_with(self, settler: Settler, outcome: Outcome, error: str | None) -> None:
+        """Record how it ended, through the settle step of its kind."""
+        raise NotImplementedError
+
+    def ended_here(self, agenda: Agenda) -> None:
+        """It has ended and settled: what waited for it may go on."""
+
+    @classmethod
+    async def heartbeats(
+        cls, context: EngineContext, batch: Sequence[_Leased], lease_ms: int
+    ) -> list[bool | ServerReplyError]:
+        """Extend the leases of a batch of this class's work (the lease keeper batches
+        by class), in one round trip: a reply for each, in order."""
+        raise NotImplementedError
+
     def cancel(self, reason: str, *, lost: bool = False) -> None:
         """Tell the handler its lease is gone (threads) and cancel it (async). ``lost``:
         the lease is lost (an ERROR), not given up by a stop."""
@@ -206,6 +253,41 @@ class _Attempt(_Leased):
     async def invoke(self) -> None:
         await self.job.invoke(self.run)
 
+    def trace(self, tracing: Tracing) -> AttemptTrace | None:
+        return tracing.start_attempt(self.run)
+
+    def began_event(self, context: EngineContext) -> None:
+        events = context.events
+        if events.on:
+            run = self.run
+            now_ms = _now_ms()
+            events.emit(run_started(run.runner, instant(now_ms), run, now_ms - run.slot_ms))
+
+    def lost_event(self, instance: str, reason: str) -> LeaseLost:
+        run = self.run
+        return LeaseLost(
+            instance=instance, job=run.job, slot_ms=run.slot_ms, attempt=run.attempt,
+            reason=reason,
+        )  # fmt: skip
+
+    async def settle_with(self, settler: Settler, outcome: Outcome, error: str | None) -> None:
+        await settler.settle_attempt(self, outcome, error)
+
+    def ended_here(self, agenda: Agenda) -> None:
+        agenda.run_ended(self.job)
+
+    @classmethod
+    async def heartbeats(
+        cls, context: EngineContext, batch: Sequence[_Leased], lease_ms: int
+    ) -> list[bool | ServerReplyError]:
+        store = context.store
+        assert store is not None
+        beats = [
+            HeartbeatRequest(a.job.name, a.slot_id, a.token, lease_ms, a.job.overlap)
+            for a in cast(Sequence[_Attempt], batch)
+        ]
+        return await store.heartbeat_many(beats)
+
 
 @dataclass(slots=True, kw_only=True)
 class _Firing(_Leased):
@@ -238,6 +320,25 @@ class _Firing(_Leased):
 
     async def invoke(self) -> None:
         await self.kind.invoke(self.run)
+
+    def lost_event(self, instance: str, reason: str) -> LeaseLost:
+        fire = self.run
+        return LeaseLost(
+            instance=instance, job=fire.kind, slot_ms=fire.due_ms, attempt=fire.attempt,
+            reason=reason, timer_key=fire.key,
+        )  # fmt: skip
+
+    async def settle_with(self, settler: Settler, outcome: Outcome, error: str | None) -> None:
+        await settler.settle_firing(self, outcome)
+
+    @classmethod
+    async def heartbeats(
+        cls, context: EngineContext, batch: Sequence[_Leased], lease_ms: int
+    ) -> list[bool | ServerReplyError]:
+        timer_store = context.timer_store
+        assert timer_store is not None
+        beats = [(f.keys, f.run.key, f.token) for f in cast(Sequence[_Firing], batch)]
+        return await timer_store.heartbeat_many(beats, lease_ms)
 
 
 def firing_key(kind: str, key: str, token: str) -> tuple[str, str]:

@@ -14,10 +14,8 @@ import time
 
 import anyio
 
-from .._observe.events import LeaseLost
-from .._store.contract import HeartbeatRequest
 from ..clients import ServerReplyError
-from ._context import EngineContext, _Attempt, _Firing, _Leased
+from ._context import EngineContext, _Leased
 
 __all__ = ["LeaseKeeper"]
 
@@ -96,56 +94,30 @@ class LeaseKeeper:
         attempt.cancel(reason, lost=True)
         events = self._context.events
         if events.on:
-            instance = self._context.instance_id
-            if isinstance(attempt, _Firing):
-                fire = attempt.run
-                lost = LeaseLost(
-                    instance=instance, job=fire.kind, slot_ms=fire.due_ms, attempt=fire.attempt,
-                    reason=reason, timer_key=fire.key,
-                )  # fmt: skip
-            else:
-                assert isinstance(attempt, _Attempt)
-                run = attempt.run
-                lost = LeaseLost(
-                    instance=instance, job=run.job, slot_ms=run.slot_ms, attempt=run.attempt,
-                    reason=reason,
-                )  # fmt: skip
-            events.emit(lost)
+            events.emit(attempt.lost_event(self._context.instance_id, reason))
 
     async def _beat(self, attempts: list[_Leased]) -> list[bool | ServerReplyError]:
-        """One heartbeat per attempt (jobs') and firing (timers'), in one round trip;
-        replies in the order of ``attempts``."""
+        """One heartbeat per attempt (jobs') and firing (timers'), each kind in one
+        round trip, the kinds at the same moment (so they share it); replies in the
+        order of ``attempts``."""
         context = self._context
         lease_ms = context.lease_ms
-        jobs = [a for a in attempts if isinstance(a, _Attempt)]
-        firings = [a for a in attempts if isinstance(a, _Firing)]
-        job_replies: list[bool | ServerReplyError] = []
-        firing_replies: list[bool | ServerReplyError] = []
+        batches: dict[type[_Leased], list[_Leased]] = {}
+        for attempt in attempts:
+            batches.setdefault(type(attempt), []).append(attempt)
+        by_attempt: dict[int, bool | ServerReplyError] = {}
 
-        async def beat_jobs() -> None:
-            assert context.store is not None
-            beats = [
-                HeartbeatRequest(a.job.name, a.slot_id, a.token, lease_ms, a.job.overlap)
-                for a in jobs
-            ]
-            job_replies.extend(await context.store.heartbeat_many(beats))
+        async def beat(kind: type[_Leased], batch: list[_Leased]) -> None:
+            replies = await kind.heartbeats(context, batch, lease_ms)
+            by_attempt.update(zip(map(id, batch), replies, strict=True))
 
-        async def beat_firings() -> None:
-            assert context.timer_store is not None
-            beats = [(a.keys, a.run.key, a.token) for a in firings]
-            firing_replies.extend(await context.timer_store.heartbeat_many(beats, lease_ms))
-
-        if jobs and firings:
-            # Together: calls made at the same moment share the round trip.
-            async with anyio.create_task_group() as group:
-                group.start_soon(beat_jobs)
-                group.start_soon(beat_firings)
-        elif jobs:
-            await beat_jobs()
+        if len(batches) == 1:
+            ((kind, batch),) = batches.items()
+            await beat(kind, batch)
         else:
-            await beat_firings()
-        by_attempt = dict(zip(map(id, jobs), job_replies, strict=True))
-        by_attempt.update(zip(map(id, firings), firing_replies, strict=True))
+            async with anyio.create_task_group() as group:
+                for kind, batch in batches.items():
+                    group.start_soon(beat, kind, batch)
         return [by_attempt[id(a)] for a in attempts]
 
     async def _heartbeat(self, attempts: list[_Leased], first_expiry: float) -> None:

@@ -21,11 +21,10 @@ from .._model.job import Job
 from .._model.schedule import from_epoch_ms
 from .._model.timer import Recurrence, TimerKind
 from .._model.values import Run, TimerRun
-from .._observe.events import instant, run_started
 from .._store.contract import ClaimReply, Outcome, slot_ms_of
 from .._store.keys import TimerKeys
 from .._store.timers import TimerWin, decode_payload
-from ._context import EngineContext, _Attempt, _Firing, _Leased, _now_ms, current_attempt
+from ._context import EngineContext, _Attempt, _Firing, _Leased, current_attempt
 from .agenda import Agenda
 from .lease_keeper import LeaseKeeper
 from .settle import Settler
@@ -108,9 +107,7 @@ class Runner:
         error: str | None = None
         current_attempt.set(leased)
         tracing = self._context.tracing
-        trace = None
-        if tracing is not None and isinstance(leased, _Attempt):
-            trace = tracing.start_attempt(leased.run)
+        trace = None if tracing is None else leased.trace(tracing)
         try:
             with leased.scope:
                 try:
@@ -126,13 +123,7 @@ class Runner:
                     if leased.lease_lost.is_set():
                         raise LeaseLostError("the lease ran out before the handler began")
                     leased.began = True
-                    events = self._context.events
-                    if events.on and isinstance(leased, _Attempt):
-                        run = leased.run
-                        now_ms = _now_ms()
-                        events.emit(
-                            run_started(run.runner, instant(now_ms), run, now_ms - run.slot_ms)
-                        )
+                    leased.began_event(self._context)
                     if trace is None:
                         await self._invoke(leased)
                     else:
@@ -156,12 +147,11 @@ class Runner:
                 trace.end(outcome, leased.failure)
             with anyio.CancelScope(shield=True):
                 try:
-                    await self._settler.settle(leased, outcome, error)
+                    await leased.settle_with(self._settler, outcome, error)
                 finally:
                     del self._context.attempts[leased.registry_key]
                     leased.settled.set()
-                    if isinstance(leased, _Attempt):
-                        self._agenda.run_ended(leased.job)
+                    leased.ended_here(self._agenda)
                     if not self._context.attempts:
                         self._idle.set()
 

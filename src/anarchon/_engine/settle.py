@@ -101,16 +101,11 @@ class Settler:
             except Exception as exc:
                 self._context.health.failed(f"releasing a firing of {kind.name}", exc)
 
-    async def settle(self, leased: _Leased, outcome: Outcome, error: str | None) -> None:
-        """Record how the attempt (or firing) ended; retried a few times if the connection
-        drops. Without its token in the state (lease lost) the store changes nothing."""
-        if isinstance(leased, _Firing):
-            await self._settle_firing(leased, outcome)
-            return
-        assert isinstance(leased, _Attempt)
+    async def settle_attempt(self, attempt: _Attempt, outcome: Outcome, error: str | None) -> None:
+        """Record how the attempt ended; retried a few times if the connection drops.
+        Without its token in the state (lease lost) the store changes nothing."""
         store = self._context.store
         assert store is not None
-        attempt = leased
         job = attempt.job
         run = attempt.run
         end = AttemptEnd(
@@ -164,7 +159,9 @@ class Settler:
     def _retry_delay_ms(self, job: Job) -> int:
         return self._context.retry_delay_ms if job.retry_delay_ms is None else job.retry_delay_ms
 
-    async def _settle_firing(self, firing: _Firing, outcome: Outcome) -> None:
+    async def settle_firing(self, firing: _Firing, outcome: Outcome) -> None:
+        """Record how the firing ended (and what follows it: a rearm, the next
+        recurrence, a retry), as ``settle_attempt`` records an attempt."""
         fire = firing.run
         timer_outcome: TimerOutcome = outcome
         if (
