@@ -444,7 +444,7 @@ ENGINE_MUTANTS: list[Mutant] = [
     ),
     _engine(
         "stop-not-shielded",
-        "_scheduler.py",
+        "_engine/instance.py",
         "        assert self._grace is not None\n        with anyio.CancelScope(shield=True):",
         "        assert self._grace is not None\n        with anyio.CancelScope(shield=False):",
         "the stop runs shielded: an instance whose task is cancelled still resolves its "

@@ -56,7 +56,7 @@ def due(slot_ms: int, *, first: bool, may_start: bool, failures: int = 0) -> _Du
 def pop(agenda: Agenda, *dues: _Due) -> list[_Due]:
     for item in dues:
         agenda.push(item)
-    return agenda._pop_due(NOW_MS)
+    return agenda._pop_due(NOW_MS).slots
 
 
 def test_a_waiting_claim_past_the_start_limit_is_skipped_loudly(
@@ -119,7 +119,7 @@ async def test_a_sleep_toward_a_far_claim_re_reads_the_clock_within_the_cap() ->
     got: list[_Due] = []
 
     async def claim_loop() -> None:
-        got.extend(await agenda.next_batch())
+        got.extend((await agenda.next_batch()).slots)
 
     with anyio.fail_after(_SLEEP_CAP_SEC + 3):
         async with anyio.create_task_group() as group:
@@ -167,12 +167,12 @@ def test_a_first_claim_is_made_up_to_its_lateness_window_and_skipped_loudly_afte
     just_in_time = first_claim(NOW_MS - job.late_window_ms)
     agenda = an_agenda(job)
     agenda.push(just_in_time)
-    assert agenda._pop_due(NOW_MS) == [just_in_time]
+    assert agenda._pop_due(NOW_MS).slots == [just_in_time]
     too_late = first_claim(NOW_MS - job.late_window_ms - 1)
     agenda = an_agenda(job)
     agenda.push(too_late)
     with caplog.at_level(logging.WARNING, logger="anarchon"):
-        assert agenda._pop_due(NOW_MS) == []
+        assert agenda._pop_due(NOW_MS).slots == []
     assert any("missed" in r.getMessage() for r in caplog.records)
 
 
@@ -188,7 +188,7 @@ def test_on_start_the_slots_in_the_catch_up_window_are_claimed_oldest_first(
     job = a_job_with(10_000, catch_up_ms=30_000, max_late_ms=max_late_ms)
     agenda = an_agenda(job)
     agenda.schedule_first_slots(job, NOW_MS)
-    claimed = agenda._pop_due(NOW_MS)
+    claimed = agenda._pop_due(NOW_MS).slots
     assert [(due.slot_ms - NOW_MS, due.trigger) for due in claimed] == [
         (-30_000, "catch-up"),
         (-20_000, "catch-up"),
@@ -206,9 +206,9 @@ def test_a_claim_waiting_behind_a_run_here_is_due_as_soon_as_that_run_ends() -> 
     slot_id = str(int(now))
     waiting = agenda.push_follow_up(job, slot_id, "schedule", now + LEASE_MS, may_start=True)
     agenda.wake_when_run_ends(job, waiting)
-    assert agenda._pop_due(_now_ms()) == []
+    assert agenda._pop_due(_now_ms()).slots == []
     agenda.run_ended(job)
-    assert agenda._pop_due(_now_ms()) == [waiting]
+    assert agenda._pop_due(_now_ms()).slots == [waiting]
     assert waiting.may_start  # it may still start its slot
 
 
@@ -229,7 +229,7 @@ def test_a_waiting_claim_made_on_its_own_time_no_longer_counts_as_the_waiter() -
     own_time = agenda.push_follow_up(job, slot_id, "schedule", _now_ms() - 1, True)
     agenda.wake_when_run_ends(job, own_time)
     assert agenda.has_waiter(job)
-    assert own_time in agenda._pop_due(_now_ms())
+    assert own_time in agenda._pop_due(_now_ms()).slots
     assert not agenda.has_waiter(job)
 
 
@@ -241,7 +241,7 @@ def test_a_follow_up_claim_is_pending_until_it_is_made() -> None:
     slot_id = str(NOW_MS - 1_000)
     backup = agenda.push_follow_up(job, slot_id, "schedule", NOW_MS)
     assert agenda.pending == {(job.name, slot_id)}
-    assert agenda._pop_due(NOW_MS) == [backup]
+    assert agenda._pop_due(NOW_MS).slots == [backup]
     assert agenda.pending == set()
 
 
@@ -255,7 +255,7 @@ def test_a_backup_claim_is_not_a_first_claim() -> None:
     (next_slot,) = agenda._due
     old_slot_ms = NOW_MS - 10 * job.late_window_ms
     backup = agenda.push_follow_up(job, str(old_slot_ms), "schedule", NOW_MS)
-    assert agenda._pop_due(NOW_MS) == [backup]
+    assert agenda._pop_due(NOW_MS).slots == [backup]
     assert not backup.first and not backup.may_start
     assert len(agenda._due) == 1 and agenda._due[0] is next_slot
 
@@ -268,7 +268,7 @@ def test_a_jittered_slot_is_claimed_at_or_after_its_instant_within_the_jitter() 
     for _ in range(20):
         (due,) = agenda._due
         offsets.append(due.at_ms - due.slot_ms)
-        assert agenda._pop_due(due.at_ms) == [due]  # and schedules the next slot
+        assert agenda._pop_due(due.at_ms).slots == [due]  # and schedules the next slot
     assert all(0 <= offset <= job.jitter_ms for offset in offsets)
     assert any(offset > 0 for offset in offsets)  # spread, not all at the instant
 
@@ -286,5 +286,5 @@ def test_after_a_gap_only_the_newest_slot_starts_though_dropped_claims_lie_among
     agenda.push(first_claim(NOW_MS - 3_000, every_second.name))
     agenda.push(first_claim(NOW_MS - 2_500, strict.name))  # 2.5 s late, 1 s allowed
     agenda.push(first_claim(NOW_MS - 2_200, broken.name))
-    claimed = agenda._pop_due(NOW_MS)
+    claimed = agenda._pop_due(NOW_MS).slots
     assert [(due.job, due.slot_ms) for due in claimed] == [(every_second.name, NOW_MS)]

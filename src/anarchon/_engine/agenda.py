@@ -29,7 +29,7 @@ from .._store.contract import slot_ms_of
 from .._store.keys import TimerKeys
 from ._context import EngineContext, _now_ms
 
-__all__ = ["Agenda", "_Due"]
+__all__ = ["Agenda", "DueBatch", "_Claim", "_Due", "_TimerDue"]
 
 log = logging.getLogger("anarchon")
 
@@ -42,28 +42,110 @@ _SLEEP_MARGIN_SEC = 0.002
 _SLEEP_CAP_SEC = 5.0
 
 
-@dataclass(order=True, slots=True)
-class _Due:
-    """A claim this instance will make at ``at_ms`` (wall clock, epoch ms)."""
+@dataclass(eq=False, slots=True)
+class _Claim:
+    """A claim this instance will make at ``at_ms`` (wall clock, epoch ms): of a job's
+    slot (``_Due``) or of a timer kind's (bucket's) due timers (``_TimerDue``). Claims
+    are ordered by instant, then by when they were queued."""
 
     at_ms: float
     seq: int
-    job: str = field(compare=False)
-    slot_id: str = field(compare=False)
-    slot_ms: int = field(compare=False)
-    trigger: Trigger = field(compare=False)
+    token: str = field(kw_only=True, default_factory=lambda: secrets.token_hex(8))
+    failures: int = field(kw_only=True, default=0)
+
+    def __lt__(self, other: _Claim) -> bool:
+        return (self.at_ms, self.seq) < (other.at_ms, other.seq)
+
+    def noted(self, agenda: Agenda) -> None:
+        """It went on the agenda."""
+
+    def forgotten(self, agenda: Agenda) -> None:
+        """It left the agenda."""
+
+    def popped(self, agenda: Agenda, batch: DueBatch, now_ms: float) -> None:
+        """It is due: into the batch to claim, or dropped."""
+        raise NotImplementedError
+
+    def sort_into(self, batch: DueBatch) -> None:
+        raise NotImplementedError
+
+    def before_retry(self, agenda: Agenda, at_ms: float) -> None:
+        """Its round trip failed, and it is sent again at ``at_ms``."""
+
+    def follows_up(self, job: str, slot_id: str) -> bool:
+        """Whether it is a later claim (a backup's, a retry's) of that slot."""
+        return False
+
+
+@dataclass(eq=False, slots=True)
+class _Due(_Claim):
+    """A claim of a job's slot."""
+
+    job: str
+    slot_id: str
+    slot_ms: int
+    trigger: Trigger
     #: The slot's first claim by this instance (lateness applies, and the
     #: job's next slot is scheduled); later claims are a backup's or a retry's.
-    first: bool = field(compare=False)
-    token: str = field(compare=False, default_factory=lambda: secrets.token_hex(8))
-    failures: int = field(compare=False, default=0)
+    first: bool
     #: Whether this claim may start the run: a first claim, or one waiting behind an
     #: overlapping run after its first claim found the slot not started. A backup's
     #: or a retry's claim of a slot whose state was forgotten must not start it again.
-    may_start: bool = field(compare=False, default=False)
-    #: Set for a claim of a timer kind's (bucket's) due timers (``job`` is the kind):
-    #: not a job's slot.
-    timer_keys: TimerKeys | None = field(compare=False, default=None)
+    may_start: bool = field(kw_only=True, default=False)
+
+    def noted(self, agenda: Agenda) -> None:
+        if not self.first:
+            agenda.pending.add((self.job, self.slot_id))
+
+    def forgotten(self, agenda: Agenda) -> None:
+        agenda.pending.discard((self.job, self.slot_id))
+
+    def popped(self, agenda: Agenda, batch: DueBatch, now_ms: float) -> None:
+        agenda.pop_slot(self, batch.slots, now_ms)
+
+    def sort_into(self, batch: DueBatch) -> None:
+        batch.slots.append(self)
+
+    def follows_up(self, job: str, slot_id: str) -> bool:
+        return self.job == job and self.slot_id == slot_id and not self.first
+
+    def before_retry(self, agenda: Agenda, at_ms: float) -> None:
+        # A first claim whose job has a newer slot due by then may no longer start it.
+        next_slot_ms = agenda.next_slot_ms.get(self.job)
+        if self.first and next_slot_ms is not None and self.slot_ms < next_slot_ms <= at_ms:
+            self.first = False
+            self.may_start = False
+
+
+@dataclass(eq=False, slots=True)
+class _TimerDue(_Claim):
+    """A claim of a timer kind's (bucket's) due timers; its token is the base of the
+    firings' tokens."""
+
+    kind: str
+    keys: TimerKeys
+
+    def noted(self, agenda: Agenda) -> None:
+        agenda.timer_claims[self.keys.tag] = self
+
+    def forgotten(self, agenda: Agenda) -> None:
+        if agenda.timer_claims.get(self.keys.tag) is self:
+            del agenda.timer_claims[self.keys.tag]
+
+    def popped(self, agenda: Agenda, batch: DueBatch, now_ms: float) -> None:
+        if self.kind in agenda.timer_kinds:
+            batch.timers.append(self)
+
+    def sort_into(self, batch: DueBatch) -> None:
+        batch.timers.append(self)
+
+
+@dataclass(slots=True)
+class DueBatch:
+    """The claims due together: of jobs' slots, and of timer kinds' due timers."""
+
+    slots: list[_Due] = field(default_factory=list)
+    timers: list[_TimerDue] = field(default_factory=list)
 
 
 class Agenda:
@@ -71,7 +153,7 @@ class Agenda:
 
     def __init__(self, context: EngineContext) -> None:
         self._context = context
-        self._due: list[_Due] = []
+        self._due: list[_Claim] = []
         self._seq = itertools.count()
         self._wake = anyio.Event()
         #: Follow-up claims (backups, retries, take-overs) waiting in the heap.
@@ -81,7 +163,9 @@ class Agenda:
         #: The next scheduled slot of each job this instance will claim.
         self.next_slot_ms: dict[str, int] = {}
         #: The claim of each timer kind's (bucket's) due timers on the agenda, by tag.
-        self._timer_claims: dict[str, _Due] = {}
+        self.timer_claims: dict[str, _TimerDue] = {}
+        #: The kinds of timer this instance fires.
+        self.timer_kinds = context.timer_kinds
 
     def wake(self) -> None:
         """Wake the claim loop now (to see an earlier claim, or that the scheduler stops)."""
@@ -89,25 +173,19 @@ class Agenda:
 
     # ------------------------------------------------------------ adding claims
 
-    def push(self, due: _Due) -> None:
+    def push(self, due: _Claim) -> None:
         first_before = self._due[0].at_ms if self._due else math.inf
         heapq.heappush(self._due, due)
-        if due.timer_keys is not None:
-            self._timer_claims[due.timer_keys.tag] = due
-        elif not due.first:
-            self.pending.add((due.job, due.slot_id))
+        due.noted(self)
         if due.at_ms < first_before:
             self._wake.set()
 
     def timer_due(self, kind: str, keys: TimerKeys, at_ms: float) -> None:
         """Claim the due timers of a kind (bucket) at ``at_ms``: the claim of them on the
         agenda comes forward to then, if it is later (one per kind and bucket)."""
-        due = self._timer_claims.get(keys.tag)
+        due = self.timer_claims.get(keys.tag)
         if due is None:
-            due = _Due(
-                at_ms, next(self._seq), kind, keys.tag, 0, "schedule", False, timer_keys=keys
-            )
-            self.push(due)
+            self.push(_TimerDue(at_ms, next(self._seq), kind, keys))
         elif at_ms < due.at_ms:
             due.at_ms = at_ms
             heapq.heapify(self._due)
@@ -132,7 +210,7 @@ class Agenda:
             return
         now_ms = _now_ms()
         for due in self._due:
-            if due.job == job and due.slot_id == slot_id and not due.first:
+            if due.follows_up(job, slot_id):
                 due.at_ms = min(due.at_ms, now_ms)
         heapq.heapify(self._due)
         self._wake.set()
@@ -143,29 +221,25 @@ class Agenda:
         if (job.name, slot_id) not in self.pending:
             self.push_follow_up(job, slot_id, "manual", _now_ms())
 
-    def push_again(self, due: _Due, at_ms: float) -> None:
+    def push_again(self, due: _Claim, at_ms: float) -> None:
         """Queue a claim again at ``at_ms``, with its token (its round trip failed)."""
+        due.failures += 1
+        due.before_retry(self, at_ms)
         due.at_ms = at_ms
         due.seq = next(self._seq)
         self.push(due)
 
-    def take_unanswered(self) -> list[_Due]:
+    def take_unanswered(self) -> DueBatch:
         """Remove and return the claims whose last round trip failed: the server may
         have applied them (a lost reply), so a stopping scheduler resolves them."""
-        unanswered = [due for due in self._due if due.failures > 0]
+        unanswered = DueBatch()
+        for due in self._due:
+            if due.failures > 0:
+                due.forgotten(self)
+                due.sort_into(unanswered)
         self._due = [due for due in self._due if due.failures == 0]
         heapq.heapify(self._due)
-        for due in unanswered:
-            self._forget(due)
         return unanswered
-
-    def _forget(self, due: _Due) -> None:
-        """``due`` left the heap."""
-        if due.timer_keys is not None:
-            if self._timer_claims.get(due.timer_keys.tag) is due:
-                del self._timer_claims[due.timer_keys.tag]
-        else:
-            self.pending.discard((due.job, due.slot_id))
 
     def wake_when_run_ends(self, job: Job, due: _Due) -> None:
         """Bring ``due`` forward as soon as a run of the job on this instance ends."""
@@ -243,7 +317,7 @@ class Agenda:
 
     # ------------------------------------------------------- taking what is due
 
-    async def next_batch(self) -> list[_Due]:
+    async def next_batch(self) -> DueBatch:
         """Sleep until the earliest claim is due; return every claim due by then."""
         while self._context.state == "running":
             if not self._due:
@@ -257,7 +331,7 @@ class Agenda:
                 await anyio.lowlevel.checkpoint()
                 continue
             return self._pop_due(_now_ms())
-        return []
+        return DueBatch()
 
     async def _wait_for_wake(self, timeout_sec: float | None) -> None:
         with anyio.move_on_after(math.inf if timeout_sec is None else timeout_sec):
@@ -265,36 +339,38 @@ class Agenda:
         if self._wake.is_set():
             self._wake = anyio.Event()
 
-    def _pop_due(self, now_ms: float) -> list[_Due]:
-        batch: list[_Due] = []
+    def _pop_due(self, now_ms: float) -> DueBatch:
+        batch = DueBatch()
         while self._due and self._due[0].at_ms <= now_ms:
             due = heapq.heappop(self._due)
-            self._forget(due)
-            if due.timer_keys is not None:
-                if due.job in self._context.timer_kinds:
-                    batch.append(due)
-                continue
-            waiters = self._overlap_waiters.get(due.job)
-            if waiters and due in waiters:
-                waiters.remove(due)  # claimed now: nothing left to wake
-            job = self._context.jobs.get(due.job)
-            if job is None or job.name in self._context.disabled:
-                continue
-            if due.first and due.failures == 0:
-                self._schedule_next_slot(job, due.slot_ms, now_ms)
-            if due.first and not self._in_time(job, due, now_ms):
-                if due.failures == 0:
-                    self._log_missed(job, due, now_ms)
-                    self._context.skipped(job.name, due.slot_ms, "late")
-                    continue
-                # Too late to start now, but its lost reply may have won: ask only that.
-                due.first = False
-                due.may_start = False
-            if not due.first and due.may_start and self._waited_too_long(job, due, now_ms):
+            due.forgotten(self)
+            due.popped(self, batch, now_ms)
+        batch.slots = self._without_stale_backlog(batch.slots)
+        return batch
+
+    def pop_slot(self, due: _Due, slots: list[_Due], now_ms: float) -> None:
+        """A slot's claim is due: into ``slots``, unless its job is gone or disabled, or
+        it came too late (then skipped, loudly)."""
+        waiters = self._overlap_waiters.get(due.job)
+        if waiters and due in waiters:
+            waiters.remove(due)  # claimed now: nothing left to wake
+        job = self._context.jobs.get(due.job)
+        if job is None or job.name in self._context.disabled:
+            return
+        if due.first and due.failures == 0:
+            self._schedule_next_slot(job, due.slot_ms, now_ms)
+        if due.first and not self._in_time(job, due, now_ms):
+            if due.failures == 0:
+                self._log_missed(job, due, now_ms)
                 self._context.skipped(job.name, due.slot_ms, "late")
-                continue
-            batch.append(due)
-        return self._without_stale_backlog(batch)
+                return
+            # Too late to start now, but its lost reply may have won: ask only that.
+            due.first = False
+            due.may_start = False
+        if not due.first and due.may_start and self._waited_too_long(job, due, now_ms):
+            self._context.skipped(job.name, due.slot_ms, "late")
+            return
+        slots.append(due)
 
     def _without_stale_backlog(self, batch: list[_Due]) -> list[_Due]:
         """After an outage or a stall, several scheduled slots of one job can be due at
@@ -303,8 +379,6 @@ class Agenda:
         older ones are skipped (catch-up slots keep their turn, oldest first)."""
         newest: dict[str, _Due] = {}
         for due in batch:
-            if due.timer_keys is not None:
-                continue
             job = self._context.jobs[due.job]
             backlog = due.first and due.trigger == "schedule" and not job.overlap
             if backlog and (due.job not in newest or newest[due.job].slot_ms < due.slot_ms):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import random
 import time
+from collections.abc import Sequence
 from contextlib import nullcontext
 from dataclasses import replace
 
@@ -26,7 +27,7 @@ from .._store.contract import ClaimReply, ClaimRequest, Store, describe_slot
 from .._store.timers import TimerClaim
 from ..clients import ServerReplyError, is_transient
 from ._context import EngineContext, _attempts_for, _now_ms, firing_key
-from .agenda import Agenda, _Due
+from .agenda import Agenda, _Claim, _Due, _TimerDue
 from .runner import Runner
 from .settle import Settler
 
@@ -63,8 +64,7 @@ class Claimer:
         try:
             while self._context.state == "running":
                 batch = await self._agenda.next_batch()
-                slots = [due for due in batch if due.timer_keys is None]
-                timers = [due for due in batch if due.timer_keys is not None]
+                slots, timers = batch.slots, batch.timers
                 # A large instant goes in parts: the first runs start while the rest
                 # are claimed, and no round trip outgrows a client's request timeout.
                 for start in range(0, len(slots), _CLAIM_BATCH_MAX):
@@ -80,17 +80,17 @@ class Claimer:
         finally:
             self.loop_done.set()
 
-    async def _claim_timers(self, due: _Due) -> None:
+    async def _claim_timers(self, due: _TimerDue) -> None:
         """Claim a kind's (bucket's) due timers, up to a batch; run what was won, and put
         the next claim on the agenda: at once if the batch was full, else when the
         earliest timer needs attention, but no later than the poll interval (a timer
         set elsewhere to fire sooner is seen by then). A claim whose round trip failed
         is sent again with its token base: its reply hears of the firings it won."""
         context = self._context
-        kind = context.timer_kinds.get(due.job)
-        keys = due.timer_keys
+        kind = context.timer_kinds.get(due.kind)
+        keys = due.keys
         timer_store = context.timer_store
-        if kind is None or keys is None or timer_store is None:
+        if kind is None or timer_store is None:
             return
         sent = time.monotonic()
         claim: TimerClaim | None = None
@@ -226,12 +226,11 @@ class Claimer:
         store = self._context.store
         if store is None:
             return
-        unanswered = [due for due in taken if due.timer_keys is None]
-        timer_claims = [due for due in taken if due.timer_keys is not None]
+        unanswered, timer_claims = taken.slots, taken.timers
         if timer_claims:
             async with anyio.create_task_group() as group:
-                for due in timer_claims:
-                    group.start_soon(self._release_unanswered_timers, due)
+                for timer_claim in timer_claims:
+                    group.start_soon(self._release_unanswered_timers, timer_claim)
         for start in range(0, len(unanswered), _CLAIM_BATCH_MAX):
             part = unanswered[start : start + _CLAIM_BATCH_MAX]
             requests = [replace(self._claim_request(due), probe=True) for due in part]
@@ -248,21 +247,21 @@ class Claimer:
                     if isinstance(reply, ClaimReply) and reply.kind == "won" and job is not None:
                         group.start_soon(self._settler.release, job, due.slot_id, due.token, reply)
 
-    async def _release_unanswered_timers(self, due: _Due) -> None:
+    async def _release_unanswered_timers(self, due: _TimerDue) -> None:
         """On stop: a claim of due timers whose reply was lost may have won firings that
         nobody runs. Sent again with no room for more (limit 0), it hears of them; each
         is given back (not counted as an attempt), so another instance fires it at once
         instead of a lease later."""
         context = self._context
-        kind = context.timer_kinds.get(due.job)
+        kind = context.timer_kinds.get(due.kind)
         timer_store = context.timer_store
-        if kind is None or due.timer_keys is None or timer_store is None:
+        if kind is None or timer_store is None:
             return
         claim: TimerClaim | None = None
         with anyio.move_on_after(context.round_trip_sec):
             try:
                 claim = await timer_store.claim(
-                    due.timer_keys,
+                    due.keys,
                     limit=0,
                     lease_ms=context.lease_ms,
                     token_base=due.token,
@@ -270,7 +269,7 @@ class Claimer:
                 )
             except Exception as exc:
                 context.health.failed(f"resolving timer claims of {kind.name} on stop", exc)
-        keys = due.timer_keys
+        keys = due.keys
         async with anyio.create_task_group() as group:  # together: one round trip
             for win in claim.wins if claim is not None else ():
                 if win.trigger != "lapsed":  # a lapsed recurrence lapses again, a lease later
@@ -300,24 +299,18 @@ class Claimer:
             ),
         )
 
-    def _retry_claims(self, batch: list[_Due]) -> None:
+    def _retry_claims(self, batch: Sequence[_Claim]) -> None:
         """Claims whose round trip failed are sent again with the same token (the claim
         script recognises a repeat), after a growing delay.
 
         A slot's first claim whose job has a newer slot due by then is sent again only
         to learn whether it had won (its reply may have been lost after the server
         applied it): it may no longer start the run, so a backlog of old slots never
-        runs late in place of the on-time one."""
+        runs late in place of the on-time one (``_Due.before_retry``)."""
         now_ms = _now_ms()
         for due in batch:
             wait_ms = _CLAIM_RETRY_MS[min(due.failures, len(_CLAIM_RETRY_MS) - 1)]
-            at_ms = now_ms + wait_ms * random.uniform(0.8, 1.2)
-            due.failures += 1
-            next_slot_ms = self._agenda.next_slot_ms.get(due.job)
-            if due.first and next_slot_ms is not None and due.slot_ms < next_slot_ms <= at_ms:
-                due.first = False
-                due.may_start = False
-            self._agenda.push_again(due, at_ms)
+            self._agenda.push_again(due, now_ms + wait_ms * random.uniform(0.8, 1.2))
 
     def _on_claim_reply(
         self, due: _Due, reply: ClaimReply, now_ms: float, sent: float, skipped: bool = False
