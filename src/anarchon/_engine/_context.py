@@ -33,6 +33,7 @@ from .._observe.events import (
 from .._observe.tracing import AttemptTrace, Tracing
 from .._store.contract import (
     HeartbeatRequest,
+    LeasingStore,
     Outcome,
     Store,
     describe_slot,
@@ -281,7 +282,7 @@ class _Attempt(_Leased):
         cls, context: EngineContext, batch: Sequence[_Leased], lease_ms: int
     ) -> list[bool | ServerReplyError]:
         store = context.store
-        assert store is not None
+        assert isinstance(store, LeasingStore)  # attempts are heartbeated with leases only
         beats = [
             HeartbeatRequest(a.job.name, a.slot_id, a.token, lease_ms, a.job.overlap)
             for a in cast(Sequence[_Attempt], batch)

@@ -12,7 +12,7 @@ from .._errors import SchedulerStateError
 from .._model.job import Job
 from .._model.schedule import from_epoch_ms
 from .._model.values import RunResult
-from .._store.contract import ClaimReply, manual_slot_id
+from .._store.contract import ClaimReply, RecordingStore, manual_slot_id
 from ._context import EngineContext, _now_ms
 from .claimer import Claimer
 from .runner import Runner
@@ -31,13 +31,13 @@ async def run_now(
     requested_ms = int(_now_ms())
     slot_id = manual_slot_id(requested_ms, secrets.token_hex(4))
     token = secrets.token_hex(8)
-    if store.leases:
-        reply, claim_sent = await claimer.claim_manual(job, slot_id, requested_ms, token)
-    else:
-        # No lease to claim: the manual stream records the run, which runs here.
+    if isinstance(store, RecordingStore):
+        # No lease to claim: the store records the run, which runs here.
         claim_sent = time.monotonic()
         fence = await store.begin_manual(job.name, slot_id, token)
         reply = ClaimReply("won", attempt=1, fence=fence, trigger="manual")
+    else:
+        reply, claim_sent = await claimer.claim_manual(job, slot_id, requested_ms, token)
     if context.state != "running":
         # The stop began while the manual claim was in flight: give the win back.
         await settler.release(job, slot_id, token, reply)

@@ -19,7 +19,6 @@ from .contract import (
     ClaimReply,
     ClaimRequest,
     FinishReply,
-    HeartbeatRequest,
     slot_ms_of,
 )
 from .keys import ClaimOnlyKeys
@@ -196,11 +195,6 @@ class ClaimOnlyStore:
              "slot", slot_id, "token", token, "runner", self.runner)
         )  # fmt: skip
         return int(str(entry_id).split("-", 1)[0])
-
-    async def heartbeat_many(
-        self, beats: Sequence[HeartbeatRequest]
-    ) -> list[bool | ServerReplyError]:
-        raise NotImplementedError("claim-only strategies hold no leases")
 
     async def finish(self, end: AttemptEnd) -> FinishReply:
         """Record the run's result: one member of the results sorted set (trimmed to

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Literal, Protocol, runtime_checkable
 
 from .._model.schedule import iso_ms
 from .._model.values import RunResult, Trigger
@@ -104,7 +104,9 @@ class FinishReply:
 
 
 class Store(Protocol):
-    """A strategy's store. ``leases`` tells whether it holds leases (and heartbeats)."""
+    """What the engine asks of every strategy's store. ``leases`` tells which kind it is
+    besides: a ``LeasingStore`` (the lease strategy) or a ``RecordingStore`` (the
+    claim-only ones)."""
 
     conn: Connection
     leases: bool
@@ -115,19 +117,31 @@ class Store(Protocol):
         self, requests: Sequence[ClaimRequest]
     ) -> list[ClaimReply | ServerReplyError]: ...
 
-    async def heartbeat_many(
-        self, beats: Sequence[HeartbeatRequest]
-    ) -> list[bool | ServerReplyError]: ...
-
-    async def begin_manual(self, job: str, slot_id: str, token: str) -> int:
-        """Record a claim-only ``run_now`` run; returns its fence (server time)."""
-        ...
-
     async def finish(self, end: AttemptEnd) -> FinishReply: ...
 
     async def result_of(self, job: str, slot_id: str, attempt: int) -> RunResult: ...
 
     async def history(self, job: str, limit: int) -> list[RunResult]: ...
+
+
+@runtime_checkable
+class LeasingStore(Store, Protocol):
+    """A store that leases its runs: each running attempt is heartbeated, and a manual
+    run is claimed like any other."""
+
+    async def heartbeat_many(
+        self, beats: Sequence[HeartbeatRequest]
+    ) -> list[bool | ServerReplyError]: ...
+
+
+@runtime_checkable
+class RecordingStore(Store, Protocol):
+    """A claim-only store: the winner of a slot runs it once, with no lease to keep; a
+    manual run is recorded, not claimed."""
+
+    async def begin_manual(self, job: str, slot_id: str, token: str) -> int:
+        """Record a ``run_now`` run; returns its fence (server time)."""
+        ...
 
 
 def manual_slot_id(requested_ms: int, nonce: str) -> str:

@@ -148,11 +148,6 @@ class LeaseStore:
             for reply in replies
         ]
 
-    async def begin_manual(self, job: str, slot_id: str, token: str) -> int:
-        """Not used: a manual run is claimed like any other (the claim writes the runs
-        entry and hands out the fence)."""
-        raise NotImplementedError("the lease strategy claims manual runs")
-
     async def finish(self, end: AttemptEnd) -> FinishReply:
         keys = self.keys(end.job)
         call = ScriptCall(
