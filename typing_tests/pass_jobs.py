@@ -36,3 +36,10 @@ async def bounded(run: Run) -> None: ...
 
 claim_only.add_job(poll, every_ms=60_000, name="bounded-poll", timeout_ms=10_000)
 leased.add_job(poll, every_ms=60_000, name="narrow", retry_on=TimeoutError)
+
+
+@leased.timer("remind", max_attempts=5, retry_delay_ms=2_000, buckets=3)
+async def remind() -> None: ...
+
+
+leased.add_timer(poll, "digest", buckets=1)

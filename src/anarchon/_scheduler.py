@@ -5,36 +5,30 @@ them), registers jobs and timer kinds, and hands the work on: to its engine inst
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Iterable
 from datetime import datetime
 from types import TracebackType
 from typing import Any, Generic, TypeVar, Unpack, overload
 
-import anyio
-
-from ._engine._context import EngineContext, _now_ms
 from ._engine.instance import Instance
-from ._errors import InvalidJobError, InvalidOptionError
-from ._model.job import Handler, Job
+from ._errors import InvalidOptionError
+from ._model.job import Handler
 from ._model.options import (
     JobOptions,
     LeaseJobOptions,
     SchedulerSettings,
+    TimerKindOptions,
     check_instance_id,
     make_job,
     make_timer_kind,
 )
-from ._model.schedule import Schedule, iso_ms
+from ._model.schedule import Schedule
 from ._model.values import RunResult, TimerInfo, TimerSetting
 from ._observe.events import Event, EventStream
 from ._store.backend import ClaimOnly, K, Leases, RedisBackend
-from ._store.lease import LeaseStore
 from ._timers import bound_timers
 
 __all__ = ["Scheduler"]
-
-log = logging.getLogger("anarchon")
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -116,30 +110,24 @@ class Scheduler(Generic[K]):
             )
         self.backend = backend
         settings = SchedulerSettings.make(
-            strategy=backend.strategy, leases=backend.leases, lease_ms=lease_ms,
-            heartbeat_ms=heartbeat_ms, history_size=history_size,
-            history_ttl_ms=history_ttl_ms, instance_id=instance_id,
-            stop_grace_ms=stop_grace_ms, retry_delay_ms=retry_delay_ms,
+            strategy=backend.strategy,
+            leases=backend.leases,
+            lease_ms=lease_ms,
+            heartbeat_ms=heartbeat_ms,
+            history_size=history_size,
+            history_ttl_ms=history_ttl_ms,
+            instance_id=instance_id,
+            stop_grace_ms=stop_grace_ms,
+            retry_delay_ms=retry_delay_ms,
             timer_poll_ms=timer_poll_ms,
-        )  # fmt: skip
+        )
         self.lease_ms = settings.lease_ms
         self.heartbeat_ms = settings.heartbeat_ms
         self.history_size = settings.history_size
         self.history_ttl_ms = settings.history_ttl_ms
         self.stop_grace_ms = settings.stop_grace_ms
         self.retry_delay_ms = settings.retry_delay_ms
-        context = EngineContext(
-            jobs={}, instance_id=settings.instance_id, lease_ms=settings.lease_ms,
-            heartbeat_ms=settings.heartbeat_ms, retry_delay_ms=settings.retry_delay_ms,
-            prefix=backend.prefix, timer_poll_ms=settings.timer_poll_ms,
-        )  # fmt: skip
-        self._instance = Instance(
-            self, backend, context, stop_grace_ms=settings.stop_grace_ms,
-            store_options={
-                "runner": settings.instance_id, "history_size": settings.history_size,
-                "history_ttl_ms": settings.history_ttl_ms,
-            },
-        )  # fmt: skip
+        self._instance = Instance.create(self, backend, settings)
         self._timers = bound_timers(backend, self._instance)
 
     @property
@@ -227,9 +215,13 @@ class Scheduler(Generic[K]):
     ) -> None:
         backend, context = self.backend, self._instance.context
         job = make_job(
-            handler, schedule, options, strategy=backend.strategy, leases=backend.leases,
+            handler,
+            schedule,
+            options,
+            strategy=backend.strategy,
+            leases=backend.leases,
             taken=context.jobs,
-        )  # fmt: skip
+        )
         backend.check_job(job)
         self._instance.add_job(job)
 
@@ -241,12 +233,7 @@ class Scheduler(Generic[K]):
     # ---------------------------------------------------------------- timers
 
     def timer(
-        self: Scheduler[Leases],
-        kind: str,
-        *,
-        max_attempts: int = 3,
-        retry_delay_ms: int | None = None,
-        buckets: int = 1,
+        self: Scheduler[Leases], kind: str, **options: Unpack[TimerKindOptions]
     ) -> Callable[[F], F]:
         """Register the decorated function as the handler of a kind of timer; see
         ``add_timer`` for the options::
@@ -257,10 +244,7 @@ class Scheduler(Generic[K]):
         """
 
         def register(handler: F) -> F:
-            self.add_timer(
-                handler, kind, max_attempts=max_attempts, retry_delay_ms=retry_delay_ms,
-                buckets=buckets,
-            )  # fmt: skip
+            self.add_timer(handler, kind, **options)
             return handler
 
         return register
@@ -269,10 +253,7 @@ class Scheduler(Generic[K]):
         self: Scheduler[Leases],
         handler: Callable[..., Any],
         kind: str,
-        *,
-        max_attempts: int = 3,
-        retry_delay_ms: int | None = None,
-        buckets: int = 1,
+        **options: Unpack[TimerKindOptions],
     ) -> None:
         """Register the handler of a kind of timer. Every key's timer of that kind set
         with ``set_timer`` (by any process) fires through it, on one instance of the
@@ -284,13 +265,11 @@ class Scheduler(Generic[K]):
         writes the number in the store; an instance that gives another refuses to start,
         and a process that only sets timers reads it from there.
         """
-        self._instance.add_timer_kind(
-            make_timer_kind(
-                handler, kind, strategy=self.backend.strategy, leases=self.backend.leases,
-                max_attempts=max_attempts, retry_delay_ms=retry_delay_ms, buckets=buckets,
-                taken=self._instance.context.timer_kinds,
-            )
-        )  # fmt: skip
+        backend, taken = self.backend, self._instance.context.timer_kinds
+        timer_kind = make_timer_kind(
+            handler, kind, options, strategy=backend.strategy, leases=backend.leases, taken=taken
+        )
+        self._instance.add_timer_kind(timer_kind)
 
     @property
     def timer_kinds(self) -> list[str]:
@@ -325,10 +304,9 @@ class Scheduler(Generic[K]):
             await scheduler.set_timer("remind", "user:42", delay_ms=30 * 60_000,
                                       payload={"text": "your cart"})
         """
-        return await self._timers.set(
-            kind, key, at=at, delay_ms=delay_ms, cron=cron, every_ms=every_ms,
-            timezone=timezone, payload=payload, buckets=buckets,
-        )  # fmt: skip
+        setting = TimerSetting(key, at, delay_ms, cron, every_ms, timezone, payload)
+        (generation,) = await self._timers.set_many(kind, [setting], buckets=buckets)
+        return generation
 
     async def set_timers(
         self, kind: str, timers: Iterable[TimerSetting], *, buckets: int | None = None
@@ -403,8 +381,6 @@ class Scheduler(Generic[K]):
         Up to ``buffer`` events wait for the consumer; when it falls that far behind,
         the oldest are dropped (``stream.dropped`` counts them): a consumer never slows
         the scheduler. Nothing is made while no stream is open and no hook is set."""
-        if isinstance(buffer, bool) or not isinstance(buffer, int) or buffer < 1:
-            raise InvalidOptionError(f"buffer must be a whole number, 1 or more, got {buffer!r}")
         return self._instance.context.events.open(buffer)
 
     def on_event(self, hook: Callable[[Event], object]) -> Callable[[Event], object]:
@@ -417,19 +393,14 @@ class Scheduler(Generic[K]):
                 if isinstance(event, anarchon.RunFinished):
                     outcomes[event.outcome] += 1
         """
-        if not callable(hook):
-            raise InvalidOptionError(f"on_event needs a function, got {hook!r}")
-        self._instance.context.events.hooks.append(hook)
+        self._instance.context.events.add_hook(hook)
         return hook
 
     # --------------------------------------------------------------- reading
 
     async def history(self, job: str, limit: int = 100) -> list[RunResult]:
         """The newest ``limit`` attempts of ``job`` from the store, newest first."""
-        store = self._instance.running_store("history()")
-        if limit < 1:
-            raise InvalidOptionError(f"limit must be 1 or more, got {limit}")
-        return await store.history(job, limit)
+        return await self._instance.history(job, limit)
 
     async def pause(self, job: str) -> bool:
         """Pause ``job`` across the fleet: a stored flag that every instance honours at its
@@ -437,35 +408,12 @@ class Scheduler(Generic[K]):
         history as skipped (``"paused: the job is paused"``) and does not run, then or
         later; runs already started, their retries, the takeover of dead runs and
         ``run_now`` go on. False if it was paused already. Lease strategy only."""
-        store = self._lease_store_for("pause()", job)
-        with anyio.fail_after(self._instance.context.round_trip_sec * 3):
-            changed = await store.set_paused(job, f"{self.instance_id} at {iso_ms(_now_ms())}")
-        log.info("%s: paused%s", job, "" if changed else " (it was paused already)")
-        return changed
+        return await self._instance.set_paused(job, paused=True)
 
     async def resume(self, job: str) -> bool:
         """Resume ``job`` (paused with ``pause``): its next slot runs. Slots skipped while
         it was paused stay skipped. False if it was not paused."""
-        store = self._lease_store_for("resume()", job)
-        with anyio.fail_after(self._instance.context.round_trip_sec * 3):
-            changed = await store.set_paused(job, None)
-        log.info("%s: resumed%s", job, "" if changed else " (it was not paused)")
-        return changed
-
-    def _lease_store_for(self, what: str, job: str) -> LeaseStore:
-        store = self._instance.running_store(what)
-        if not isinstance(store, LeaseStore):
-            raise InvalidOptionError(
-                f"{what} needs the 'lease' strategy: this scheduler uses {self.backend.strategy!r}"
-            )
-        self._job(job)
-        return store
-
-    def _job(self, name: str) -> Job:
-        found = self._instance.context.jobs.get(name)
-        if found is None:
-            raise InvalidJobError(f"no job named {name!r} on this scheduler; jobs: {self.jobs}")
-        return found
+        return await self._instance.set_paused(job, paused=False)
 
     async def run_now(self, job: str) -> RunResult:
         """Run ``job`` now on this instance, wait for it, and return its result.
@@ -482,4 +430,4 @@ class Scheduler(Generic[K]):
             assert result.status == "ok"
         """
         self._instance.running_store("run_now()")
-        return await self._instance.run_now(self._job(job))
+        return await self._instance.run_now(self._instance.job(job))

@@ -134,10 +134,14 @@ class Timers:
                     if events.on:
                         events.emit(
                             TimerSet(
-                                instance=instance.instance_id, kind=name, key=timer_key,
-                                generation=generation, due_ms=due_ms, replaced=replaced,
+                                instance=instance.instance_id,
+                                kind=name,
+                                key=timer_key,
+                                generation=generation,
+                                due_ms=due_ms,
+                                replaced=replaced,
                             )
-                        )  # fmt: skip
+                        )
                     # Due sooner than the instance would look: it looks then.
                     wake_ms = _now_ms() + delay if delay is not None else float(due_ms)
                     instance.timer_set_here(

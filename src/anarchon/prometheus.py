@@ -73,31 +73,54 @@ _DURATION_MS = tuple(bound * 1000 for bound in _DURATION_BUCKETS)
 
 #: The counters: (name as exposed without ``_total``, help, labels).
 _COUNTERS = {
-    "runs": ("anarchon_runs", "Attempts that ended and were recorded, by outcome.",
-             ("job", "outcome")),
+    "runs": (
+        "anarchon_runs",
+        "Attempts that ended and were recorded, by outcome.",
+        ("job", "outcome"),
+    ),
     "claims": ("anarchon_claims", "Claims of slots, by the store's answer.", ("job", "answer")),
-    "retries": ("anarchon_retries", "Attempts that ended without success and were retried.",
-                ("job",)),
-    "lease_losses": ("anarchon_lease_losses",
-                     "Runs (and timer firings) won here that lost their lease.",
-                     ("job",)),
-    "skipped": ("anarchon_skipped_slots", "Scheduled slots that did not run, by reason.",
-                ("job", "reason")),
-    "timer_firings": ("anarchon_timer_firings", "Timer firings that ended and were recorded.",
-                      ("kind", "outcome")),
+    "retries": (
+        "anarchon_retries",
+        "Attempts that ended without success and were retried.",
+        ("job",),
+    ),
+    "lease_losses": (
+        "anarchon_lease_losses",
+        "Runs (and timer firings) won here that lost their lease.",
+        ("job",),
+    ),
+    "skipped": (
+        "anarchon_skipped_slots",
+        "Scheduled slots that did not run, by reason.",
+        ("job", "reason"),
+    ),
+    "timer_firings": (
+        "anarchon_timer_firings",
+        "Timer firings that ended and were recorded.",
+        ("kind", "outcome"),
+    ),
     "outages": ("anarchon_server_unreachable", "Times the server stopped answering.", ()),
-    "takeovers": ("anarchon_takeovers",
-                  "Runs (and timer firings) taken over here from a runner that vanished.",
-                  ("job",)),
-}  # fmt: skip
+    "takeovers": (
+        "anarchon_takeovers",
+        "Runs (and timer firings) taken over here from a runner that vanished.",
+        ("job",),
+    ),
+}
 #: The histograms: (name, help, labels, upper bounds of the buckets).
 _HISTOGRAMS = {
-    "lateness": ("anarchon_fire_lateness_seconds",
-                 "From a slot's instant to its handler's start (retries included).", ("job",),
-                 _LATENESS_BUCKETS),
-    "duration": ("anarchon_run_duration_seconds", "How long attempts ran, by outcome.",
-                 ("job", "outcome"), _DURATION_BUCKETS),
-}  # fmt: skip
+    "lateness": (
+        "anarchon_fire_lateness_seconds",
+        "From a slot's instant to its handler's start (retries included).",
+        ("job",),
+        _LATENESS_BUCKETS,
+    ),
+    "duration": (
+        "anarchon_run_duration_seconds",
+        "How long attempts ran, by outcome.",
+        ("job", "outcome"),
+        _DURATION_BUCKETS,
+    ),
+}
 
 
 class _Counts:

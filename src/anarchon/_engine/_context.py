@@ -267,9 +267,12 @@ class _Attempt(_Leased):
     def lost_event(self, instance: str, reason: str) -> LeaseLost:
         run = self.run
         return LeaseLost(
-            instance=instance, job=run.job, slot_ms=run.slot_ms, attempt=run.attempt,
+            instance=instance,
+            job=run.job,
+            slot_ms=run.slot_ms,
+            attempt=run.attempt,
             reason=reason,
-        )  # fmt: skip
+        )
 
     async def settle_with(self, settler: Settler, outcome: Outcome, error: str | None) -> None:
         await settler.settle_attempt(self, outcome, error)
@@ -325,9 +328,13 @@ class _Firing(_Leased):
     def lost_event(self, instance: str, reason: str) -> LeaseLost:
         fire = self.run
         return LeaseLost(
-            instance=instance, job=fire.kind, slot_ms=fire.due_ms, attempt=fire.attempt,
-            reason=reason, timer_key=fire.key,
-        )  # fmt: skip
+            instance=instance,
+            job=fire.kind,
+            slot_ms=fire.due_ms,
+            attempt=fire.attempt,
+            reason=reason,
+            timer_key=fire.key,
+        )
 
     async def settle_with(self, settler: Settler, outcome: Outcome, error: str | None) -> None:
         await settler.settle_firing(self, outcome)

@@ -197,9 +197,15 @@ class Agenda:
     ) -> _Due:
         """A later claim of a slot this instance already asked about: a backup's, a retry's."""
         due = _Due(
-            at_ms, next(self._seq), job.name, slot_id, slot_ms_of(slot_id), trigger, False,
+            at_ms,
+            next(self._seq),
+            job.name,
+            slot_id,
+            slot_ms_of(slot_id),
+            trigger,
+            False,
             may_start=may_start,
-        )  # fmt: skip
+        )
         self.push(due)
         return due
 
@@ -291,9 +297,15 @@ class Agenda:
         jitter = random.uniform(0, job.jitter_ms) if job.jitter_ms else 0.0
         self.next_slot_ms[job.name] = slot_ms
         due = _Due(
-            slot_ms + jitter, next(self._seq), job.name, str(slot_ms), slot_ms, trigger, True,
+            slot_ms + jitter,
+            next(self._seq),
+            job.name,
+            str(slot_ms),
+            slot_ms,
+            trigger,
+            True,
             may_start=True,
-        )  # fmt: skip
+        )
         self.push(due)
 
     def _schedule_next_slot(self, job: Job, after_slot_ms: int, now_ms: float) -> None:

@@ -118,8 +118,10 @@ class Claimer:
             log.error(
                 "timer %s %r: its runners vanished %d time(s) while it fired, as many as "
                 "max_attempts; it is spent, with no attempt that finished",
-                kind.name, key, kind.max_attempts,
-            )  # fmt: skip
+                kind.name,
+                key,
+                kind.max_attempts,
+            )
         group = context.group
         assert group is not None
         for win in claim.wins:
@@ -129,8 +131,10 @@ class Claimer:
                 log.warning(
                     "timer %s %r attempt %d: won, but the reply came after its lease ran "
                     "out; not started (a backup takes it over)",
-                    kind.name, win.key, win.attempt,
-                )  # fmt: skip
+                    kind.name,
+                    win.key,
+                    win.attempt,
+                )
                 continue
             if win.trigger == "lapsed":
                 group.start_soon(self._settler.settle_lapsed, kind, keys, win)
@@ -143,8 +147,12 @@ class Claimer:
                 log.error(
                     "timer %s %r attempt %d cannot be fired here (%s: %s); the attempt "
                     "counts as failed",
-                    kind.name, win.key, win.attempt, type(exc).__name__, exc,
-                )  # fmt: skip
+                    kind.name,
+                    win.key,
+                    win.attempt,
+                    type(exc).__name__,
+                    exc,
+                )
                 group.start_soon(self._settler.fail_firing, kind, keys, win)
         at_ms = received_ms + context.timer_poll_ms
         if claim.more:

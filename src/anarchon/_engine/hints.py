@@ -82,8 +82,9 @@ class Hints:
                 if not failing:
                     log.warning(
                         "hints unavailable (%s); until they are back, %s",
-                        exc, self._without_hints(),
-                    )  # fmt: skip
+                        exc,
+                        self._without_hints(),
+                    )
                 failing = True
                 await anyio.sleep(pause)
                 pause = min(pause * 2, _MAX_PAUSE_SEC)

@@ -30,14 +30,17 @@ from typing import Any
 
 import anyio
 
-from .._errors import InvalidOptionError, SchedulerStateError
+from .._errors import InvalidJobError, InvalidOptionError, SchedulerStateError
 from .._model.job import Job
+from .._model.options import SchedulerSettings
+from .._model.schedule import iso_ms
 from .._model.timer import TimerKind
 from .._model.values import RunResult
 from .._observe.tracing import Tracing
 from .._store.backend import RedisBackend, StoreOptions
 from .._store.contract import Store
 from .._store.keys import TimerKeys
+from .._store.lease import LeaseStore
 from .._store.registry import REGISTRATION_TTL_MS, Registry
 from .._store.timers import TimerStore
 from .._version import __version__
@@ -95,6 +98,33 @@ class Instance:
         self._readers: list[Reader] = []
         _INSTANCES[owner] = self
 
+    @classmethod
+    def create(
+        cls, owner: object, backend: RedisBackend[Any], settings: SchedulerSettings
+    ) -> Instance:
+        """The instance of a scheduler (``owner``) with these settings."""
+        context = EngineContext(
+            jobs={},
+            instance_id=settings.instance_id,
+            lease_ms=settings.lease_ms,
+            heartbeat_ms=settings.heartbeat_ms,
+            retry_delay_ms=settings.retry_delay_ms,
+            prefix=backend.prefix,
+            timer_poll_ms=settings.timer_poll_ms,
+        )
+        store_options: StoreOptions = {
+            "runner": settings.instance_id,
+            "history_size": settings.history_size,
+            "history_ttl_ms": settings.history_ttl_ms,
+        }
+        return cls(
+            owner,
+            backend,
+            context,
+            store_options=store_options,
+            stop_grace_ms=settings.stop_grace_ms,
+        )
+
     @staticmethod
     def of(owner: object) -> Instance:
         """The instance behind a ``Scheduler``."""
@@ -142,6 +172,40 @@ class Instance:
         if store is None or self.context.state != "running":
             raise SchedulerStateError(f"{what} needs a running scheduler (inside `async with`)")
         return store
+
+    def job(self, name: str) -> Job:
+        """A job of this instance (an error that lists them, for a name it lacks)."""
+        found = self.context.jobs.get(name)
+        if found is None:
+            raise InvalidJobError(
+                f"no job named {name!r} on this scheduler; jobs: {list(self.context.jobs)}"
+            )
+        return found
+
+    async def history(self, job: str, limit: int) -> list[RunResult]:
+        store = self.running_store("history()")
+        if limit < 1:
+            raise InvalidOptionError(f"limit must be 1 or more, got {limit}")
+        return await store.history(job, limit)
+
+    async def set_paused(self, job: str, *, paused: bool) -> bool:
+        """Pause or resume a job across the fleet (``Scheduler.pause`` says how); whether
+        it changed anything."""
+        what = "pause()" if paused else "resume()"
+        store = self.running_store(what)
+        if not isinstance(store, LeaseStore):
+            raise InvalidOptionError(
+                f"{what} needs the 'lease' strategy: this scheduler uses {self.backend.strategy!r}"
+            )
+        self.job(job)
+        paused_by = f"{self.instance_id} at {iso_ms(_now_ms())}" if paused else None
+        with anyio.fail_after(self.context.round_trip_sec * 3):
+            changed = await store.set_paused(job, paused_by)
+        if paused:
+            log.info("%s: paused%s", job, "" if changed else " (it was paused already)")
+        else:
+            log.info("%s: resumed%s", job, "" if changed else " (it was not paused)")
+        return changed
 
     # ---------------------------------------------------------- before the start
 
@@ -325,9 +389,12 @@ class Instance:
             try:
                 with anyio.fail_after(context.round_trip_sec * 3):
                     await registry.register(
-                        store.conn, context.jobs, context.timer_kinds,
-                        self.agenda.next_slot_ms, len(context.attempts),
-                    )  # fmt: skip
+                        store.conn,
+                        context.jobs,
+                        context.timer_kinds,
+                        self.agenda.next_slot_ms,
+                        len(context.attempts),
+                    )
             except Exception as exc:
                 log.debug("renewing the registration failed (tried again later): %s", exc)
 

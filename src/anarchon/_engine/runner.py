@@ -87,9 +87,12 @@ class Runner:
             fence=win.fence,
         )
         firing = _Firing(
-            kind=kind, run=fire, keys=keys, token=win.token,
+            kind=kind,
+            run=fire,
+            keys=keys,
+            token=win.token,
             recurrence=Recurrence.decode(win.schedule),
-        )  # fmt: skip
+        )
         self._start(firing, win.lease_left_ms, claim_sent, f"anarchon timer {kind.name}")
         return firing
 

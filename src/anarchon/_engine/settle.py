@@ -138,17 +138,25 @@ class Settler:
             retried = reply.status == "retry"
             events.emit(
                 run_finished(
-                    run.runner, instant(_now_ms()), run, outcome,
-                    end.finished_ms - end.started_ms, error, retried,
+                    run.runner,
+                    instant(_now_ms()),
+                    run,
+                    outcome,
+                    end.finished_ms - end.started_ms,
+                    error,
+                    retried,
                 )
-            )  # fmt: skip
+            )
             if retried:
                 events.emit(
                     RunRetried(
-                        instance=run.runner, job=job.name, slot_ms=run.slot_ms,
-                        attempt=run.attempt, in_ms=reply.retry_in_ms,
+                        instance=run.runner,
+                        job=job.name,
+                        slot_ms=run.slot_ms,
+                        attempt=run.attempt,
+                        in_ms=reply.retry_in_ms,
                     )
-                )  # fmt: skip
+                )
         if reply.status == "retry" and self._context.state == "running":
             self._agenda.push_follow_up(
                 job, attempt.slot_id, "retry", _now_ms() + reply.retry_in_ms
@@ -182,26 +190,38 @@ class Settler:
             # Sent whatever the outcome: the store ignores it when the firing is retried.
             next_at_ms = self._next_due_ms(firing.kind, fire.key, firing.recurrence, fire.due_ms)
         reply = await self._finish_firing(
-            firing.kind, firing.keys, fire.key, firing.token, timer_outcome, fire.attempt,
-            next_at_ms, next_delay_ms,
-        )  # fmt: skip
+            firing.kind,
+            firing.keys,
+            fire.key,
+            firing.token,
+            timer_outcome,
+            fire.attempt,
+            next_at_ms,
+            next_delay_ms,
+        )
         if reply[0] is not None and reply[0].held:
             _log_fired(firing, outcome, reply[0])
             events = self._context.events
             if events.on:
                 events.emit(
                     TimerFired(
-                        instance=fire.runner, run=fire, outcome=outcome,
+                        instance=fire.runner,
+                        run=fire,
+                        outcome=outcome,
                         duration_ms=_now_ms() - firing.started_ms,
                         retried=reply[0].status == "retry",
                     )
-                )  # fmt: skip
+                )
         self._firing_settled(firing.kind, firing.keys, firing.describe(), outcome, reply)
 
     def _firing_settled(
-        self, kind: TimerKind, keys: TimerKeys, what: str, outcome: str,
+        self,
+        kind: TimerKind,
+        keys: TimerKeys,
+        what: str,
+        outcome: str,
         sent: tuple[TimerFinishReply | None, bool],
-    ) -> None:  # fmt: skip
+    ) -> None:
         reply, retried = sent
         if reply is None:
             log.error(
@@ -233,8 +253,12 @@ class Settler:
             log.error(
                 "timer %s %r: its next due time (%s) cannot be reckoned here (%s: %s); it "
                 "does not recur",
-                kind.name, key, recurrence.describe(), type(exc).__name__, exc,
-            )  # fmt: skip
+                kind.name,
+                key,
+                recurrence.describe(),
+                type(exc).__name__,
+                exc,
+            )
             return None
 
     async def settle_lapsed(self, kind: TimerKind, keys: TimerKeys, win: TimerWin) -> None:
@@ -243,8 +267,11 @@ class Settler:
         log.warning(
             "timer %s %r: its firing due at %s was interrupted %d time(s), as many as "
             "max_attempts; it recurs at its next due time",
-            kind.name, win.key, iso_ms(win.due_ms), win.attempt,
-        )  # fmt: skip
+            kind.name,
+            win.key,
+            iso_ms(win.due_ms),
+            win.attempt,
+        )
         next_ms: int | None = None
         try:
             recurrence = Recurrence.decode(win.schedule)
@@ -269,18 +296,31 @@ class Settler:
         self._firing_settled(kind, keys, f"timer {kind.name} {win.key!r}", "failed", sent)
 
     async def _finish_firing(
-        self, kind: TimerKind, keys: TimerKeys, key: str, token: str,
-        outcome: TimerOutcome, attempt: int, next_at_ms: int | None, next_delay_ms: int | None,
-    ) -> tuple[TimerFinishReply | None, bool]:  # fmt: skip
+        self,
+        kind: TimerKind,
+        keys: TimerKeys,
+        key: str,
+        token: str,
+        outcome: TimerOutcome,
+        attempt: int,
+        next_at_ms: int | None,
+        next_delay_ms: int | None,
+    ) -> tuple[TimerFinishReply | None, bool]:
         timer_store = self._context.timer_store
         assert timer_store is not None
         retry_delay_ms = (
             self._context.retry_delay_ms if kind.retry_delay_ms is None else kind.retry_delay_ms
         )
         end = TimerEnd(
-            kind.name, key, token, outcome, kind.max_attempts,
-            retry_delay_ms * 2 ** (attempt - 1), next_at_ms, next_delay_ms,
-        )  # fmt: skip
+            kind.name,
+            key,
+            token,
+            outcome,
+            kind.max_attempts,
+            retry_delay_ms * 2 ** (attempt - 1),
+            next_at_ms,
+            next_delay_ms,
+        )
         return await self._send(kind.name, lambda: timer_store.finish(end, keys))
 
     async def _send(self, name: str, finish: Callable[[], Awaitable[R]]) -> tuple[R | None, bool]:
@@ -335,10 +375,15 @@ def _log_ended(attempt: _Attempt, end: AttemptEnd, reply: FinishReply) -> None:
     run = attempt.run
     duration_ms = end.finished_ms - end.started_ms
     extra = {
-        "job": run.job, "slot_ms": run.slot_ms, "attempt": run.attempt, "runner": run.runner,
-        "fence": run.fence, "trigger": run.trigger, "outcome": end.outcome,
+        "job": run.job,
+        "slot_ms": run.slot_ms,
+        "attempt": run.attempt,
+        "runner": run.runner,
+        "fence": run.fence,
+        "trigger": run.trigger,
+        "outcome": end.outcome,
         "duration_ms": duration_ms,
-    }  # fmt: skip
+    }
     what = attempt.describe()
     seconds = duration_ms / 1000
     last = reply.status != "retry"
@@ -347,31 +392,52 @@ def _log_ended(attempt: _Attempt, end: AttemptEnd, reply: FinishReply) -> None:
     elif end.outcome == "failed" and not last:
         log.warning(
             "%s failed after %.3f s; attempt %d of %d, retried in %.1f s: %s",
-            what, seconds, run.attempt, end.max_attempts, reply.retry_in_ms / 1000, end.error,
-            exc_info=attempt.failure, extra=extra,
-        )  # fmt: skip
+            what,
+            seconds,
+            run.attempt,
+            end.max_attempts,
+            reply.retry_in_ms / 1000,
+            end.error,
+            exc_info=attempt.failure,
+            extra=extra,
+        )
     elif end.outcome == "failed" and end.max_attempts < attempt.max_attempts:
         log.error(
-            "%s failed after %.3f s, not retried (retry_on does not name it): the run "
-            "failed: %s",
-            what, seconds, end.error, exc_info=attempt.failure, extra=extra,
-        )  # fmt: skip
+            "%s failed after %.3f s, not retried (retry_on does not name it): the run failed: %s",
+            what,
+            seconds,
+            end.error,
+            exc_info=attempt.failure,
+            extra=extra,
+        )
     elif end.outcome == "failed":
         log.error(
             "%s failed after %.3f s, its last attempt (%d of %d): the run failed: %s",
-            what, seconds, run.attempt, end.max_attempts, end.error,
-            exc_info=attempt.failure, extra=extra,
-        )  # fmt: skip
+            what,
+            seconds,
+            run.attempt,
+            end.max_attempts,
+            end.error,
+            exc_info=attempt.failure,
+            extra=extra,
+        )
     elif not last:
         log.info(
             "%s cancelled after %.3f s; given back for attempt %d",
-            what, seconds, run.attempt + 1, extra=extra,
-        )  # fmt: skip
+            what,
+            seconds,
+            run.attempt + 1,
+            extra=extra,
+        )
     else:
         log.error(
             "%s cancelled after %.3f s, its last attempt (%d of %d): the run is cancelled",
-            what, seconds, run.attempt, end.max_attempts, extra=extra,
-        )  # fmt: skip
+            what,
+            seconds,
+            run.attempt,
+            end.max_attempts,
+            extra=extra,
+        )
 
 
 def _log_fired(firing: _Firing, outcome: Outcome, reply: TimerFinishReply) -> None:
@@ -379,10 +445,15 @@ def _log_fired(firing: _Firing, outcome: Outcome, reply: TimerFinishReply) -> No
     fire = firing.run
     duration_ms = int(_now_ms()) - firing.started_ms
     extra = {
-        "timer_kind": fire.kind, "timer_key": fire.key, "due_ms": fire.due_ms,
-        "attempt": fire.attempt, "runner": fire.runner, "fence": fire.fence,
-        "outcome": outcome, "duration_ms": duration_ms,
-    }  # fmt: skip
+        "timer_kind": fire.kind,
+        "timer_key": fire.key,
+        "due_ms": fire.due_ms,
+        "attempt": fire.attempt,
+        "runner": fire.runner,
+        "fence": fire.fence,
+        "outcome": outcome,
+        "duration_ms": duration_ms,
+    }
     what = firing.describe()
     seconds = duration_ms / 1000
     retried = reply.status == "retry"
@@ -391,15 +462,24 @@ def _log_fired(firing: _Firing, outcome: Outcome, reply: TimerFinishReply) -> No
     elif outcome == "failed" and retried:
         log.warning(
             "%s failed after %.3f s; attempt %d of %d, retried in %.1f s",
-            what, seconds, fire.attempt, firing.kind.max_attempts, reply.in_ms / 1000,
-            exc_info=firing.failure, extra=extra,
-        )  # fmt: skip
+            what,
+            seconds,
+            fire.attempt,
+            firing.kind.max_attempts,
+            reply.in_ms / 1000,
+            exc_info=firing.failure,
+            extra=extra,
+        )
     elif outcome == "failed":
         log.error(
             "%s failed after %.3f s, its last attempt (%d of %d)",
-            what, seconds, fire.attempt, firing.kind.max_attempts,
-            exc_info=firing.failure, extra=extra,
-        )  # fmt: skip
+            what,
+            seconds,
+            fire.attempt,
+            firing.kind.max_attempts,
+            exc_info=firing.failure,
+            extra=extra,
+        )
     elif retried:
         log.info("%s cancelled after %.3f s; given back", what, seconds, extra=extra)
     else:

@@ -197,8 +197,9 @@ class Job:
         await invoke_handler(self.handler, self.takes_run, self.is_async, run)
 
 
-async def invoke_handler(handler: Callable[..., Any], takes_run: bool, is_async: bool,
-                         run: object) -> None:  # fmt: skip
+async def invoke_handler(
+    handler: Callable[..., Any], takes_run: bool, is_async: bool, run: object
+) -> None:
     """Call a job's or a timer's handler with its run (or with nothing): an async one in
     the scheduler's event loop, a plain function in a worker thread."""
     args = (run,) if takes_run else ()

@@ -30,6 +30,7 @@ __all__ = [
     "JobOptions",
     "LeaseJobOptions",
     "SchedulerSettings",
+    "TimerKindOptions",
     "check_buckets",
     "check_instance_id",
     "make_job",
@@ -156,19 +157,35 @@ def check_buckets(buckets: object) -> int:
     return buckets
 
 
+class TimerKindOptions(TypedDict, total=False):
+    """A timer kind's options (``Scheduler.add_timer`` says what each does)."""
+
+    #: Failed and crashed attempts a firing may take (default 3).
+    max_attempts: int
+    #: The delay before the second attempt, doubling for each later one (default: the
+    #: scheduler's).
+    retry_delay_ms: int | None
+    #: The hash tags the kind is spread over (default 1).
+    buckets: int
+
+
 def make_timer_kind(
     handler: Any,
     kind: str,
+    options: Mapping[str, Any],
     *,
     strategy: str,
     leases: bool,
-    max_attempts: int,
-    retry_delay_ms: int | None,
-    buckets: int,
     taken: Mapping[str, object],
 ) -> TimerKind:
     """A kind of timer from its handler and options, every option checked; ``taken``
     holds the kinds already registered."""
+    unknown = sorted(set(options) - set(TimerKindOptions.__annotations__))
+    if unknown:
+        raise InvalidOptionError(
+            f"unknown timer option(s) {', '.join(unknown)}; the options are "
+            f"{', '.join(sorted(TimerKindOptions.__annotations__))}"
+        )
     if not callable(handler):
         raise InvalidJobError(f"a timer's handler must be callable, got {handler!r}")
     if not leases:
@@ -180,10 +197,12 @@ def make_timer_kind(
     name = validate_kind(kind)
     if name in taken:
         raise InvalidJobError(f"a timer kind named {name!r} already has a handler here")
+    max_attempts = options.get("max_attempts", 3)
     if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
         raise InvalidOptionError(
             f"max_attempts must be a whole number, 1 or more, got {max_attempts!r}"
         )
+    retry_delay_ms = options.get("retry_delay_ms")
     return TimerKind(
         name=name,
         handler=handler,
@@ -191,7 +210,7 @@ def make_timer_kind(
         retry_delay_ms=None
         if retry_delay_ms is None
         else check_duration_ms("retry_delay_ms", retry_delay_ms, allow_zero=True),
-        buckets=check_buckets(buckets),
+        buckets=check_buckets(options.get("buckets", 1)),
         takes_run=takes_run_argument(handler, name),
         is_async=is_async_callable(handler),
     )

@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 import anyio
 
+from .._errors import InvalidOptionError
 from .._model.values import Run, TimerRun
 from .._store.contract import Outcome
 
@@ -339,12 +340,20 @@ class EventHub:
         return bool(self.streams or self.hooks)
 
     def open(self, buffer: int) -> EventStream:
+        """A stream of the events from now on, keeping up to ``buffer`` unread."""
+        if isinstance(buffer, bool) or not isinstance(buffer, int) or buffer < 1:
+            raise InvalidOptionError(f"buffer must be a whole number, 1 or more, got {buffer!r}")
         stream = EventStream(self, buffer)
         if self._closed:
             stream._end()
         else:
             self.streams.add(stream)
         return stream
+
+    def add_hook(self, hook: Callable[[Event], object]) -> None:
+        if not callable(hook):
+            raise InvalidOptionError(f"on_event needs a function, got {hook!r}")
+        self.hooks.append(hook)
 
     def emit(self, event: Event) -> None:
         for hook in self.hooks:

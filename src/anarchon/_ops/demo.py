@@ -101,17 +101,24 @@ def _emit(event: str, **fields: Any) -> None:
 
 def _run_fields(run: Run) -> dict[str, Any]:
     return {
-        "job": run.job, "slot_ms": run.slot_ms, "attempt": run.attempt, "fence": run.fence,
-        "runner": run.runner, "trigger": run.trigger,
-    }  # fmt: skip
+        "job": run.job,
+        "slot_ms": run.slot_ms,
+        "attempt": run.attempt,
+        "fence": run.fence,
+        "runner": run.runner,
+        "trigger": run.trigger,
+    }
 
 
 def _instance(url: str, prefix: str, name: str, jobs: int, started_ms: int) -> Scheduler[Any]:
     scheduler = Scheduler(
         RedisBackend(redis=url, prefix=prefix),
-        instance_id=name, lease_ms=LEASE_MS, heartbeat_ms=HEARTBEAT_MS, retry_delay_ms=300,
+        instance_id=name,
+        lease_ms=LEASE_MS,
+        heartbeat_ms=HEARTBEAT_MS,
+        retry_delay_ms=300,
         stop_grace_ms=0,
-    )  # fmt: skip
+    )
     for index in range(jobs):
 
         async def tick(run: Run) -> None:
@@ -120,8 +127,9 @@ def _instance(url: str, prefix: str, name: str, jobs: int, started_ms: int) -> S
 
         # A little jitter spreads the slots over the instances; "allow": a run taken
         # over from a killed instance does not hold the next slots back.
-        scheduler.add_job(tick, "* * * * * *", name=f"job-{index + 1}", jitter_ms=250,
-                          overlap="allow")  # fmt: skip
+        scheduler.add_job(
+            tick, "* * * * * *", name=f"job-{index + 1}", jitter_ms=250, overlap="allow"
+        )
 
     @scheduler.job(_Once(started_ms + SLOW_AT_MS), name="slow")
     async def slow(run: Run) -> None:
@@ -140,9 +148,13 @@ def _instance(url: str, prefix: str, name: str, jobs: int, started_ms: int) -> S
     @scheduler.timer("remind")
     async def remind(fire: TimerRun) -> None:
         _emit(
-            "fired", key=fire.key, payload=fire.payload, generation=fire.generation,
-            runner=fire.runner, fence=fire.fence,
-        )  # fmt: skip
+            "fired",
+            key=fire.key,
+            payload=fire.payload,
+            generation=fire.generation,
+            runner=fire.runner,
+            fence=fire.fence,
+        )
 
     return scheduler
 
@@ -231,9 +243,17 @@ async def _run(
         async with anyio.create_task_group() as group:
             for name in names:
                 command = [
-                    sys.executable, "-m", "anarchon._ops.demo", "instance", url, prefix, name,
-                    str(jobs), event_loop, "1" if verbose else "0",
-                ]  # fmt: skip
+                    sys.executable,
+                    "-m",
+                    "anarchon._ops.demo",
+                    "instance",
+                    url,
+                    prefix,
+                    name,
+                    str(jobs),
+                    event_loop,
+                    "1" if verbose else "0",
+                ]
                 process = await anyio.open_process(
                     command, env=env, stdin=subprocess.PIPE, stderr=None
                 )
@@ -310,12 +330,16 @@ async def _timer_scene(url: str, prefix: str, started_ms: int) -> None:
     setter = Scheduler(RedisBackend(redis=url, prefix=prefix))
     await anyio.sleep(max(started_ms / 1000 - time.time(), 0))
     first = await setter.set_timer("remind", "user:42", delay_ms=2_400, payload="first")
-    _out(f"  {_clock(time.time() * 1000)}  timer remind 'user:42' set, due in 2.4 s "
-         f"(generation {first})")  # fmt: skip
+    _out(
+        f"  {_clock(time.time() * 1000)}  timer remind 'user:42' set, due in 2.4 s "
+        f"(generation {first})"
+    )
     await anyio.sleep(1.2)
     second = await setter.set_timer("remind", "user:42", delay_ms=1_200, payload="new")
-    _out(f"  {_clock(time.time() * 1000)}  timer remind 'user:42' replaced (generation "
-         f"{second}): the newest set wins")  # fmt: skip
+    _out(
+        f"  {_clock(time.time() * 1000)}  timer remind 'user:42' replaced (generation "
+        f"{second}): the newest set wins"
+    )
 
 
 async def _read_events(
@@ -412,9 +436,9 @@ def _summary(watch: _Watch, jobs: int, stopping_ms: float) -> DemoSummary:
     expected = {
         (f"job-{j + 1}", slot) for j in range(jobs) for slot in range(first, last + 1, 1000)
     }
-    summary.misses = len(expected - slots) + len({("slow",), ("flaky",)} - {
-        (job,) for job, _ in slots if job in ("slow", "flaky")
-    })  # fmt: skip
+    summary.misses = len(expected - slots) + len(
+        {("slow",), ("flaky",)} - {(job,) for job, _ in slots if job in ("slow", "flaky")}
+    )
     by_slot: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)
     for start in watch.starts:
         by_slot[(start["job"], start["slot_ms"])].append(start)

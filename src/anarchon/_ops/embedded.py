@@ -111,14 +111,25 @@ def launch(
     ``ends_with_this_process``: the server gets SIGTERM when the thread that started it
     ends (on Linux), even when this process is killed."""
     command = [
-        str(binary), "--port", str(port), "--bind", "127.0.0.1", "--daemonize", "no",
-        "--protected-mode", "no", *args,
-    ]  # fmt: skip
+        str(binary),
+        "--port",
+        str(port),
+        "--bind",
+        "127.0.0.1",
+        "--daemonize",
+        "no",
+        "--protected-mode",
+        "no",
+        *args,
+    ]
     with open(log_path, "ab") as log_file:
         process = subprocess.Popen(
-            command, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            command,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
             preexec_fn=_ends_with_this_process() if ends_with_this_process else None,
-        )  # fmt: skip
+        )
     deadline = time.monotonic() + timeout_sec
     while time.monotonic() < deadline and process.poll() is None:
         if ping(port):
@@ -163,9 +174,13 @@ class EmbeddedServer:
             self.port = free_port(with_bus_port="--cluster-enabled" in self.extra_args)
             args = ["--save", "", "--appendonly", "no", "--dir", self._dir.name, *self.extra_args]
             self._process = launch(
-                self.binary, self.port, args, log_path, timeout_sec,
+                self.binary,
+                self.port,
+                args,
+                log_path,
+                timeout_sec,
                 ends_with_this_process=self.ends_with_this_process,
-            )  # fmt: skip
+            )
             if self._process is not None:
                 return self
         log_text = log_path.read_text(errors="replace")[-2000:]

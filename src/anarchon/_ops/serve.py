@@ -105,9 +105,14 @@ async def serve(
             await outer.start(stop.watch_signals, tuple(stop_signals))
         try:
             await _serve_started(
-                scheduler, stop, outer, wait_for_server_sec, health_file, health_port,
+                scheduler,
+                stop,
+                outer,
+                wait_for_server_sec,
+                health_file,
+                health_port,
                 health_host,
-            )  # fmt: skip
+            )
         except Exception as exc:
             # Raised as itself below, not inside this task group's exception group.
             failure = exc

@@ -120,10 +120,17 @@ class ClaimOnlyStore:
         # The slot is the entry id: the server refuses an id not above the last
         # one, so only the first XADD of a slot succeeds.
         commands: list[Command] = [
-            ("XADD", self.keys(r.job).runs, "MAXLEN", "~", self.history_size,
-             f"{r.slot_ms}-0", *self._fields(r))
+            (
+                "XADD",
+                self.keys(r.job).runs,
+                "MAXLEN",
+                "~",
+                self.history_size,
+                f"{r.slot_ms}-0",
+                *self._fields(r),
+            )
             for r in requests
-        ]  # fmt: skip
+        ]
         replies: list[ClaimReply | ServerReplyError] = []
         for request, reply in zip(requests, await pipeline(self.conn, commands), strict=True):
             if isinstance(reply, ServerReplyError):
@@ -191,9 +198,21 @@ class ClaimOnlyStore:
         """A ``run_now`` run: one entry in the job's manual stream. Its fence is the
         entry id's time, the server's clock (as a scheduled win's is)."""
         entry_id = await self.conn.execute(
-            ("XADD", self.keys(job).manual, "MAXLEN", "~", self.history_size, "*",
-             "slot", slot_id, "token", token, "runner", self.runner)
-        )  # fmt: skip
+            (
+                "XADD",
+                self.keys(job).manual,
+                "MAXLEN",
+                "~",
+                self.history_size,
+                "*",
+                "slot",
+                slot_id,
+                "token",
+                token,
+                "runner",
+                self.runner,
+            )
+        )
         return int(str(entry_id).split("-", 1)[0])
 
     async def finish(self, end: AttemptEnd) -> FinishReply:
@@ -202,9 +221,12 @@ class ClaimOnlyStore:
         call = ScriptCall(
             _script("record_result"),
             (self.keys(end.job).results,),
-            (slot_ms_of(end.slot_id), result_member(end, end.outcome, self.runner),
-             self.history_size),
-        )  # fmt: skip
+            (
+                slot_ms_of(end.slot_id),
+                result_member(end, end.outcome, self.runner),
+                self.history_size,
+            ),
+        )
         (reply,) = await run_scripts(self.conn, [call])
         if isinstance(reply, ServerReplyError):
             raise reply

@@ -31,9 +31,18 @@ def result_member(end: AttemptEnd, status: str, runner: str) -> str:
     """A results member as the claim-only stores write it (the lease scripts write the
     same shape, see lua/lease_state.lua)."""
     return "|".join(
-        (end.slot_id, str(end.attempt), status, str(end.started_ms), str(end.finished_ms),
-         str(end.fence), end.trigger, runner, end.error or "")
-    )  # fmt: skip
+        (
+            end.slot_id,
+            str(end.attempt),
+            status,
+            str(end.started_ms),
+            str(end.finished_ms),
+            str(end.fence),
+            end.trigger,
+            runner,
+            end.error or "",
+        )
+    )
 
 
 def parse_result(job: str, member: str) -> RunResult:
@@ -115,9 +124,15 @@ class LeaseState:
             return None
         status, attempt, token, until_ms, fence, trigger, started_ms, runner = parts
         return cls(
-            status, int(attempt), token, int(until_ms), int(fence), cast(Trigger, trigger),
-            int(started_ms), runner,
-        )  # fmt: skip
+            status,
+            int(attempt),
+            token,
+            int(until_ms),
+            int(fence),
+            cast(Trigger, trigger),
+            int(started_ms),
+            runner,
+        )
 
     @property
     def in_progress(self) -> bool:
@@ -160,10 +175,34 @@ class TimerState:
 
     @classmethod
     def decode(cls, key: str, raw: str) -> TimerState:
-        (gen, due, status, attempt, token, until_ms, fence, fire_gen, fire_due, trigger,
-         runner, schedule, payload) = raw.split("|", 12)  # fmt: skip
+        (
+            gen,
+            due,
+            status,
+            attempt,
+            token,
+            until_ms,
+            fence,
+            fire_gen,
+            fire_due,
+            trigger,
+            runner,
+            schedule,
+            payload,
+        ) = raw.split("|", 12)
         return cls(
-            key, int(gen), _int_or_none(due), _STATUS[status], int(attempt), token,
-            int(until_ms), int(fence), int(fire_gen), int(fire_due), trigger, runner,
-            schedule, payload,
-        )  # fmt: skip
+            key,
+            int(gen),
+            _int_or_none(due),
+            _STATUS[status],
+            int(attempt),
+            token,
+            int(until_ms),
+            int(fence),
+            int(fire_gen),
+            int(fire_due),
+            trigger,
+            runner,
+            schedule,
+            payload,
+        )

@@ -96,8 +96,11 @@ class Registry:
             "running": running,
         }
         args: list[str | int] = [
-            self.instance_id, REGISTRATION_TTL_MS, json.dumps(instance), len(jobs),
-        ]  # fmt: skip
+            self.instance_id,
+            REGISTRATION_TTL_MS,
+            json.dumps(instance),
+            len(jobs),
+        ]
         oldest = await self._oldest_slots(conn, [name for name in jobs if name not in self._seen])
         for name, job in jobs.items():
             definition = job_definition(job, self.strategy, next_slots.get(name))
@@ -106,10 +109,15 @@ class Registry:
             args += [name, json.dumps({"buckets": kind.buckets, "max_attempts": kind.max_attempts})]
         call = ScriptCall(
             lease_script("registry"),
-            (keys.instances, keys.instance(self.instance_id), keys.jobs, keys.first_seen,
-             keys.timer_kinds),
+            (
+                keys.instances,
+                keys.instance(self.instance_id),
+                keys.jobs,
+                keys.first_seen,
+                keys.timer_kinds,
+            ),
             args,
-        )  # fmt: skip
+        )
         (reply,) = await run_scripts(conn, [call])
         if isinstance(reply, ServerReplyError):
             raise reply

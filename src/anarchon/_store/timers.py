@@ -141,9 +141,17 @@ class TimerFinishReply:
 def _win(raw: list[Any]) -> TimerWin:
     key, gen, due_ms, attempt, fence, token, trigger, schedule, payload, left_ms = raw
     return TimerWin(
-        str(key), int(gen), int(due_ms), int(attempt), int(fence), str(token),
-        cast(TimerTrigger, str(trigger)), str(schedule), str(payload), int(left_ms),
-    )  # fmt: skip
+        str(key),
+        int(gen),
+        int(due_ms),
+        int(attempt),
+        int(fence),
+        str(token),
+        cast(TimerTrigger, str(trigger)),
+        str(schedule),
+        str(payload),
+        int(left_ms),
+    )
 
 
 def _pairs(reply: Any) -> list[tuple[Any, Any]]:
@@ -171,9 +179,15 @@ class TimerStore:
         return TimerKeys.for_kind(self.prefix, kind, bucket_of(key, buckets), buckets)
 
     def _set_call(
-        self, kind: str, key: str, at_ms: int | None, delay_ms: int | None, schedule: str,
-        payload: str, buckets: int,
-    ) -> ScriptCall:  # fmt: skip
+        self,
+        kind: str,
+        key: str,
+        at_ms: int | None,
+        delay_ms: int | None,
+        schedule: str,
+        payload: str,
+        buckets: int,
+    ) -> ScriptCall:
         keys = self.keys(kind, key, buckets)
         return ScriptCall(
             timer_script("timer_set"),
@@ -284,10 +298,15 @@ class TimerStore:
             timer_script("timer_finish"),
             (keys.timers, keys.due, keys.meta),
             (
-                end.key, end.token, end.outcome, end.max_attempts, end.retry_delay_ms,
-                _opt(end.next_at_ms), _opt(end.next_delay_ms),
+                end.key,
+                end.token,
+                end.outcome,
+                end.max_attempts,
+                end.retry_delay_ms,
+                _opt(end.next_at_ms),
+                _opt(end.next_delay_ms),
             ),
-        )  # fmt: skip
+        )
         (reply,) = await run_scripts(self.conn, [call])
         if isinstance(reply, ServerReplyError):
             raise reply

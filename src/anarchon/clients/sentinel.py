@@ -25,8 +25,10 @@ from .._errors import InvalidOptionError
 
 __all__ = ["SentinelSpec", "is_sentinel_url", "open_sentinel"]
 
-_URL = re.compile(r"^(redis|valkey)\+sentinel://(?:(?P<auth>[^@/]*)@)?(?P<hosts>[^/?]+)"
-                  r"/(?P<master>[^/?]+)(?:/(?P<db>\d+))?/?(?:\?(?P<query>.*))?$")  # fmt: skip
+_URL = re.compile(
+    r"^(redis|valkey)\+sentinel://(?:(?P<auth>[^@/]*)@)?(?P<hosts>[^/?]+)"
+    r"/(?P<master>[^/?]+)(?:/(?P<db>\d+))?/?(?:\?(?P<query>.*))?$"
+)
 _DEFAULT_PORT = 26379
 _SENTINEL_KEYS = frozenset({"master", "sentinels", "username", "password"})
 

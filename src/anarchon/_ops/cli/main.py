@@ -94,28 +94,38 @@ def _run_parser(commands: Any) -> None:
     run.add_argument("target", metavar="MODULE:ATTRIBUTE", help="such as app:scheduler")
     run.add_argument("--instance-id", help="this instance's id (default: host:pid:random)")
     run.add_argument(
-        "--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"),
+        "--log-level",
+        default="INFO",
+        choices=("DEBUG", "INFO", "WARNING", "ERROR"),
         help="default: INFO",
-    )  # fmt: skip
+    )
     run.add_argument("--log-format", default="plain", choices=("plain", "json"))
     run.add_argument(
-        "--wait-for-server", type=_at_least_zero, default=WAIT_FOR_SERVER_SEC, metavar="SECONDS",
+        "--wait-for-server",
+        type=_at_least_zero,
+        default=WAIT_FOR_SERVER_SEC,
+        metavar="SECONDS",
         help="while the server does not answer at start, try again for this long (default: "
         f"{WAIT_FOR_SERVER_SEC:g}; 0 fails at once)",
-    )  # fmt: skip
+    )
     run.add_argument(
-        "--health-file", metavar="PATH",
+        "--health-file",
+        metavar="PATH",
         help="keep a health file here (check it with: anarchon health PATH)",
-    )  # fmt: skip
+    )
     run.add_argument(
-        "--health-port", type=_port, metavar="PORT",
+        "--health-port",
+        type=_port,
+        metavar="PORT",
         help="answer GET /live and /ready on this port (200 or 503, with a JSON body)",
-    )  # fmt: skip
+    )
     run.add_argument("--health-host", default="0.0.0.0", help="default: 0.0.0.0")
     run.add_argument(
-        "--metrics-port", type=_port, metavar="PORT",
+        "--metrics-port",
+        type=_port,
+        metavar="PORT",
         help="serve Prometheus metrics on this port, GET /metrics (needs anarchon[prometheus])",
-    )  # fmt: skip
+    )
     run.add_argument("--metrics-host", default="0.0.0.0", help="default: 0.0.0.0")
     run.add_argument("--event-loop", choices=("asyncio", "trio"), default="asyncio")
 

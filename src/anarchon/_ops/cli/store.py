@@ -36,9 +36,11 @@ def store_options() -> argparse.ArgumentParser:
     """The options that name a store: ``--redis`` and ``--prefix``."""
     options = argparse.ArgumentParser(add_help=False)
     options.add_argument(
-        "--redis", metavar="URL", default=os.environ.get("ANARCHON_REDIS_URL"),
+        "--redis",
+        metavar="URL",
+        default=os.environ.get("ANARCHON_REDIS_URL"),
         help="the store's server (default: $ANARCHON_REDIS_URL, else redis://localhost:6379)",
-    )  # fmt: skip
+    )
     options.add_argument(
         "--prefix", default="cron:", help="the store's key prefix (default: cron:)"
     )
@@ -55,12 +57,14 @@ def add_store_commands(commands: Any) -> None:
     common = argparse.ArgumentParser(add_help=False, parents=[store_options()])
     common.add_argument("--json", action="store_true", help="print JSON instead of tables")
     inspect = commands.add_parser(
-        "inspect", parents=[common], help="show the jobs, runs in progress, instances and timers",
+        "inspect",
+        parents=[common],
+        help="show the jobs, runs in progress, instances and timers",
         description="Reads the store (no scheduler needs to run here): each job with its "
         "schedule, next fire time (UTC and the job's zone), pause flag and last result; the "
         "runs in progress with their runner, attempt, fence and time left; the instances "
         "alive; the timer kinds; the recent failures.",
-    )  # fmt: skip
+    )
     inspect.add_argument("--failures", type=int, default=10, metavar="N", help="default: 10")
     history = commands.add_parser(
         "history", parents=[common], help="show a job's recorded attempts, newest first"
@@ -112,9 +116,14 @@ async def _inspect(inspector: Inspector, args: argparse.Namespace, out: Console)
     failures = await inspector.failures(args.failures) if args.failures > 0 else []
     if args.json:
         _print_json(
-            {"jobs": jobs, "leases": leases, "instances": instances, "timers": timers,
-             "failures": failures}
-        )  # fmt: skip
+            {
+                "jobs": jobs,
+                "leases": leases,
+                "instances": instances,
+                "timers": timers,
+                "failures": failures,
+            }
+        )
         return 0
     out.print(f"store {inspector.backend.where()} prefix {args.prefix!r}")
     out.print(_jobs_table(jobs, instances))
@@ -171,8 +180,15 @@ async def _operate(inspector: Inspector, args: argparse.Namespace, out: Console)
 
 def _jobs_table(jobs: list[JobInfo], instances: list[InstanceInfo]) -> Table:
     table = Table(title="Jobs", title_justify="left")
-    columns = ("job", "schedule", "next fire (UTC)", "in the job's zone", "paused", "run by",
-               "last")  # fmt: skip
+    columns = (
+        "job",
+        "schedule",
+        "next fire (UTC)",
+        "in the job's zone",
+        "paused",
+        "run by",
+        "last",
+    )
     for column in columns:
         table.add_column(column)
     for job in jobs:
@@ -206,9 +222,14 @@ def _leases_table(leases: list[LeaseInfo]) -> Table:
         table.add_column(column)
     for lease in leases:
         table.add_row(
-            lease.job, _slot(lease.slot_id, lease.slot), lease.status, str(lease.attempt),
-            lease.runner, str(lease.fence), f"{lease.left_ms / 1000:.1f} s",
-        )  # fmt: skip
+            lease.job,
+            _slot(lease.slot_id, lease.slot),
+            lease.status,
+            str(lease.attempt),
+            lease.runner,
+            str(lease.fence),
+            f"{lease.left_ms / 1000:.1f} s",
+        )
     if not leases:
         table.add_row("(none)")
     return table
@@ -220,9 +241,14 @@ def _instances_table(instances: list[InstanceInfo]) -> Table:
         table.add_column(column)
     for instance in instances:
         table.add_row(
-            instance.id, instance.host, str(instance.pid), instance.version,
-            _when(instance.started), ", ".join(instance.jobs) or "-", str(instance.running),
-        )  # fmt: skip
+            instance.id,
+            instance.host,
+            str(instance.pid),
+            instance.version,
+            _when(instance.started),
+            ", ".join(instance.jobs) or "-",
+            str(instance.running),
+        )
     if not instances:
         table.add_row("(none)")
     return table
@@ -234,9 +260,12 @@ def _timers_table(timers: list[TimerKindInfo]) -> Table:
         table.add_column(column)
     for kind in timers:
         table.add_row(
-            kind.kind, str(kind.buckets), str(kind.pending), _when(kind.next_due),
+            kind.kind,
+            str(kind.buckets),
+            str(kind.pending),
+            _when(kind.next_due),
             kind.next_key or "-",
-        )  # fmt: skip
+        )
     return table
 
 
@@ -248,9 +277,14 @@ def _results_table(results: list[RunResult], title: str, *, with_job: bool) -> T
     for result in results:
         took = (result.finished_at - result.started_at).total_seconds()
         row = [
-            _when(result.slot), str(result.attempt), result.trigger, result.status,
-            result.runner, f"{took:.3f} s", result.error or "",
-        ]  # fmt: skip
+            _when(result.slot),
+            str(result.attempt),
+            result.trigger,
+            result.status,
+            result.runner,
+            f"{took:.3f} s",
+            result.error or "",
+        ]
         table.add_row(*([result.job, *row] if with_job else row))
     if not results:
         table.add_row("(none)")

@@ -33,7 +33,8 @@ _HOST_NAME = re.compile(
 def add_web_command(commands: Any, port: Any) -> None:
     """Add ``anarchon web`` to the ``anarchon`` parser (``port`` parses a port)."""
     web = commands.add_parser(
-        "web", parents=[store_options()],
+        "web",
+        parents=[store_options()],
         help="serve a dashboard of the store (needs anarchon[web])",
         description="Serves a small dashboard of the store: the jobs (schedule, next fire, "
         "paused, their last attempts), the runs in progress, the instances alive, the timers, "
@@ -41,34 +42,44 @@ def add_web_command(commands: Any, port: Any) -> None:
         "127.0.0.1 unless --host says otherwise. Pause, resume and run-now are offered only "
         "with --allow-actions, to whoever gives the token (--token or $ANARCHON_WEB_TOKEN; "
         "one is made up and printed when neither is given).",
-    )  # fmt: skip
+    )
     web.add_argument("--host", default="127.0.0.1", help="default: 127.0.0.1")
     web.add_argument("--port", type=port, default=8765, help="default: 8765")
     web.add_argument(
-        "--allow-actions", action="store_true",
+        "--allow-actions",
+        action="store_true",
         help="offer pause, resume and run-now, to whoever gives the token",
-    )  # fmt: skip
+    )
     web.add_argument(
-        "--token", default=os.environ.get("ANARCHON_WEB_TOKEN"),
+        "--token",
+        default=os.environ.get("ANARCHON_WEB_TOKEN"),
         help="the actions' token (default: $ANARCHON_WEB_TOKEN, else one made up and printed)",
-    )  # fmt: skip
+    )
     web.add_argument(
-        "--refresh", type=float, default=5.0, metavar="SECONDS",
+        "--refresh",
+        type=float,
+        default=5.0,
+        metavar="SECONDS",
         help="the pages refresh themselves this often (default: 5; 0: never)",
-    )  # fmt: skip
+    )
     web.add_argument(
-        "--root-path", default="", metavar="PATH",
+        "--root-path",
+        default="",
+        metavar="PATH",
         help="behind a proxy that serves the dashboard under PATH (say /anarchon; letters, "
         "digits and . _ ~ - between the slashes) and passes requests on without it: the "
         "pages' links carry PATH (default: none)",
-    )  # fmt: skip
+    )
     web.add_argument(
-        "--allowed-host", action="append", default=[], metavar="NAME",
+        "--allowed-host",
+        action="append",
+        default=[],
+        metavar="NAME",
         help="a name the pages answer to in the Host header (a proxy's, say ops.example.com, "
         "if it passes the name on; *.example.com for its subdomains), besides the loopback "
         "names when bound to loopback; then only these names are answered. May be given more "
         "than once",
-    )  # fmt: skip
+    )
 
 
 def run_web(args: argparse.Namespace) -> int:
@@ -78,8 +89,9 @@ def run_web(args: argparse.Namespace) -> int:
 
         from ...web import dashboard
     except ModuleNotFoundError:
-        raise UsageError("the dashboard needs Starlette and uvicorn: pip install "
-                            "'anarchon[web]'") from None  # fmt: skip
+        raise UsageError(
+            "the dashboard needs Starlette and uvicorn: pip install 'anarchon[web]'"
+        ) from None
     if args.root_path not in ("", "/") and not _ROOT_PATH.fullmatch(args.root_path):
         raise UsageError(
             "--root-path must be a path that starts with /, as in /anarchon or /ops/anarchon, "
@@ -103,9 +115,12 @@ def run_web(args: argparse.Namespace) -> int:
     allowed_hosts = [*loopback, *args.allowed_host] or None
     try:
         app = dashboard(
-            store_backend(args), allow_actions=args.allow_actions, token=token,
-            refresh_sec=args.refresh, allowed_hosts=allowed_hosts,
-        )  # fmt: skip
+            store_backend(args),
+            allow_actions=args.allow_actions,
+            token=token,
+            refresh_sec=args.refresh,
+            allowed_hosts=allowed_hosts,
+        )
     except InvalidOptionError as exc:
         raise UsageError(str(exc)) from None
     listening = _bound(args.host, args.port)
@@ -117,8 +132,9 @@ def run_web(args: argparse.Namespace) -> int:
         print(
             f"anarchon web: listening on {args.host}, not only on this machine: anyone who can "
             "reach it sees the store's jobs and errors",
-            file=sys.stderr, flush=True,
-        )  # fmt: skip
+            file=sys.stderr,
+            flush=True,
+        )
     config = uvicorn.Config(app, log_level="warning", lifespan="on", root_path=root_path)
     server = uvicorn.Server(config)
     # uvicorn stops on SIGINT and SIGTERM, then raises the signal again once it has
