@@ -12,7 +12,7 @@ import time
 from collections.abc import Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal, cast
+from typing import Literal, Protocol, cast
 
 import anyio
 from anyio.abc import TaskGroup
@@ -57,10 +57,6 @@ __all__ = [
     "firing_key",
     "round_trip_deadline_sec",
 ]
-
-if TYPE_CHECKING:
-    from .agenda import Agenda
-    from .settle import Settler
 
 log = logging.getLogger("anarchon")
 
@@ -117,6 +113,22 @@ def _attempts_for(job: Job, slot_id: str) -> int:
     """A manual run (``run_now``) has one attempt, whoever claims it; a scheduled one,
     and one the fleet was asked for (``Inspector.run_now``), the job's."""
     return 1 if is_manual(slot_id) and not is_fleet_request(slot_id) else job.max_attempts
+
+
+class Settles(Protocol):
+    """The settle step (``settle.Settler``), as the work items call it."""
+
+    async def settle_attempt(
+        self, attempt: _Attempt, outcome: Outcome, error: str | None
+    ) -> None: ...
+
+    async def settle_firing(self, firing: _Firing, outcome: Outcome) -> None: ...
+
+
+class WaitsForRuns(Protocol):
+    """The agenda (``agenda.Agenda``), as an attempt that ends here tells it."""
+
+    def run_ended(self, job: Job) -> None: ...
 
 
 @dataclass(slots=True, kw_only=True)
@@ -190,11 +202,11 @@ class _Leased:
     def lost_event(self, instance: str, reason: str) -> LeaseLost:
         raise NotImplementedError
 
-    async def settle_with(self, settler: Settler, outcome: Outcome, error: str | None) -> None:
+    async def settle_with(self, settler: Settles, outcome: Outcome, error: str | None) -> None:
         """Record how it ended, through the settle step of its kind."""
         raise NotImplementedError
 
-    def ended_here(self, agenda: Agenda) -> None:
+    def ended_here(self, agenda: WaitsForRuns) -> None:
         """It has ended and settled: what waited for it may go on."""
 
     @classmethod
@@ -274,10 +286,10 @@ class _Attempt(_Leased):
             reason=reason,
         )
 
-    async def settle_with(self, settler: Settler, outcome: Outcome, error: str | None) -> None:
+    async def settle_with(self, settler: Settles, outcome: Outcome, error: str | None) -> None:
         await settler.settle_attempt(self, outcome, error)
 
-    def ended_here(self, agenda: Agenda) -> None:
+    def ended_here(self, agenda: WaitsForRuns) -> None:
         agenda.run_ended(self.job)
 
     @classmethod
@@ -336,7 +348,7 @@ class _Firing(_Leased):
             timer_key=fire.key,
         )
 
-    async def settle_with(self, settler: Settler, outcome: Outcome, error: str | None) -> None:
+    async def settle_with(self, settler: Settles, outcome: Outcome, error: str | None) -> None:
         await settler.settle_firing(self, outcome)
 
     @classmethod
