@@ -38,7 +38,7 @@ def test_the_wheel_ships_the_lua_scripts_and_py_typed(tmp_path: Path) -> None:
         assert shipped == script.read_bytes()
     assert "anarchon/py.typed" in names
     assert "anarchon/clients/__init__.py" in names
-    for layer in ("_model", "_store", "_engine", "_ops", "_ops/cli", "_observe"):
+    for layer in ("_model", "_store", "_engine", "_ops", "_cli", "_observe"):
         assert f"anarchon/{layer}/__init__.py" in names
 
 

@@ -1,5 +1,5 @@
 import sys
 
-from ._ops.cli.main import main
+from ._cli.main import main
 
 sys.exit(main())

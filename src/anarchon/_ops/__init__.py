@@ -1,3 +1,3 @@
-"""Operating a fleet: the inspector (the store read and changed without a
-scheduler), ``serve`` (a scheduler run as a service), the demo, an embedded
-server for it, and the command line."""
+"""Operating a fleet: the inspector (the store read and changed without a scheduler),
+``serve`` (a scheduler run as a service), the demo and the embedded server it runs on.
+The command line that drives them is ``anarchon._cli``, the topmost layer."""

@@ -14,7 +14,7 @@ import socket
 import sys
 from typing import Any
 
-from ..._errors import InvalidOptionError
+from .._errors import InvalidOptionError
 from .store import store_backend, store_options
 from .usage import UsageError
 
@@ -87,7 +87,7 @@ def run_web(args: argparse.Namespace) -> int:
     try:
         import uvicorn
 
-        from ...web import dashboard
+        from ..web import dashboard
     except ModuleNotFoundError:
         raise UsageError(
             "the dashboard needs Starlette and uvicorn: pip install 'anarchon[web]'"

@@ -15,8 +15,8 @@ from typing import Any
 
 import anyio
 
-from ..._errors import InvalidOptionError
-from ..serve import WAIT_FOR_SERVER_SEC
+from .._errors import InvalidOptionError
+from .._ops.serve import WAIT_FOR_SERVER_SEC
 from .store import COMMANDS as STORE_COMMANDS
 from .store import add_store_commands, run_store_command
 from .usage import UsageError
@@ -50,7 +50,7 @@ def _port(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from ... import __version__
+    from .._version import __version__
 
     parser = argparse.ArgumentParser(
         prog="anarchon", description="Distributed cron and durable timers on Redis and Valkey."
@@ -148,7 +148,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
-    from ..._errors import AnarchonError, ConnectionFailedError, ServerReplyError
+    from .._errors import AnarchonError, ConnectionFailedError, ServerReplyError
 
     try:
         if args.command == "demo":
@@ -156,7 +156,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 level=logging.INFO if args.verbose else logging.WARNING,
                 format="%(asctime)s %(levelname)s %(name)s: %(message)s",
             )
-            from ..demo import run_demo
+            from .._ops.demo import run_demo
 
             summary = run_demo(
                 redis_url=args.redis,
@@ -237,9 +237,9 @@ def _load_target(target: str) -> Any:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from ..._observe.logs import configure_logging
-    from ..._scheduler import Scheduler
-    from ..serve import serve
+    from .._observe.logs import configure_logging
+    from .._ops.serve import serve
+    from .._scheduler import Scheduler
 
     configure_logging(args.log_level, args.log_format)
     target = _load_target(args.target)
@@ -288,7 +288,7 @@ def _metrics_served(scheduler: Any, host: str, port: int) -> Iterator[None]:
     try:
         from prometheus_client import start_http_server
 
-        from ...prometheus import instrument
+        from ..prometheus import instrument
     except ModuleNotFoundError:
         raise UsageError(
             "--metrics-port needs prometheus_client: pip install 'anarchon[prometheus]'"
@@ -309,7 +309,7 @@ def _metrics_served(scheduler: Any, host: str, port: int) -> Iterator[None]:
 
 
 def _health(args: argparse.Namespace) -> int:
-    from ..serve import check_health_file
+    from .._ops.serve import check_health_file
 
     problem = check_health_file(Path(args.path), max_age_sec=args.max_age, ready=args.ready)
     if problem is not None:

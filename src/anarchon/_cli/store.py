@@ -20,9 +20,9 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from ..._model.values import InstanceInfo, JobInfo, LeaseInfo, RunResult, TimerKindInfo
-from ..._store.backend import RedisBackend
-from ..inspector import Inspector, runners
+from .._model.values import InstanceInfo, JobInfo, LeaseInfo, RunResult, TimerKindInfo
+from .._ops.inspector import Inspector, runners
+from .._store.backend import RedisBackend
 
 __all__ = ["add_store_commands", "run_store_command"]
 

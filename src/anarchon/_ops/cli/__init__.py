@@ -1,2 +1,0 @@
-"""The ``anarchon`` command line: ``main`` (the parser, ``run``, ``health``,
-``demo``), ``store`` (inspect, history, pause, ...), ``web`` (the dashboard)."""
