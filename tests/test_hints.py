@@ -56,7 +56,7 @@ def listening(*kinds: TimerKind, offset_ms: float = 0.0) -> tuple[Hints, Agenda]
 
 def claims_at(agenda: Agenda) -> dict[str, float]:
     """When each kind's (bucket's) claim of due timers is made, by hash tag."""
-    return {tag: due.at_ms for tag, due in agenda._timer_claims.items()}
+    return {tag: due.at_ms for tag, due in agenda.timer_claims.items()}
 
 
 def test_a_hint_brings_its_buckets_claim_forward_to_the_due_time_on_this_clock() -> None:
@@ -85,9 +85,9 @@ def test_hints_for_two_buckets_put_their_claims_on_the_agenda_in_due_order() -> 
     soon = int(_now_ms()) + 1_000
     hints.on_hint(f"{soon} {first.due}")
     hints.on_hint(f"{soon + 500} {second.due}")
-    assert [due.timer_keys for due in agenda._pop_due(soon)] == [first]
-    assert [due.timer_keys for due in agenda._pop_due(soon + 499)] == []
-    assert [due.timer_keys for due in agenda._pop_due(soon + 500)] == [second]
+    assert [due.keys for due in agenda._pop_due(soon).timers] == [first]
+    assert [due.keys for due in agenda._pop_due(soon + 499).timers] == []
+    assert [due.keys for due in agenda._pop_due(soon + 500).timers] == [second]
 
 
 def test_a_hint_heard_while_the_kinds_claim_is_in_flight_puts_one_on_the_agenda() -> None:
@@ -96,12 +96,12 @@ def test_a_hint_heard_while_the_kinds_claim_is_in_flight_puts_one_on_the_agenda(
     remind = a_kind("remind")
     hints, agenda = listening(remind)
     keys = TimerKeys.for_kind(PREFIX, "remind")
-    (in_flight,) = agenda._pop_due(LATER_MS)
+    (in_flight,) = agenda._pop_due(LATER_MS).timers
     assert claims_at(agenda) == {}
     due_ms = int(_now_ms()) + 2_000
     hints.on_hint(f"{due_ms} {keys.due}")
-    (claim,) = agenda._pop_due(due_ms)
-    assert (claim.job, claim.timer_keys) == (remind.name, keys) == (in_flight.job, keys)
+    (claim,) = agenda._pop_due(due_ms).timers
+    assert (claim.kind, claim.keys) == (remind.name, keys) == (in_flight.kind, keys)
 
 
 def test_a_hint_later_than_the_claim_already_due_changes_nothing() -> None:
