@@ -83,9 +83,8 @@ class Timers:
         tb: TracebackType | None,
     ) -> None:
         conn, self._conn = self._conn, None
-        if conn is not None and conn.owned:
-            with anyio.move_on_after(5, shield=True):
-                await conn.aclose()
+        if conn is not None:
+            await conn.close_if_owned()
 
     async def set(
         self,
@@ -216,9 +215,7 @@ class Timers:
         try:
             yield TimerStore(conn, prefix=prefix)
         finally:
-            if conn.owned:
-                with anyio.move_on_after(5, shield=True):
-                    await conn.aclose()
+            await conn.close_if_owned()
 
     async def _buckets_of(self, timers: TimerStore, kind: str, buckets: int | None) -> int:
         """A kind's number of buckets: the registered handler's, else the one given, else

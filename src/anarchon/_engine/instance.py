@@ -289,9 +289,7 @@ class Instance:
                     store.conn, context.jobs, context.timer_kinds, {}, 0
                 )
         except BaseException:
-            if store.conn.owned:
-                with anyio.move_on_after(5, shield=True):
-                    await store.conn.aclose()
+            await store.conn.close_if_owned()
             raise
         if store.leases:
             # Also when no kind is registered yet: add_timer may come later.

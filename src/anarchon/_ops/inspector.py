@@ -89,9 +89,8 @@ class Inspector:
         tb: TracebackType | None,
     ) -> None:
         conn, self._conn = self._conn, None
-        if conn is not None and conn.owned:
-            with anyio.move_on_after(5, shield=True):
-                await conn.aclose()
+        if conn is not None:
+            await conn.close_if_owned()
 
     # ------------------------------------------------------------------ reading
 

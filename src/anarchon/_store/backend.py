@@ -289,10 +289,7 @@ class RedisBackend(Generic[K]):
                     "and that the address leads to it"
                 ) from None
         except BaseException:
-            if conn.owned:
-                # Closing what was opened, even when cancelled; never for long.
-                with anyio.move_on_after(5, shield=True):
-                    await conn.aclose()
+            await conn.close_if_owned()
             raise
         return conn, server
 

@@ -12,6 +12,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import anyio
+
 from .._errors import ServerReplyError, TransportError
 
 __all__ = [
@@ -119,6 +121,13 @@ class Connection(ABC):
 
     async def aclose(self) -> None:  # noqa: B027 - closing is optional for adapters
         """Release what the adapter opened. Only called when ``owned``."""
+
+    async def close_if_owned(self) -> None:
+        """Close the connection if anarchon opened it: even when cancelled (shielded),
+        and never for long (5 s)."""
+        if self.owned:
+            with anyio.move_on_after(5, shield=True):
+                await self.aclose()
 
 
 def whole_round_trip(replies: Sequence[Any], convert: Callable[[Any], Any]) -> list[Any]:
