@@ -389,7 +389,7 @@ ENGINE_MUTANTS: list[Mutant] = [
         "                    replies = await store.claim_many(requests)\n",
         "                try:\n                    replies = await store.claim_many(requests)\n",
         "a claim batch's round trip has a deadline",
-        f"{ENGINE_FAULTS}::test_stop_is_bounded_while_the_server_is_frozen",
+        f"{ENGINE_FAULTS}::test_stop_is_bounded_while_a_claim_waits_on_a_frozen_server",
     ),
     _engine(
         "claim-retry-dropped",

@@ -277,6 +277,40 @@ async def test_stop_is_bounded_while_the_server_is_frozen(proxy: FaultProxy, pre
     assert took < 2.0 + 1.0, took
 
 
+async def test_stop_is_bounded_while_a_claim_waits_on_a_frozen_server(
+    proxy: FaultProxy, prefix: str
+) -> None:
+    """A claim batch has a deadline of its own (a third of the lease), not the client's
+    timeout (a URL's connection has none): a stop that begins while a claim waits on a
+    frozen server ends within the grace and that deadline."""
+    ran = anyio.Event()
+    scheduler = Scheduler(
+        RedisBackend(redis=proxy.url, prefix=prefix), lease_ms=2000, heartbeat_ms=500
+    )
+
+    @scheduler.job(every_ms=100, name="frequent")
+    async def frequent() -> None:
+        ran.set()
+
+    async with scheduler:
+        with anyio.fail_after(15):
+            await ran.wait()
+        proxy.pause()
+        # A claim goes out every 100 ms, and the loop waits on its reply: after three
+        # periods it waits on one sent into the freeze (its deadline is 0.67 s away).
+        # The frozen proxy reads nothing, so there is no event to wait on.
+        await anyio.sleep(0.3)
+        began = time.monotonic()
+        with anyio.fail_after(10):
+            await scheduler.stop(grace_ms=0)
+        took = time.monotonic() - began
+    proxy.resume()
+    # Grace 0, the claim's deadline, then the stop's own round trips (the probe of that
+    # claim, the registry's withdrawal, the close): a third of the lease each, 2.7 s.
+    # Without the claim's deadline the stop waited 6 s.
+    assert took < 4.5, took
+
+
 async def test_a_runner_that_cannot_reach_the_server_gives_up_its_lease_by_its_expiry(
     proxy: FaultProxy, prefix: str
 ) -> None:
