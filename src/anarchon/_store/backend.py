@@ -25,6 +25,7 @@ from ..clients import (
     open_connection,
 )
 from ..clients import validate_options as validate_connection_options
+from ..clients.redact import redact_url
 from ..clients.sentinel import SentinelSpec, is_sentinel_url
 from .claim_only import ClaimOnlyStore, IdmpSettings, ScriptSettings
 from .claim_only import StrategyName as ClaimOnlyStrategyName
@@ -313,8 +314,7 @@ class RedisBackend(Generic[K]):
         if isinstance(spec, str) and is_sentinel_url(spec):
             place = SentinelSpec.from_url(spec).describe()
         elif isinstance(spec, str):
-            place = re.sub(r"//([^:@/]*):[^@/]*@", r"//\1:***@", spec)
-            place = re.sub(r"([?&][a-z_]*password=)[^&]*", r"\1***", place)
+            place = redact_url(spec)
         elif isinstance(spec, Mapping) and "sentinel" in spec:
             place = SentinelSpec.from_options(spec).describe()
         elif isinstance(spec, Mapping):
@@ -390,8 +390,8 @@ def _validate_connection_spec(spec: ConnectionSpec) -> ConnectionSpec:
             r"^(redis|rediss|unix|valkey|valkeys|redis\+sentinel|valkey\+sentinel)://", spec
         ):
             raise InvalidOptionError(
-                f"connection URL {spec!r} must start with redis://, rediss:// (TLS), unix:// "
-                "or redis+sentinel://"
+                f"connection URL {redact_url(spec)!r} must start with redis://, rediss:// "
+                "(TLS), unix:// or redis+sentinel://"
             )
         if is_sentinel_url(spec):
             SentinelSpec.from_url(spec)  # raises on a bad one

@@ -22,6 +22,7 @@ from typing import Any
 from urllib.parse import parse_qs, unquote
 
 from .._errors import InvalidOptionError
+from .redact import redact_url
 
 __all__ = ["SentinelSpec", "is_sentinel_url", "open_sentinel"]
 
@@ -52,7 +53,7 @@ class SentinelSpec:
         match = _URL.match(url)
         if match is None:
             raise InvalidOptionError(
-                f"cannot read the Sentinel URL {_without_password(url)!r}: write "
+                f"cannot read the Sentinel URL {redact_url(url)!r}: write "
                 "redis+sentinel://[user:password@]host:26379[,host:26379...]/<master>[/<db>]"
             )
         username = password = None
@@ -116,12 +117,10 @@ def _address(text: str) -> tuple[str, int]:
     if not colon:
         return text.strip(), _DEFAULT_PORT
     if not port.isdigit() or not host:
-        raise InvalidOptionError(f"a Sentinel's address is host or host:port, got {text!r}")
+        raise InvalidOptionError(
+            f"a Sentinel's address is host or host:port, got {redact_url(text)!r}"
+        )
     return host.strip("[]"), int(port)
-
-
-def _without_password(url: str) -> str:
-    return re.sub(r"//([^:@/]*):[^@/]*@", r"//\1:***@", url)
 
 
 def open_sentinel(spec: SentinelSpec, own: dict[str, Any], asyncio: bool) -> Any:
