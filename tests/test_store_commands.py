@@ -172,3 +172,33 @@ async def test_leases_shows_a_run_in_progress_and_marks_a_manual_one(
     (row,) = [line for line in shown.stdout.splitlines() if "long" in line]
     for seen in ("manual", "running", "holder", str(started[0].fence)):
         assert seen in row, (seen, shown.stdout)
+
+
+HOSTILE_JOB = "j[link=https://evil.example]click[/link]"
+HOSTILE_ERROR = "boom [/bad] [bold]x\x1b]0;pwned\x07\x1b[2J\x9b31m"
+
+
+@pytest.mark.anyio
+async def test_stored_text_is_shown_as_text_never_as_markup_or_terminal_control(
+    server_url: str, prefix: str
+) -> None:
+    """A job name and a handler's error are whatever the application wrote: the tables
+    show them as plain text (rich's markup read as text, not as links or styles) with
+    control characters escaped, so nothing stored can retitle or clear a terminal."""
+    scheduler = Scheduler(RedisBackend(redis=server_url, prefix=prefix), instance_id="shown")
+
+    @scheduler.job(NEVER, name=HOSTILE_JOB)
+    async def hostile() -> None:
+        raise RuntimeError(HOSTILE_ERROR)
+
+    async with scheduler:
+        result = await scheduler.run_now(HOSTILE_JOB)
+    assert result.status == "failed"
+    for command in (("inspect",), ("history", HOSTILE_JOB)):
+        shown = await anyio.to_thread.run_sync(anarchon, server_url, prefix, *command)
+        assert shown.returncode == 0, shown
+        # Read as markup, the name would show as "jclick", and [/bad] would be an error.
+        assert "j[link=https://evil.example]" in shown.stdout, shown.stdout
+        assert "boom [/bad]" in shown.stdout, shown.stdout
+        assert r"\x1b]0;pwned\x07" in shown.stdout, shown.stdout
+        assert not any(char in shown.stdout for char in "\x1b\x07\x9b"), shown.stdout

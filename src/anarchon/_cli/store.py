@@ -8,6 +8,7 @@ import argparse
 import dataclasses
 import json
 import os
+import re
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -86,7 +87,7 @@ def add_store_commands(commands: Any) -> None:
 
 def run_store_command(args: argparse.Namespace) -> int:
     backend = store_backend(args)
-    out = Console(highlight=False, soft_wrap=False, width=_width())
+    out = Console(highlight=False, markup=False, emoji=False, soft_wrap=False, width=_width())
     handlers: dict[str, Callable[[Inspector], Awaitable[int]]] = {
         "inspect": lambda i: _inspect(i, args, out),
         "history": lambda i: _history(i, args, out),
@@ -125,7 +126,7 @@ async def _inspect(inspector: Inspector, args: argparse.Namespace, out: Console)
             }
         )
         return 0
-    out.print(f"store {inspector.backend.where()} prefix {args.prefix!r}")
+    out.print(cell(f"store {inspector.backend.where()} prefix {args.prefix!r}"))
     out.print(_jobs_table(jobs, instances))
     out.print(_leases_table(leases))
     out.print(_instances_table(instances))
@@ -171,15 +172,34 @@ async def _operate(inspector: Inspector, args: argparse.Namespace, out: Console)
     if args.json:
         _print_json(answer)
     else:
-        out.print(said)
+        out.print(cell(said))
     return 0
 
 
 # ------------------------------------------------------------------ tables
 
+#: C0 and C1 control characters (and DEL): shown escaped, never sent to the terminal.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def cell(value: object) -> Text:
+    """Stored text (a job's name, a handler's error, a timer's key) as the terminal shows
+    it: plain text, never markup, with control characters escaped (``\\x1b``)."""
+    text = "" if value is None else str(value)
+    return Text(_CONTROL.sub(lambda char: char.group().encode("unicode_escape").decode(), text))
+
+
+def _table(title: str) -> Table:
+    return Table(title=cell(title), title_justify="left")
+
+
+def _add_row(table: Table, *values: str | Text | None) -> None:
+    """A row of plain cells (``cell``); a ``Text`` is one of ours, styled on purpose."""
+    table.add_row(*(value if isinstance(value, Text) else cell(value) for value in values))
+
 
 def _jobs_table(jobs: list[JobInfo], instances: list[InstanceInfo]) -> Table:
-    table = Table(title="Jobs", title_justify="left")
+    table = _table("Jobs")
     columns = (
         "job",
         "schedule",
@@ -202,7 +222,8 @@ def _jobs_table(jobs: list[JobInfo], instances: list[InstanceInfo]) -> Table:
         last = "-"
         if job.last is not None:
             last = f"{job.last.status} ({_when(job.last.slot)}, attempt {job.last.attempt})"
-        table.add_row(
+        _add_row(
+            table,
             job.name,
             f"{schedule} ({job.strategy})" if job.strategy != "lease" else schedule,
             _when(job.next_fire),
@@ -212,16 +233,17 @@ def _jobs_table(jobs: list[JobInfo], instances: list[InstanceInfo]) -> Table:
             last,
         )
     if not jobs:
-        table.add_row("(none: no instance has registered a job under this prefix)")
+        _add_row(table, "(none: no instance has registered a job under this prefix)")
     return table
 
 
 def _leases_table(leases: list[LeaseInfo]) -> Table:
-    table = Table(title="Runs in progress", title_justify="left")
+    table = _table("Runs in progress")
     for column in ("job", "slot", "status", "attempt", "runner", "fence", "left"):
         table.add_column(column)
     for lease in leases:
-        table.add_row(
+        _add_row(
+            table,
             lease.job,
             _slot(lease.slot_id, lease.slot),
             lease.status,
@@ -231,16 +253,17 @@ def _leases_table(leases: list[LeaseInfo]) -> Table:
             f"{lease.left_ms / 1000:.1f} s",
         )
     if not leases:
-        table.add_row("(none)")
+        _add_row(table, "(none)")
     return table
 
 
 def _instances_table(instances: list[InstanceInfo]) -> Table:
-    table = Table(title="Instances alive", title_justify="left")
+    table = _table("Instances alive")
     for column in ("instance", "host", "pid", "version", "started", "jobs", "running"):
         table.add_column(column)
     for instance in instances:
-        table.add_row(
+        _add_row(
+            table,
             instance.id,
             instance.host,
             str(instance.pid),
@@ -250,16 +273,17 @@ def _instances_table(instances: list[InstanceInfo]) -> Table:
             str(instance.running),
         )
     if not instances:
-        table.add_row("(none)")
+        _add_row(table, "(none)")
     return table
 
 
 def _timers_table(timers: list[TimerKindInfo]) -> Table:
-    table = Table(title="Timers", title_justify="left")
+    table = _table("Timers")
     for column in ("kind", "buckets", "pending", "next due", "next key"):
         table.add_column(column)
     for kind in timers:
-        table.add_row(
+        _add_row(
+            table,
             kind.kind,
             str(kind.buckets),
             str(kind.pending),
@@ -270,7 +294,7 @@ def _timers_table(timers: list[TimerKindInfo]) -> Table:
 
 
 def _results_table(results: list[RunResult], title: str, *, with_job: bool) -> Table:
-    table = Table(title=title, title_justify="left")
+    table = _table(title)
     columns = ["slot", "attempt", "trigger", "status", "runner", "took", "error"]
     for column in ["job", *columns] if with_job else columns:
         table.add_column(column)
@@ -285,9 +309,9 @@ def _results_table(results: list[RunResult], title: str, *, with_job: bool) -> T
             f"{took:.3f} s",
             result.error or "",
         ]
-        table.add_row(*([result.job, *row] if with_job else row))
+        _add_row(table, *([result.job, *row] if with_job else row))
     if not results:
-        table.add_row("(none)")
+        _add_row(table, "(none)")
     return table
 
 
