@@ -247,3 +247,25 @@ def test_an_unknown_job_option_is_refused_with_the_options_there_are() -> None:
     with pytest.raises((InvalidOptionError, TypeError)) as unknown:
         scheduler().add_job(handler, "* * * * *", max_late=5)  # type: ignore[call-arg]
     assert "max_late" in str(unknown.value)
+
+
+@pytest.mark.parametrize("name", ["job\n", "job\r", "jo\nb", "job\x00", "job\x85"])
+def test_a_job_or_timer_kind_name_with_a_line_end_or_control_character_is_refused(
+    name: str,
+) -> None:
+    with pytest.raises(InvalidJobError):
+        scheduler().add_job(handler, "* * * * *", name=name)
+    with pytest.raises(InvalidJobError):
+        scheduler().add_timer(handler, name)
+
+
+@pytest.mark.parametrize("prefix", ["cron:\n", "cron:\r\n", "cr\x1bon:", "cron\x00:", "cron:\x85"])
+def test_a_prefix_with_a_line_end_or_control_character_is_refused(prefix: str) -> None:
+    with pytest.raises(InvalidOptionError, match="prefix"):
+        RedisBackend(prefix=prefix)
+
+
+@pytest.mark.parametrize("instance_id", ["web-1\n", "web\x1b[2J", "a|b", ""])
+def test_an_instance_id_with_a_control_character_or_a_bar_is_refused(instance_id: str) -> None:
+    with pytest.raises(InvalidOptionError, match="instance_id"):
+        Scheduler(RedisBackend(redis="redis://127.0.0.1:1"), instance_id=instance_id)

@@ -33,13 +33,13 @@ Handler = Callable[[Run], Awaitable[Any]] | Callable[[], Awaitable[Any]] | Calla
 
 # Names go into key names: braces would break the cluster hash tag, and
 # whitespace or control characters make keys unreadable in tools.
-_JOB_NAME = re.compile(r"^[^\s{}\x00-\x1f\x7f]{1,200}$")
+_JOB_NAME = re.compile(r"[^\s{}\x00-\x1f\x7f-\x9f]{1,200}")
 
 
 def validate_job_name(name: object) -> str:
     if not isinstance(name, str) or not name:
         raise InvalidJobError(f"a job needs a non-empty name, got {name!r}")
-    if not _JOB_NAME.match(name):
+    if not _JOB_NAME.fullmatch(name):
         raise InvalidJobError(
             f"job name {name!r} cannot be used in a key: use up to 200 characters without "
             "spaces, control characters or braces ('{' and '}' would break the cluster hash tag)"

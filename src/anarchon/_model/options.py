@@ -4,6 +4,7 @@ with its default and its check. ``Scheduler`` takes them as given and hands them
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import socket
 from collections.abc import Mapping
@@ -216,10 +217,15 @@ def make_timer_kind(
     )
 
 
+#: An instance id goes into stored records (``|`` separates their fields) and logs.
+_INSTANCE_ID = re.compile(r"[^|\x00-\x1f\x7f-\x9f]{1,200}")
+
+
 def check_instance_id(instance_id: object) -> str:
-    if not isinstance(instance_id, str) or not instance_id or "|" in instance_id:
+    if not isinstance(instance_id, str) or not _INSTANCE_ID.fullmatch(instance_id):
         raise InvalidOptionError(
-            f"instance_id must be a non-empty string without '|', got {instance_id!r}"
+            "instance_id must be a non-empty string of up to 200 characters without '|' "
+            f"or control characters, got {instance_id!r}"
         )
     return instance_id
 

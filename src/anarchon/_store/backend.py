@@ -102,7 +102,7 @@ _STRATEGY_SETTINGS: dict[str, dict[str, tuple[int, int]]] = {
     "idmp": {"duration_sec": (1, 86_400), "max_size": (1, 10_000)},
     "script": {"window_ms": (1, 2**53)},
 }
-_PREFIX_PATTERN = re.compile(r"^[^\s{}]*$")
+_PREFIX_PATTERN = re.compile(r"[^\s{}\x00-\x1f\x7f-\x9f]*")
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,10 +164,10 @@ def parse_strategy(strategy: object, *, allow_idmp: bool) -> StrategyConfig:
 
 
 def _validate_prefix(prefix: object) -> str:
-    if not isinstance(prefix, str) or not _PREFIX_PATTERN.match(prefix):
+    if not isinstance(prefix, str) or not _PREFIX_PATTERN.fullmatch(prefix):
         raise InvalidOptionError(
-            f"prefix must be a string without spaces or braces ('{{', '}}' would break the "
-            f"cluster hash tag of every key), got {prefix!r}"
+            f"prefix must be a string without spaces, control characters or braces ('{{', "
+            f"'}}' would break the cluster hash tag of every key), got {prefix!r}"
         )
     return prefix
 
