@@ -8,12 +8,14 @@ from typing import Any
 import pytest
 
 from anarchon import (
+    ConnectionFailedError,
     InvalidJobError,
     InvalidOptionError,
     InvalidScheduleError,
     RedisBackend,
     Run,
     Scheduler,
+    Timers,
     UnsupportedClientError,
     ValkeyBackend,
 )
@@ -269,3 +271,23 @@ def test_a_prefix_with_a_line_end_or_control_character_is_refused(prefix: str) -
 def test_an_instance_id_with_a_control_character_or_a_bar_is_refused(instance_id: str) -> None:
     with pytest.raises(InvalidOptionError, match="instance_id"):
         Scheduler(RedisBackend(redis="redis://127.0.0.1:1"), instance_id=instance_id)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_timer_payload_over_the_cap_is_refused_before_anything_is_sent() -> None:
+    """A timer's payload is capped (1 MiB as stored, by default): every timer script
+    reads it, and a huge one stalls the server for the whole fleet."""
+    big = "x" * (1 << 20)  # stored with a one-byte tag: just over 1 MiB
+    with pytest.raises(InvalidOptionError, match="max_timer_payload_bytes") as refused:
+        await scheduler().set_timer("remind", "user:42", delay_ms=1000, payload=big)
+    assert "'user:42'" in str(refused.value)
+    small = Scheduler(RedisBackend(redis="redis://127.0.0.1:1"), max_timer_payload_bytes=100)
+    with pytest.raises(InvalidOptionError, match="max_timer_payload_bytes"):
+        await small.set_timer("remind", "user:42", delay_ms=1000, payload=b"y" * 100)
+    # Stored as "u" and the text: 100 bytes, at the cap, so it is sent (and this server
+    # is unreachable).
+    with pytest.raises(ConnectionFailedError):
+        await small.set_timer("remind", "user:42", delay_ms=1000, payload=b"y" * 99)
+    with pytest.raises(InvalidOptionError, match="max_payload_bytes"):
+        Timers(RedisBackend(), max_payload_bytes=0)

@@ -26,7 +26,7 @@ from ._model.schedule import Schedule
 from ._model.values import RunResult, TimerInfo, TimerSetting
 from ._observe.events import Event, EventStream
 from ._store.backend import ClaimOnly, K, Leases, RedisBackend
-from ._timers import bound_timers
+from ._timers import DEFAULT_MAX_PAYLOAD_BYTES, bound_timers
 
 __all__ = ["Scheduler"]
 
@@ -57,6 +57,7 @@ class Scheduler(Generic[K]):
     of a timer kind's due timers: a timer set elsewhere to fire sooner than anything
     the instance knew of is seen by then, or at once through its published hint where
     the client can subscribe (one set through this scheduler always at once).
+    ``max_timer_payload_bytes`` (1 MiB) caps a timer's payload as stored.
     The lease options (``lease_ms``, ``heartbeat_ms``, ``retry_delay_ms``; on jobs
     ``overlap``, ``max_attempts``, ``catch_up_ms``) exist only with the lease
     strategy: with a claim-only backend they are a type error, and an error if
@@ -76,6 +77,7 @@ class Scheduler(Generic[K]):
         stop_grace_ms: int = 30_000,
         retry_delay_ms: int = 1_000,
         timer_poll_ms: int = 1_000,
+        max_timer_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
     ) -> None: ...
 
     @overload
@@ -87,6 +89,7 @@ class Scheduler(Generic[K]):
         history_ttl_ms: int | None = None,
         instance_id: str | None = None,
         stop_grace_ms: int = 30_000,
+        max_timer_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
     ) -> None: ...
 
     def __init__(
@@ -101,6 +104,7 @@ class Scheduler(Generic[K]):
         stop_grace_ms: int = 30_000,
         retry_delay_ms: int | None = None,
         timer_poll_ms: int | None = None,
+        max_timer_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
     ) -> None:
         if backend is None:
             backend = RedisBackend()
@@ -128,7 +132,7 @@ class Scheduler(Generic[K]):
         self.stop_grace_ms = settings.stop_grace_ms
         self.retry_delay_ms = settings.retry_delay_ms
         self._instance = Instance.create(self, backend, settings)
-        self._timers = bound_timers(backend, self._instance)
+        self._timers = bound_timers(backend, self._instance, max_timer_payload_bytes)
 
     @property
     def instance_id(self) -> str:

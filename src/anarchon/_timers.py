@@ -32,13 +32,17 @@ from ._store.keys import TimerKeys
 from ._store.timers import TimerStore, decode_payload, encode_payload
 from .clients import Connection
 
-__all__ = ["Timers", "bound_timers"]
+__all__ = ["DEFAULT_MAX_PAYLOAD_BYTES", "Timers", "bound_timers"]
 
 #: ``set_many`` sends its timers in round trips of this many.
 _SET_PER_ROUND_TRIP = 1000
 #: A round trip's deadline without a scheduler's lease to take it from: that of the
 #: default 30 s lease.
 _ROUND_TRIP_SEC = round_trip_deadline_sec(30_000)
+
+#: The largest payload a timer may hold as stored, unless told otherwise: every timer
+#: script on the key reads it, and a huge one stalls the server for the whole fleet.
+DEFAULT_MAX_PAYLOAD_BYTES = 1 << 20
 
 #: A timer as the store's set takes it: ``(key, at_ms, delay_ms, schedule, payload)``.
 _Encoded = tuple[str, int | None, int | None, str, str]
@@ -53,10 +57,17 @@ class Timers:
                              payload={"text": "your cart"})
 
     The instances that fire a kind (``Scheduler.timer``) write its number of buckets in
-    the store; ``Timers`` reads it there once per kind (or takes ``buckets=``).
+    the store; ``Timers`` reads it there once per kind (or takes ``buckets=``). A payload
+    larger than ``max_payload_bytes`` as stored (1 MiB) is refused before anything is
+    sent.
     """
 
-    def __init__(self, backend: RedisBackend[Any] | None = None) -> None:
+    def __init__(
+        self,
+        backend: RedisBackend[Any] | None = None,
+        *,
+        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+    ) -> None:
         if backend is None:
             backend = RedisBackend()
         if not isinstance(backend, RedisBackend):
@@ -64,6 +75,9 @@ class Timers:
                 f"backend must be a RedisBackend or ValkeyBackend, got {type(backend).__name__}"
             )
         self.backend = backend
+        self.max_payload_bytes = _check_payload_cap("max_payload_bytes", max_payload_bytes)
+        #: How the cap is named in errors (a scheduler's option has another name).
+        self._cap_name = "max_payload_bytes"
         self._conn: Connection | None = None
         #: The scheduler's instance this is bound to (``bound_timers``), if any.
         self._instance: Instance | None = None
@@ -264,11 +278,29 @@ class Timers:
             offset_ms = 0.0 if self._instance is None else self._instance.context.server_offset_ms
             at_ms = recurrence.first_ms(int(_now_ms() + offset_ms))
         schedule = recurrence.encode() if recurrence else ""
-        return timer_key, at_ms, delay, schedule, encode_payload(setting.payload)
+        payload = encode_payload(setting.payload)
+        size = len(payload.encode("utf-8"))
+        if size > self.max_payload_bytes:
+            raise InvalidOptionError(
+                f"timer {timer_key!r}: its payload is {size:,} bytes as stored, over "
+                f"{self._cap_name} ({self.max_payload_bytes:,}); keep large data elsewhere "
+                f"(a database row, an object store) and put its id in the payload, or raise "
+                f"{self._cap_name}"
+            )
+        return timer_key, at_ms, delay, schedule, payload
 
 
-def bound_timers(backend: RedisBackend[Any], instance: Instance) -> Timers:
+def bound_timers(backend: RedisBackend[Any], instance: Instance, max_payload_bytes: int) -> Timers:
     """The timers of a scheduler: on its instance's connection while it runs."""
-    timers = Timers(backend)
+    timers = Timers(backend, max_payload_bytes=max_payload_bytes)
     timers._instance = instance
+    timers._cap_name = "max_timer_payload_bytes"
     return timers
+
+
+def _check_payload_cap(option: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidOptionError(
+            f"{option} must be a whole number of bytes, 1 or more, got {value!r}"
+        )
+    return value
