@@ -9,6 +9,7 @@ instance on a real server behind a proxy that refuses its connections."""
 from __future__ import annotations
 
 import logging
+import time
 from types import SimpleNamespace
 
 import anyio
@@ -16,7 +17,7 @@ import pytest
 import redis
 
 import anarchon._engine.hints as hints_module
-from anarchon import RedisBackend, Scheduler, TimerRun
+from anarchon import IntervalSchedule, RedisBackend, Scheduler, TimerRun
 from anarchon._engine._context import EngineContext, _now_ms
 from anarchon._engine.agenda import Agenda
 from anarchon._engine.hints import Hints
@@ -252,19 +253,26 @@ async def test_a_sync_subscription_cancelled_before_its_thread_ran_leaves_the_ne
 
 def test_a_release_hint_brings_the_backups_claim_of_that_slot_forward_to_now() -> None:
     """``release <slot id> <job>``: the backup's follow-up claim of that slot (made for
-    when the lease it knew of runs out) is made now; a claim of another slot, and a
-    hint for a slot this instance is no backup of, change nothing."""
+    when the lease it knew of runs out) is made now; a claim of another slot stays; a
+    slot of the job with no claim here gets one now; a job that does not run here, or a
+    slot id that is none, changes nothing."""
     hints, agenda = listening()
     job = SimpleNamespace(name="report")
+    hints._context.jobs["report"] = job  # type: ignore[assignment]
     mine = agenda.push_follow_up(job, "1000", "schedule", LATER_MS)  # type: ignore[arg-type]
     other = agenda.push_follow_up(job, "2000", "schedule", LATER_MS)  # type: ignore[arg-type]
-    hints.on_hint("release 3000 report")
     hints.on_hint("release 1000 another-job")
+    hints.on_hint("release not-a-slot report")
     assert (mine.at_ms, other.at_ms) == (LATER_MS, LATER_MS)
+    assert agenda.pending == {("report", "1000"), ("report", "2000")}
     before = _now_ms()
     hints.on_hint("release 1000 report")
     assert before <= mine.at_ms <= _now_ms()
     assert other.at_ms == LATER_MS
+    hints.on_hint("release 3000 report")
+    assert ("report", "3000") in agenda.pending
+    (new,) = [due for due in agenda._due if due.follows_up("report", "3000")]
+    assert before <= new.at_ms <= _now_ms()
 
 
 @pytest.mark.anyio
@@ -284,3 +292,29 @@ async def test_a_run_given_back_by_a_stopping_instance_is_taken_over_at_once(
         first, second = fleet.starts
         assert second.runner != runner.instance_id and second.attempt == 2
         assert second.fence > first.fence
+
+
+@pytest.mark.anyio
+async def test_a_run_given_back_is_taken_over_at_once_when_the_job_fires_more_often_than_its_lease(
+    server_url: str, prefix: str
+) -> None:
+    """A job every 6 s with a 30 s lease: the backup's claim of the running slot was
+    answered "running", and it queued no follow-up (its claim of the next slot would
+    find the run first). The stop of the runner gives the run back; the release hint
+    must start the take-over now on the instance that runs the job, not at the next
+    slot (before: 6 s less the time the run had, every deploy)."""
+    async with long_job_fleet(
+        server_url, prefix, IntervalSchedule(6000), lease_ms=30_000, stop_grace_ms=0
+    ) as fleet:
+        await wait_until(lambda: bool(fleet.starts), 20, "attempt 1 to start")
+        first = fleet.starts[0]
+        runner = fleet.runner_of(0)
+        await runner.stop()
+        await wait_until(lambda: len(fleet.starts) == 2, 10, "the backup to take over")
+        seen_ms = time.time() * 1000
+        second = fleet.starts[1]
+    assert (second.slot_ms, second.attempt) == (first.slot_ms, 2)
+    assert second.runner != runner.instance_id and second.fence > first.fence
+    # Before the next slot, whose claim would have found the run given back anyway.
+    next_slot_ms = first.slot_ms + 6000
+    assert seen_ms < next_slot_ms - 1000, (seen_ms - first.slot_ms, "ms after the first slot")

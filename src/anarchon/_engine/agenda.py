@@ -209,10 +209,22 @@ class Agenda:
         self.push(due)
         return due
 
-    def bring_forward(self, job: str, slot_id: str) -> None:
-        """Make this instance's follow-up claim of a slot now (a run given back), if it
-        has one."""
+    def claim_given_back(self, job: str, slot_id: str) -> None:
+        """A stopping instance gave a run of ``job`` back: claim it now, if the job runs
+        here. A follow-up claim of that slot on the agenda (a backup's) comes forward;
+        without one (the backup expected to find the run at the job's next slot, sooner
+        than the lease it knew of would run out) one is made."""
+        found = self._context.jobs.get(job)
+        if found is None or job in self._context.disabled:
+            return
+        if (job, slot_id) in self._context.attempts:
+            return  # it runs here already
         if (job, slot_id) not in self.pending:
+            try:
+                slot_ms_of(slot_id)
+            except ValueError:
+                return  # not a slot id: no hint of ours
+            self.push_follow_up(found, slot_id, "retry", _now_ms())
             return
         now_ms = _now_ms()
         for due in self._due:

@@ -6,7 +6,7 @@ them, ``Hint``):
 - ``TimerDue``: a set made its key the first of the kind (bucket) to need attention; an
   instance that fires the kind brings the kind's claim forward to that due time.
 - ``RunGivenBack``: a stopping instance gave a run back (it was cancelled with attempts
-  left); an instance that is a backup of that slot claims it now, instead of when the
+  left); an instance that runs the job claims it now, instead of when the
   lease it knew of would have run out.
 - ``RunRequested``: the fleet was asked to run the job now (``anarchon run-now``,
   ``Inspector.run_now``); every instance that runs the job claims that manual slot, and
@@ -113,7 +113,7 @@ class Hints:
             return
         match parse_hint(message):
             case RunGivenBack(slot_id, job):
-                self._agenda.bring_forward(job, slot_id)
+                self._agenda.claim_given_back(job, slot_id)
             case RunRequested(slot_id, job):
                 asked = self._context.jobs.get(job)
                 if asked is not None and slot_id.startswith("m"):
