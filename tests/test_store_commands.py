@@ -129,6 +129,7 @@ def test_a_store_command_against_a_server_it_cannot_reach_says_so_in_one_line() 
     assert done.returncode == 1, done
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "cannot reach the server" in lines[0] and "--redis" in lines[0]
+    assert ".;" not in lines[0] and ";;" not in lines[0], lines[0]
 
 
 def test_an_error_reply_from_the_server_is_a_one_line_error(

@@ -624,7 +624,7 @@ def test_a_dashboard_port_that_is_taken_fails_before_the_start_in_one_line(
 
 def test_the_web_extra_is_needed_and_said_in_one_line(tmp_path: Path) -> None:
     """Without Starlette (hidden from the import here), ``anarchon web`` says what to
-    install, in one line, exit 2."""
+    install, in one line, exit 1 (as every command does for a missing extra)."""
     hide = tmp_path / "hide"
     (hide / "starlette").mkdir(parents=True)
     (hide / "starlette" / "__init__.py").write_text("raise ModuleNotFoundError('starlette')\n")
@@ -634,7 +634,7 @@ def test_the_web_extra_is_needed_and_said_in_one_line(tmp_path: Path) -> None:
         [sys.executable, "-m", "anarchon", "web"], cwd=ROOT, env=env, capture_output=True,
         text=True, timeout=60,
     )  # fmt: skip
-    assert done.returncode == 2, done
+    assert done.returncode == 1, done
     assert done.stderr.strip().splitlines() == [
         "anarchon web: the dashboard needs Starlette and uvicorn: pip install 'anarchon[web]'"
     ]

@@ -17,6 +17,7 @@ __all__ = [
     "TransportError",
     "UnsupportedClientError",
     "UnsupportedServerError",
+    "reason",
 ]
 
 
@@ -107,6 +108,14 @@ class LeaseLostError(AnarchonError):
     the attempt is recorded as cancelled and, with attempts left, released for a retry."""
 
     code = "ANARCHON_LEASE_LOST"
+
+
+def reason(exc: BaseException | str) -> str:
+    """What went wrong, for a message of anarchon's that wraps it: an anarchon error's
+    message without its code (the wrapping error has its own), any other's text, without
+    a closing period (the message goes on)."""
+    text = exc.message if isinstance(exc, AnarchonError) else str(exc)
+    return text.rstrip(". ")
 
 
 _SCRIPT_INNER_CODE = re.compile(r"Error running script.*?: -([A-Z]{2,}) ")

@@ -19,7 +19,7 @@ from .._errors import InvalidOptionError
 from .._ops.serve import WAIT_FOR_SERVER_SEC
 from .store import COMMANDS as STORE_COMMANDS
 from .store import add_store_commands, run_store_command
-from .usage import UsageError
+from .usage import MissingExtra, UsageError
 from .web import add_web_command, run_web
 
 __all__ = ["main"]
@@ -178,6 +178,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as exc:
         print(f"anarchon {args.command}: {exc}", file=sys.stderr)
         return 2
+    except MissingExtra as exc:
+        print(f"anarchon {args.command}: {exc}", file=sys.stderr)
+        return 1
     except AnarchonError as exc:
         hint = ""
         if isinstance(exc, ConnectionFailedError):
@@ -290,7 +293,7 @@ def _metrics_served(scheduler: Any, host: str, port: int) -> Iterator[None]:
 
         from ..prometheus import instrument
     except ModuleNotFoundError:
-        raise UsageError(
+        raise MissingExtra(
             "--metrics-port needs prometheus_client: pip install 'anarchon[prometheus]'"
         ) from None
     instrument(scheduler)

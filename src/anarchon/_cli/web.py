@@ -16,7 +16,7 @@ from typing import Any
 
 from .._errors import InvalidOptionError
 from .store import store_backend, store_options
-from .usage import UsageError
+from .usage import MissingExtra, UsageError
 
 __all__ = ["add_web_command", "run_web"]
 
@@ -89,7 +89,7 @@ def run_web(args: argparse.Namespace) -> int:
 
         from ..web import dashboard
     except ModuleNotFoundError:
-        raise UsageError(
+        raise MissingExtra(
             "the dashboard needs Starlette and uvicorn: pip install 'anarchon[web]'"
         ) from None
     if args.root_path not in ("", "/") and not _ROOT_PATH.fullmatch(args.root_path):

@@ -19,7 +19,7 @@ from dataclasses import replace
 
 import anyio
 
-from .._errors import AnarchonError, ConnectionFailedError, RunOverlapError
+from .._errors import AnarchonError, ConnectionFailedError, RunOverlapError, reason
 from .._model.job import Job
 from .._model.schedule import iso_ms
 from .._observe.events import ClaimAnswer, claim_answered, instant
@@ -216,7 +216,8 @@ class Claimer:
                 else:
                     context.disable(
                         due.job,
-                        f"the server answered its claim of slot {due.slot_id} with {reply}; "
+                        f"the server answered its claim of slot {due.slot_id} with "
+                        f"{reason(reply)}; "
                         "check that nothing else writes to its keys (prefix) and that the "
                         "connection's user may run scripts",
                     )
@@ -462,7 +463,7 @@ class Claimer:
                     return reply, sent
                 if not is_transient(reply):
                     raise AnarchonError(
-                        f"the server refused the manual claim of {job.name!r}: {reply}"
+                        f"the server refused the manual claim of {job.name!r}: {reason(reply)}"
                     )
                 failure = reply
             if pause_ms is None:
@@ -471,6 +472,6 @@ class Claimer:
         raise ConnectionFailedError(
             f"the manual claim of {job.name!r} got no answer in "
             f"{len(_MANUAL_RETRY_MS) + 1} tries (each within {round_trip_sec:.2f} s; last: "
-            f"{failure}); is the server reachable? If a try did reach it, the run's lease "
+            f"{reason(failure)}); is the server reachable? If a try did reach it, the run's lease "
             "expires unused and the job's next slots wait for it"
         )

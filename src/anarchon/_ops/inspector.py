@@ -21,6 +21,7 @@ from .._errors import (
     InvalidJobError,
     InvalidOptionError,
     SchedulerStateError,
+    reason,
 )
 from .._model.schedule import CronSchedule, IntervalSchedule, Schedule, SlotClock, from_epoch_ms
 from .._model.values import (
@@ -387,7 +388,7 @@ def _answered_in_time() -> Iterator[None]:
             "frozen or overloaded"
         ) from None
     except TransportError as exc:
-        raise ConnectionFailedError(f"lost the connection to the server: {exc}") from exc
+        raise ConnectionFailedError(f"lost the connection to the server: {reason(exc)}") from exc
 
 
 def _mapping(reply: Any) -> dict[str, str]:

@@ -14,6 +14,7 @@ from .._errors import (
     InvalidOptionError,
     StoreFormatError,
     UnsupportedServerError,
+    reason,
 )
 from .._model.job import Job
 from ..clients import (
@@ -432,15 +433,15 @@ async def _check_server(conn: Connection) -> ServerInfo:
                 "(ssl_ca_certs=... in a rediss:// URL, or tls_ca_certs in the options)"
             )
         raise ConnectionFailedError(
-            f"cannot reach the server through {conn.description}: {exc}; {hint}"
+            f"cannot reach the server through {conn.description}: {reason(exc)}; {hint}"
         ) from exc
     except ServerReplyError as exc:
         if "HELLO" in str(exc):
             raise UnsupportedServerError(
                 f"the server does not know HELLO, so it cannot speak RESP3 (Redis before 6): "
-                f"create the client you pass with protocol=2 ({exc})"
+                f"create the client you pass with protocol=2 ({reason(exc)})"
             ) from exc
-        raise ConnectionFailedError(f"the server refused INFO: {exc}") from exc
+        raise ConnectionFailedError(f"the server refused INFO: {reason(exc)}") from exc
     # redis-py parses INFO into a mapping; a cluster client may answer with one INFO
     # text per node (any of them will do).
     if isinstance(info, dict) and not ({"redis_version", "valkey_version"} & set(info)):
@@ -475,16 +476,18 @@ async def _check_store_format(conn: Connection, prefix: str) -> None:
         if is_transient(exc):
             # A replica, a server out of memory or still loading: not the prefix's fault.
             raise ConnectionFailedError(
-                f"the server cannot take the store format key {key!r} now: {exc}; connect "
+                f"the server cannot take the store format key {key!r} now: {reason(exc)}; connect "
                 "to the primary (a replica refuses writes), or wait until it has memory "
                 "and has loaded its data"
             ) from exc
         raise StoreFormatError(
-            f"cannot read the store format key {key!r}: {exc}; another program may use this "
-            "prefix: choose another prefix"
+            f"cannot read the store format key {key!r}: {reason(exc)}; another program may "
+            "use this prefix: choose another prefix"
         ) from exc
     except TransportError as exc:
-        raise ConnectionFailedError(f"lost the connection while checking {key!r}: {exc}") from exc
+        raise ConnectionFailedError(
+            f"lost the connection while checking {key!r}: {reason(exc)}"
+        ) from exc
     try:
         found = int(stored)
     except (TypeError, ValueError):
