@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import email
 import os
 import re
 import signal
 import subprocess
 import sys
+import tarfile
 import time
 import zipfile
 from collections import Counter
@@ -15,6 +17,7 @@ from pathlib import Path
 import anyio
 import pytest
 
+import anarchon
 from anarchon import RedisBackend, RunResult, Scheduler
 from tests.servers import MATRIX_FIRST, running_server
 
@@ -40,6 +43,45 @@ def test_the_wheel_ships_the_lua_scripts_and_py_typed(tmp_path: Path) -> None:
     assert "anarchon/clients/__init__.py" in names
     for layer in ("_model", "_store", "_engine", "_ops", "_cli", "_observe"):
         assert f"anarchon/{layer}/__init__.py" in names
+
+
+@pytest.mark.slow
+def test_the_sdist_can_run_the_tests_and_the_metadata_says_what_is_promised(
+    tmp_path: Path,
+) -> None:
+    """The sdist holds what its tests import (conftest.py, chaos/, bench/) and the
+    license; the metadata promises what the README does (at least once per slot), has
+    one version (the package's), and says which Pythons and systems it serves."""
+    subprocess.run(
+        [sys.executable, "-m", "build", "--sdist", "--wheel", "--outdir", str(tmp_path),
+         str(ROOT)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    (sdist,) = tmp_path.glob("anarchon-*.tar.gz")
+    with tarfile.open(sdist) as archive:
+        names = {name.split("/", 1)[1] for name in archive.getnames() if "/" in name}
+    for needed in ("conftest.py", "LICENSE", "chaos/__init__.py", "bench/__init__.py",
+                   "tests/servers.py", "property_tests/profiles.py", "typing_tests/README.md",
+                   "src/anarchon/_store/lua/claim.lua"):  # fmt: skip
+        assert needed in names, needed
+    (wheel,) = tmp_path.glob("anarchon-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        (metadata_name,) = [n for n in archive.namelist() if n.endswith(".dist-info/METADATA")]
+        metadata = email.message_from_bytes(archive.read(metadata_name))
+        assert any(n.endswith(".dist-info/licenses/LICENSE") for n in archive.namelist())
+    assert metadata["Version"] == anarchon.__version__
+    assert "exactly once" not in metadata["Summary"]
+    assert "at least once" in metadata["Summary"]
+    classifiers = metadata.get_all("Classifier") or []
+    served = (
+        "Programming Language :: Python :: 3.11",
+        "Operating System :: POSIX :: Linux",
+        "Operating System :: MacOS",
+        "Topic :: System :: Distributed Computing",
+    )
+    for needed in served:
+        assert needed in classifiers, needed
+    assert metadata["Author"] or metadata["Author-email"]
 
 
 @pytest.mark.slow

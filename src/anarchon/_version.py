@@ -1,3 +1,3 @@
-"""The version of anarchon (the one in pyproject.toml)."""
+"""The version of anarchon: the one place it is written (pyproject.toml reads it)."""
 
 __version__ = "0.1.0"
