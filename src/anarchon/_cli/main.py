@@ -138,6 +138,14 @@ def _run_parser(commands: Any) -> None:
     health.add_argument("path", metavar="PATH")
     health.add_argument("--max-age", type=_positive(float), default=30.0, metavar="SECONDS")
     health.add_argument("--ready", action="store_true", help="also require a server that answers")
+    completion = commands.add_parser(
+        "completion",
+        help='print a shell completion script: eval "$(anarchon completion bash)"',
+        description="Prints a completion script for bash or zsh, made from this command "
+        'line\'s own commands and options. Add eval "$(anarchon completion bash)" to '
+        "~/.bashrc (zsh: to ~/.zshrc, with zsh).",
+    )
+    completion.add_argument("shell", choices=("bash", "zsh"))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -175,6 +183,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run_store_command(args)
         if args.command == "web":
             return run_web(args)
+        if args.command == "completion":
+            from .completion import completion_script
+
+            print(completion_script(args.shell, parser), end="")
+            return 0
     except UsageError as exc:
         print(f"anarchon {args.command}: {exc}", file=sys.stderr)
         return 2

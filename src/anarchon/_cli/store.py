@@ -43,7 +43,9 @@ def store_options() -> argparse.ArgumentParser:
         help="the store's server (default: $ANARCHON_REDIS_URL, else redis://localhost:6379)",
     )
     options.add_argument(
-        "--prefix", default="cron:", help="the store's key prefix (default: cron:)"
+        "--prefix",
+        default=os.environ.get("ANARCHON_PREFIX", "cron:"),
+        help="the store's key prefix (default: $ANARCHON_PREFIX, else cron:)",
     )
     return options
 

@@ -1,0 +1,61 @@
+"""The command line as a shell meets it: options from the environment, and completion.
+No server needed."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from anarchon._cli.main import build_parser
+from tests.test_run_command import ROOT
+
+
+def test_the_store_commands_take_the_prefix_and_the_server_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("ANARCHON_PREFIX", "billing:")
+    monkeypatch.setenv("ANARCHON_REDIS_URL", "redis://store:6379/2")
+    for argv in (["inspect"], ["history", "job"], ["web"]):
+        args = build_parser().parse_args(argv)
+        assert (args.prefix, args.redis) == ("billing:", "redis://store:6379/2"), argv
+    assert build_parser().parse_args(["inspect", "--prefix", "other:"]).prefix == "other:"
+
+
+def _completion(shell: str) -> str:
+    done = subprocess.run(
+        [sys.executable, "-m", "anarchon", "completion", shell],
+        capture_output=True, text=True, timeout=60, cwd=ROOT,
+        env={"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin"},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="no bash on this machine")
+def test_bash_completes_the_commands_and_each_commands_options() -> None:
+    script = _completion("bash")
+
+    def complete(line: str) -> set[str]:
+        words = line.split(" ")
+        probe = (
+            f"{script}\nCOMP_WORDS=({' '.join(repr(w) for w in words)}); "
+            f"COMP_CWORD={len(words) - 1}; _anarchon; printf '%s\\n' \"${{COMPREPLY[@]}}\""
+        )
+        done = subprocess.run(["bash", "-c", probe], capture_output=True, text=True, timeout=30)
+        assert done.returncode == 0, done.stderr
+        return set(done.stdout.split())
+
+    assert {"demo", "run", "health", "inspect", "history", "web", "completion"} <= complete(
+        "anarchon "
+    )
+    assert complete("anarchon hi") == {"history"}
+    assert {"--redis", "--prefix", "--limit", "--json"} <= complete("anarchon history --")
+    assert {"--health-port", "--metrics-port"} <= complete("anarchon run --")
+
+
+def test_zsh_completion_is_the_bash_one_through_bashcompinit() -> None:
+    script = _completion("zsh")
+    assert "bashcompinit" in script and "complete -F _anarchon anarchon" in script
