@@ -14,14 +14,17 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import quote
 
 import anyio
 import pytest
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from anarchon import Inspector, JobInfo, LeaseInfo, RedisBackend, Scheduler, TimerRun
 from anarchon._ops.embedded import free_port
@@ -638,3 +641,79 @@ def test_the_web_extra_is_needed_and_said_in_one_line(tmp_path: Path) -> None:
     assert done.stderr.strip().splitlines() == [
         "anarchon web: the dashboard needs Starlette and uvicorn: pip install 'anarchon[web]'"
     ]
+
+
+def raw_post_headers(port: int, path: str, headers: dict[str, str]) -> tuple[int, float]:
+    """Send a POST's request line and headers, and none of the body they announce: the
+    status the server answers with (without waiting for the body), and how long it took."""
+    lines = [f"POST {path} HTTP/1.1", f"Host: 127.0.0.1:{port}"]
+    lines += [f"{name}: {value}" for name, value in headers.items()]
+    began = time.monotonic()
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode())
+        reply = sock.recv(4096).decode("latin-1")
+    return int(reply.split(" ", 2)[1]), time.monotonic() - began
+
+
+def test_an_action_checks_the_token_in_its_header_before_reading_a_body_and_caps_the_body(
+    server_url: str, prefix: str, tmp_path: Path, webs: list[WebCommand]
+) -> None:
+    """A wrong bearer token is refused before the body is read (a 300 MB body is never
+    waited for); a body without one is read only up to a few KB (413 past that)."""
+    web = WebCommand(tmp_path, server_url, prefix, "--allow-actions", "--token", TOKEN)
+    webs.append(web)
+    web.wait_serving()
+    huge = {"Content-Type": "application/x-www-form-urlencoded", "Content-Length": "300000000"}
+    status, took = raw_post_headers(
+        web.port, "/actions/pause/report", {**huge, "Authorization": "Bearer guess"}
+    )
+    assert (status, took < 5) == (401, True), (status, took)
+    status, took = raw_post_headers(web.port, "/actions/pause/report", huge)
+    assert (status, took < 5) == (413, True), (status, took)
+    assert web.post("/actions/pause/report", "token=" + "x" * 20_000) == 413
+    assert web.post("/actions/pause/report", "token=guess") == 401
+
+
+def test_pages_refuse_framing_and_sniffing_and_say_done_only_for_an_action_that_was(
+    server_url: str, prefix: str, tmp_path: Path, webs: list[WebCommand]
+) -> None:
+    """Every page forbids being framed (clickjacking) and content sniffing; the "Done"
+    notice comes from a fixed list and a job the store knows, never from any text in the
+    link (content spoofing)."""
+    register_jobs(server_url, prefix, ["report"])
+    web = WebCommand(tmp_path, server_url, prefix)
+    webs.append(web)
+    web.wait_serving()
+    request = urllib.request.Request(web.url("/"))
+    with urllib.request.urlopen(request, timeout=PAGE_SEC + 10) as reply:
+        assert reply.headers["X-Frame-Options"] == "DENY"
+        assert "frame-ancestors 'none'" in reply.headers["Content-Security-Policy"]
+        assert reply.headers["X-Content-Type-Options"] == "nosniff"
+        assert reply.headers["Referrer-Policy"] == "no-referrer"
+    spoof = quote("Your account is locked: call +1 555 0100")
+    assert "Your account is locked" not in web.get(f"/?done={spoof}")[1]
+    assert "Done:" not in web.get(f"/?done=pause&job={quote('not-a-job')}")[1]
+    assert "Done: report paused." in web.get("/?done=pause&job=report")[1]
+    assert "Done: report paused." in web.get("/jobs/report?done=pause&job=report")[1]
+
+
+def test_off_loopback_the_dashboard_needs_its_allowed_hosts(
+    server_url: str, prefix: str, tmp_path: Path
+) -> None:
+    """Bound off loopback, any Host would be answered (a name an attacker points at the
+    machine reads the pages: DNS rebinding): ``anarchon web`` refuses to start without
+    --allowed-host, and ``dashboard()`` answers only the loopback names unless told."""
+    env = command_env({})
+    done = subprocess.run(
+        [sys.executable, "-m", "anarchon", "web", "--redis", server_url, "--prefix", prefix,
+         "--host", "0.0.0.0", "--port", str(free_port())],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2, done
+    (line,) = done.stderr.strip().splitlines()
+    assert "--allowed-host" in line, line
+    from anarchon.web import dashboard
+
+    app = dashboard(RedisBackend(redis=server_url, prefix=prefix))
+    hosts = [m for m in app.user_middleware if m.cls is TrustedHostMiddleware]
+    assert len(hosts) == 1 and "dashboard.example" not in hosts[0].kwargs["allowed_hosts"]

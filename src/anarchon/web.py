@@ -40,7 +40,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequen
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import parse_qs, quote
+from urllib.parse import parse_qs, quote, urlencode
 
 import anyio
 from starlette.applications import Starlette
@@ -49,6 +49,7 @@ from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ._errors import AnarchonError, ConnectionFailedError, InvalidOptionError
 from ._model.values import InstanceInfo, JobInfo, LeaseInfo, RunResult, TimerKindInfo
@@ -67,6 +68,18 @@ HISTORY = 100
 #: A page is made within this many seconds, or it says the server did not answer.
 PAGE_SEC = 20.0
 _ACTIONS = {"pause": "paused", "resume": "resumed", "run-now": "asked to run now"}
+#: The largest action form read (its token and the page to go back to).
+FORM_MAX_BYTES = 8 * 1024
+#: The names a dashboard answers to in the Host header unless told others.
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
+#: On every response: no framing by another site, no guessing of content types, no
+#: address of the dashboard's pages sent to another site.
+_SECURITY_HEADERS = (
+    (b"x-frame-options", b"DENY"),
+    (b"content-security-policy", b"frame-ancestors 'none'"),
+    (b"x-content-type-options", b"nosniff"),
+    (b"referrer-policy", b"no-referrer"),
+)
 
 
 def dashboard(
@@ -81,9 +94,10 @@ def dashboard(
     with any ASGI server; its lifespan closes its connection). With ``allow_actions``,
     pause, resume and run-now are offered to whoever gives ``token`` (required then);
     the pages refresh every ``refresh_sec`` (0: never). ``allowed_hosts``: the only
-    names the pages answer to in the Host header (``anarchon web`` bound to a loopback
-    address gives the loopback names, so that no other web page can read them through
-    a name that points at this machine)."""
+    names the pages answer to in the Host header; by default the loopback names, so that
+    no other web page can read them through a name that points at this machine (DNS
+    rebinding). Served under another name, give it (``["ops.example.com"]``);
+    ``["*"]`` answers any name."""
     if not isinstance(backend, RedisBackend):
         raise InvalidOptionError(
             f"the dashboard reads a RedisBackend or ValkeyBackend, got {type(backend).__name__}"
@@ -103,9 +117,11 @@ def dashboard(
         finally:
             await site.close()
 
-    middleware = []
-    if allowed_hosts is not None:
-        middleware.append(Middleware(TrustedHostMiddleware, allowed_hosts=list(allowed_hosts)))
+    hosts = list(LOOPBACK_HOSTS if allowed_hosts is None else allowed_hosts)
+    middleware = [
+        Middleware(_SecurityHeaders),
+        Middleware(TrustedHostMiddleware, allowed_hosts=hosts),
+    ]
     return Starlette(
         routes=[
             Route("/", site.overview),
@@ -178,7 +194,7 @@ class _Site:
             failures = newest_failures(recent, 10)
             return "".join(
                 [
-                    _done(request),
+                    _done(request, (job.name for job in jobs)),
                     _section(
                         "Jobs",
                         _jobs_table(root, jobs, recent, instances, self.token is not None),
@@ -207,7 +223,7 @@ class _Site:
             instances = await inspector.instances()
             return "".join(
                 [
-                    _done(request),
+                    _done(request, [name]),
                     _section(f"Job {name}", _job_details(job, history[:STRIP], instances)),
                     _actions(root, job, self.token is not None),
                     _section("Runs in progress", _leases_table(root, leases)),
@@ -229,17 +245,23 @@ class _Site:
                 "pause, resume and run jobs from here."
             )
             return self._page(request, "anarchon", _message("error", text), 403)
-        form = parse_qs((await request.body()).decode("utf-8", "replace"))
-        given = form.get("token", [""])[0]
         header = request.headers.get("authorization", "")
-        if header.lower().startswith("bearer "):
-            given = header[7:].strip()
-        if not given or not secrets.compare_digest(given.encode(), self.token.encode()):
+        given = header[7:].strip() if header.lower().startswith("bearer ") else ""
+        if given and not self._is_token(given):
+            # Refused before the body is read: a wrong token costs no upload.
+            return self._page(request, "anarchon", _message("error", _WRONG_TOKEN), 401)
+        sent = await _capped_body(request)
+        if sent is None:
+            text = f"An action's form is at most {FORM_MAX_BYTES:,} bytes: nothing was done."
+            return self._page(request, "anarchon", _message("error", text), 413)
+        form = parse_qs(sent.decode("utf-8", "replace"))
+        given = given or form.get("token", [""])[0]
+        if not given or not self._is_token(given):
             text = (
                 "This action needs the dashboard's token: type it in the token field at the "
                 "top of the page (anarchon web printed it at its start)."
                 if not given
-                else "The token is not the dashboard's: nothing was done."
+                else _WRONG_TOKEN
             )
             return self._page(request, "anarchon", _message("error", text), 401)
 
@@ -259,8 +281,12 @@ class _Site:
         back = form.get("next", ["/"])[0]  # a page of the dashboard: its path within it
         if not back.startswith("/") or back[1:2] in ("/", "\\"):
             back = "/"
-        done = quote(f"{name} {_ACTIONS[action]}")
-        return RedirectResponse(f"{_root(request)}{back}?done={done}", 303)
+        done = urlencode({"done": action, "job": name})
+        return RedirectResponse(f"{_root(request)}{back}?{done}", 303)
+
+    def _is_token(self, given: str) -> bool:
+        assert self.token is not None
+        return secrets.compare_digest(given.encode(), self.token.encode())
 
     def _page(self, request: Request, title: str, body: str, status: int) -> HTMLResponse:
         token = (
@@ -305,9 +331,50 @@ def _message(kind: str, text: str) -> str:
     return f'<p class="message {kind}" role="alert">{html.escape(text)}</p>'
 
 
-def _done(request: Request) -> str:
-    done = request.query_params.get("done")
-    return _message("done", f"Done: {done}.") if done else ""
+_WRONG_TOKEN = "The token is not the dashboard's: nothing was done."
+
+
+def _done(request: Request, jobs: Iterable[str]) -> str:
+    """The notice after an action: from the fixed list of actions, about a job the store
+    knows; nothing for any other text a link may carry."""
+    action = request.query_params.get("done", "")
+    job = request.query_params.get("job", "")
+    if action not in _ACTIONS or job not in set(jobs):
+        return ""
+    return _message("done", f"Done: {job} {_ACTIONS[action]}.")
+
+
+async def _capped_body(request: Request) -> bytes | None:
+    """The request's body, or None when it is longer than ``FORM_MAX_BYTES`` (said by
+    its Content-Length, or found while reading it)."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > FORM_MAX_BYTES:
+        return None
+    body = b""
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > FORM_MAX_BYTES:
+            return None
+    return body
+
+
+class _SecurityHeaders:
+    """Adds ``_SECURITY_HEADERS`` to every HTTP response."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), *_SECURITY_HEADERS]
+            await send(message)
+
+        await self.app(scope, receive, with_headers)
 
 
 def _table(head: Iterable[str], rows: list[list[str]], empty: str) -> str:

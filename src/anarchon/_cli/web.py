@@ -87,7 +87,7 @@ def run_web(args: argparse.Namespace) -> int:
     try:
         import uvicorn
 
-        from ..web import dashboard
+        from ..web import LOOPBACK_HOSTS, dashboard
     except ModuleNotFoundError:
         raise MissingExtra(
             "the dashboard needs Starlette and uvicorn: pip install 'anarchon[web]'"
@@ -111,8 +111,14 @@ def run_web(args: argparse.Namespace) -> int:
     # Bound to this machine only: the pages answer only to its loopback names, so that
     # no web page elsewhere can read them through a name that points here.
     # A proxy that passes its own name on needs it named (--allowed-host).
-    loopback = ["127.0.0.1", "localhost", "::1", "[::1]"] if _loopback(args.host) else []
-    allowed_hosts = [*loopback, *args.allowed_host] or None
+    if not _loopback(args.host) and not args.allowed_host:
+        raise UsageError(
+            f"bound to {args.host}, the dashboard would answer to any name in the Host "
+            "header, including one an attacker points at this machine: give the names it "
+            "is reached by with --allowed-host (say --allowed-host ops.example.com)"
+        )
+    loopback = list(LOOPBACK_HOSTS) if _loopback(args.host) else []
+    allowed_hosts = [*loopback, *args.allowed_host]
     try:
         app = dashboard(
             store_backend(args),
