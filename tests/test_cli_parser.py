@@ -59,3 +59,15 @@ def test_bash_completes_the_commands_and_each_commands_options() -> None:
 def test_zsh_completion_is_the_bash_one_through_bashcompinit() -> None:
     script = _completion("zsh")
     assert "bashcompinit" in script and "complete -F _anarchon anarchon" in script
+
+
+def test_probes_and_metrics_listen_on_this_machine_only_unless_told() -> None:
+    """An orchestrator that probes the pod's address (Kubernetes' httpGet) or scrapes it
+    says so with --health-host/--metrics-host 0.0.0.0; nobody else exposes them."""
+    import inspect
+
+    from anarchon import serve
+
+    args = build_parser().parse_args(["run", "app:scheduler"])
+    assert (args.health_host, args.metrics_host) == ("127.0.0.1", "127.0.0.1")
+    assert inspect.signature(serve).parameters["health_host"].default == "127.0.0.1"

@@ -267,7 +267,17 @@ def test_health_probes_say_live_and_ready_and_not_ready_while_the_server_is_down
         base = f"http://127.0.0.1:{port}"
         assert http_get(f"{base}/live")[0] == 200
         status, body = http_get(f"{base}/ready")
-        assert status == 200 and body["instance"] == "one" and body["jobs"] == ["work"], body
+        # Whoever reaches the port learns the state, not what the fleet runs.
+        assert status == 200 and body == {
+            "live": True,
+            "ready": True,
+            "state": "running",
+            "server": "answers",
+        }, body
+        # The health file (mode 0600) has the details, for anarchon health.
+        assert command.health_file.stat().st_mode & 0o077 == 0
+        details = json.loads(command.health_file.read_text())
+        assert details["instance"] == "one" and details["jobs"] == ["work"], details
         assert http_get(f"{base}/other")[0] == 404
         checked = health_command(command.health_file)
         assert checked.returncode == 0 and checked.stdout.strip() == "ok", checked

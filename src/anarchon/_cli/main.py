@@ -119,14 +119,22 @@ def _run_parser(commands: Any) -> None:
         metavar="PORT",
         help="answer GET /live and /ready on this port (200 or 503, with a JSON body)",
     )
-    run.add_argument("--health-host", default="0.0.0.0", help="default: 0.0.0.0")
+    run.add_argument(
+        "--health-host",
+        default="127.0.0.1",
+        help="default: 127.0.0.1 (this machine only; Kubernetes' httpGet probes need 0.0.0.0)",
+    )
     run.add_argument(
         "--metrics-port",
         type=_port,
         metavar="PORT",
         help="serve Prometheus metrics on this port, GET /metrics (needs anarchon[prometheus])",
     )
-    run.add_argument("--metrics-host", default="0.0.0.0", help="default: 0.0.0.0")
+    run.add_argument(
+        "--metrics-host",
+        default="127.0.0.1",
+        help="default: 127.0.0.1 (this machine only; a scraper of the pod's address needs 0.0.0.0)",
+    )
     run.add_argument("--event-loop", choices=("asyncio", "trio"), default="asyncio")
 
     health = commands.add_parser(

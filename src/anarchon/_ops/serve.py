@@ -66,7 +66,7 @@ async def serve(
     stop_signals: Sequence[signal.Signals] = STOP_SIGNALS,
     health_file: str | os.PathLike[str] | None = None,
     health_port: int | None = None,
-    health_host: str = "0.0.0.0",  # an orchestrator probes the pod's address
+    health_host: str = "127.0.0.1",
 ) -> None:
     """Run ``scheduler`` until it is stopped: by one of ``stop_signals`` (SIGINT and
     SIGTERM), by its own ``stop()``, or by cancelling this call.
@@ -83,9 +83,12 @@ async def serve(
       unsupported server) raises at once.
     - ``health_file``: a JSON file (``health_of``) rewritten every few seconds while it
       runs and removed when it stops; ``anarchon health FILE`` checks it.
-      ``health_port``: an HTTP endpoint on ``health_host``: ``GET /live`` answers 200
-      while the scheduler runs, ``GET /ready`` 200 while it runs and its server
-      answers, 503 otherwise, each with the JSON body.
+      ``health_port``: an HTTP endpoint on ``health_host`` (this machine only, unless
+      given: an orchestrator that probes the pod's address, as Kubernetes' ``httpGet``
+      does, needs ``"0.0.0.0"``): ``GET /live`` answers 200 while the scheduler runs,
+      ``GET /ready`` 200 while it runs and its server answers, 503 otherwise, each with
+      a JSON body of ``live``, ``ready``, ``state`` and ``server`` (what the fleet runs
+      is in the health file, not on the port).
 
     Call it from the main thread when it handles signals (``stop_signals=()`` handles
     none)::
@@ -300,8 +303,11 @@ async def _keep_health_file(scheduler: Scheduler[Any], path: Path) -> None:
 
 
 def _replace_file(spare: Path, path: Path, body: str) -> None:
-    """Write ``body`` to ``path`` so that a reader sees the old file or the new one."""
-    spare.write_text(body + "\n")
+    """Write ``body`` to ``path`` so that a reader sees the old file or the new one; the
+    file is the running user's alone (mode 0600: it names the jobs and the instance)."""
+    descriptor = os.open(spare, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "w") as out:
+        out.write(body + "\n")
     spare.replace(path)
 
 
@@ -328,6 +334,11 @@ def check_health_file(path: Path, *, max_age_sec: float, ready: bool) -> str | N
     return None
 
 
+#: What a probe's answer says: whoever reaches the port learns the state, not what the
+#: fleet runs.
+_PROBE_FIELDS = ("live", "ready", "state", "server")
+
+
 async def _serve_health_port(
     scheduler: Scheduler[Any], listener: anyio.abc.Listener[SocketStream], where: str
 ) -> None:
@@ -347,7 +358,8 @@ async def _serve_health_port(
                 if path in ("/live", "/ready"):
                     ok = bool(health[path[1:]])
                     status = "200 OK" if ok else "503 Service Unavailable"
-                    body = json.dumps(health).encode()
+                    shown = {key: health[key] for key in _PROBE_FIELDS}
+                    body = json.dumps(shown).encode()
                 else:
                     status, body = "404 Not Found", b'{"paths": ["/live", "/ready"]}'
                 head = (
