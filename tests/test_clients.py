@@ -29,7 +29,7 @@ from anarchon import (
 )
 from anarchon._ops.embedded import CLUSTER_BUS_OFFSET, EmbeddedServer, free_port
 from anarchon._store.keys import TimerKeys
-from anarchon.clients import TransportError
+from anarchon.clients import TransportError, open_connection
 from tests.clients import CLIENT_KINDS, Target, make_client
 from tests.faults import FaultProxy
 from tests.helpers import Ledger, OneShotAtFirstAsk, PinnedConnection, wait_until
@@ -426,6 +426,10 @@ def tls_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, 
     ca, stranger = trustme.CA(), trustme.CA()
     cert = ca.issue_cert("127.0.0.1", "localhost")
     ca.cert_pem.write_to_path(str(folder / "ca.pem"))
+    # A certificate of the same CA for another name: host name checking must refuse it.
+    elsewhere = ca.issue_cert("cache.elsewhere.example")
+    elsewhere.cert_chain_pems[0].write_to_path(str(folder / "elsewhere.pem"))
+    elsewhere.private_key_pem.write_to_path(str(folder / "elsewhere.key"))
     stranger.cert_pem.write_to_path(str(folder / "other-ca.pem"))
     cert.cert_chain_pems[0].write_to_path(str(folder / "server.pem"))
     cert.private_key_pem.write_to_path(str(folder / "server.key"))
@@ -436,8 +440,46 @@ def tls_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, 
          "--tls-key-file", str(folder / "server.key"), "--tls-ca-cert-file", str(folder / "ca.pem"),
          "--tls-auth-clients", "no"],
     ).start()  # fmt: skip
+    misnamed_port = free_port()
+    misnamed = EmbeddedServer(
+        binary,
+        ["--tls-port", str(misnamed_port), "--tls-cert-file", str(folder / "elsewhere.pem"),
+         "--tls-key-file", str(folder / "elsewhere.key"),
+         "--tls-ca-cert-file", str(folder / "ca.pem"), "--tls-auth-clients", "no"],
+    ).start()  # fmt: skip
+    global MISNAMED_TLS_PORT
+    MISNAMED_TLS_PORT = misnamed_port
     yield tls_port, folder / "ca.pem", folder / "other-ca.pem"
+    misnamed.stop()
     server.stop()
+
+
+#: The TLS port of a server whose certificate (from the same CA) names another host.
+MISNAMED_TLS_PORT = 0
+
+
+async def test_tls_checks_the_servers_host_name_whatever_the_client_librarys_default(
+    tls_server: tuple[int, Path, Path], prefix: str
+) -> None:
+    """A certificate from a trusted CA for another name is refused (redis-py 5.0 does not
+    check names by default; anarchon asks for it on every connection it opens), with
+    an error that says TLS; a user who must turn the check off says so."""
+    _, ca, _ = tls_server
+    url = f"rediss://127.0.0.1:{MISNAMED_TLS_PORT}/0?ssl_ca_certs={ca}"
+    options = {"host": "127.0.0.1", "port": MISNAMED_TLS_PORT, "tls": True, "tls_ca_certs": str(ca)}
+    for spec in (url, options):
+        conn = open_connection(spec)
+        try:
+            pool = conn.client.connection_pool  # type: ignore[attr-defined]
+            assert pool.connection_kwargs.get("ssl_check_hostname") is True, spec
+        finally:
+            await conn.aclose()
+        with pytest.raises(ConnectionFailedError, match=r"(?i)certificate|tls"):
+            await run_one(RedisBackend(redis=spec, prefix=prefix))
+    unchecked_url = url + "&ssl_check_hostname=false"
+    unchecked = {**options, "tls_check_hostname": False}
+    for spec in (unchecked_url, unchecked):
+        assert [r.job for r in await run_one(RedisBackend(redis=spec, prefix=prefix))] == ["once"]
 
 
 async def run_one(backend: RedisBackend[Any]) -> list[Run]:

@@ -50,6 +50,7 @@ _OPTION_KEYS = frozenset(
         "tls_ca_certs",
         "tls_certfile",
         "tls_keyfile",
+        "tls_check_hostname",
         "sentinel",
     }
 )
@@ -118,19 +119,23 @@ def _open_through_sentinels(spec: SentinelSpec) -> Connection:
 def _open_from_url(url: str) -> Connection:
     if is_sentinel_url(url):
         return _open_through_sentinels(SentinelSpec.from_url(url))
+    kwargs = _own_connection()
+    if url.lower().startswith(("rediss://", "valkeys://")):
+        # The server's certificate must name the host, whatever the client library's
+        # default (redis-py 5.0 checks no name); ssl_check_hostname=false in the URL,
+        # which wins over these, turns it off.
+        kwargs["ssl_check_hostname"] = True
     if running_under_asyncio():
         import redis.asyncio
 
         from .redis_py import RedisAsyncConnection
 
-        return RedisAsyncConnection(
-            redis.asyncio.Redis.from_url(url, **_own_connection()), owned=True
-        )
+        return RedisAsyncConnection(redis.asyncio.Redis.from_url(url, **kwargs), owned=True)
     import redis
 
     from .redis_py import RedisSyncConnection
 
-    return RedisSyncConnection(redis.Redis.from_url(url, **_own_connection()), owned=True)
+    return RedisSyncConnection(redis.Redis.from_url(url, **kwargs), owned=True)
 
 
 def _open_from_options(options: Mapping[str, Any]) -> Connection:
@@ -151,8 +156,13 @@ def _open_from_options(options: Mapping[str, Any]) -> Connection:
         kwargs["ssl_ca_certs"] = options.get("tls_ca_certs")
         kwargs["ssl_certfile"] = options.get("tls_certfile")
         kwargs["ssl_keyfile"] = options.get("tls_keyfile")
-    elif any(key in options for key in ("tls_ca_certs", "tls_certfile", "tls_keyfile")):
-        raise InvalidOptionError("tls_ca_certs, tls_certfile and tls_keyfile need tls=True")
+        # The certificate must name the host, unless told otherwise (whatever the
+        # client library's default).
+        kwargs["ssl_check_hostname"] = bool(options.get("tls_check_hostname", True))
+    elif any(key.startswith("tls_") for key in options):
+        raise InvalidOptionError(
+            "tls_ca_certs, tls_certfile, tls_keyfile and tls_check_hostname need tls=True"
+        )
     if running_under_asyncio():
         import redis.asyncio
 
