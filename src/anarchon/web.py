@@ -67,6 +67,15 @@ STRIP = 30
 HISTORY = 100
 #: A page is made within this many seconds, or it says the server did not answer.
 PAGE_SEC = 20.0
+#: Jobs on a page of the overview (``?page=N``): what one page reads and draws is
+#: bounded, whatever the number of jobs.
+JOBS_PER_PAGE = 50
+#: Rows of the runs in progress and of the instances alive the overview shows at most.
+ROWS_MAX = 100
+#: Dots of a lateness chart at most (the newest).
+CHART_POINTS = 500
+#: Pages made at the same time at most; more wait their turn (within PAGE_SEC).
+BUILDS_MAX = 2
 _ACTIONS = {"pause": "paused", "resume": "resumed", "run-now": "asked to run now"}
 #: The largest action form read (its token and the page to go back to).
 FORM_MAX_BYTES = 8 * 1024
@@ -144,6 +153,7 @@ class _Site:
         self.refresh_sec = refresh_sec
         self._inspector: Inspector | None = None
         self._opening = anyio.Lock()
+        self._builds = anyio.Semaphore(BUILDS_MAX)
 
     async def close(self, inspector: Inspector | None = None) -> None:
         """Close the Inspector (``inspector``, if it is still the one in use)."""
@@ -163,6 +173,12 @@ class _Site:
         inspector = None
         try:
             with anyio.fail_after(PAGE_SEC):
+                await self._builds.acquire()
+        except TimeoutError:
+            text = f"the dashboard is busy: try again in a moment ({BUILDS_MAX} pages at a time)"
+            return _message("error", text), 503
+        try:
+            with anyio.fail_after(PAGE_SEC):
                 async with self._opening:
                     if self._inspector is None:
                         opened = Inspector(self.backend)
@@ -179,6 +195,8 @@ class _Site:
         except Exception as exc:  # what the store holds could not be read
             log.exception("anarchon web: a page could not be made")
             return _message("error", f"the page could not be made: {exc!r}"), 500
+        finally:
+            self._builds.release()
 
     # ------------------------------------------------------------------ pages
 
@@ -186,26 +204,40 @@ class _Site:
         root = _root(request)
 
         async def read(inspector: Inspector) -> str:
-            jobs = await inspector.jobs()
-            leases = await inspector.leases()
+            names = await inspector.job_names()
+            pages = max(math.ceil(len(names) / JOBS_PER_PAGE), 1)
+            page = _page_number(request, pages)
+            shown = names[(page - 1) * JOBS_PER_PAGE : page * JOBS_PER_PAGE]
+            jobs = await inspector.jobs(shown)
+            leases = await inspector.leases(names=shown)
             instances = await inspector.instances()
             timers = await inspector.timers()
-            recent = await inspector.recent(HISTORY)
+            recent = await inspector.recent(STRIP, shown)
             failures = newest_failures(recent, 10)
+            of = f" (jobs {shown[0]} to {shown[-1]})" if pages > 1 and shown else ""
             return "".join(
                 [
-                    _done(request, (job.name for job in jobs)),
+                    _done(request, shown),
                     _section(
                         "Jobs",
-                        _jobs_table(root, jobs, recent, instances, self.token is not None),
+                        _jobs_table(root, jobs, recent, instances, self.token is not None)
+                        + _pager(root, page, pages, len(names)),
                     ),
-                    _section("Runs in progress", _leases_table(root, leases)),
-                    _section("Instances alive", _instances_table(instances)),
-                    _section("Timers", _timers_table(timers)),
-                    _section("Recent failures", _results_table(root, failures, with_job=True)),
                     _section(
-                        "Fire lateness (slot to start)",
-                        _lateness_chart(r for results in recent.values() for r in results[:STRIP]),
+                        f"Runs in progress{of}",
+                        _leases_table(root, leases[:ROWS_MAX])
+                        + _more(len(leases) - ROWS_MAX, "runs"),
+                    ),
+                    _section(
+                        "Instances alive",
+                        _instances_table(instances[:ROWS_MAX])
+                        + _more(len(instances) - ROWS_MAX, "instances"),
+                    ),
+                    _section("Timers", _timers_table(timers)),
+                    _section(f"Recent failures{of}", _results_table(root, failures, with_job=True)),
+                    _section(
+                        f"Fire lateness (slot to start){of}",
+                        _lateness_chart(r for results in recent.values() for r in results),
                     ),
                 ]
             )
@@ -321,6 +353,31 @@ def _root(request: Request) -> str:
     (a proxy's path, given as the ASGI server's root path), quoted as a URL's path (so
     that no character of it can end the path, or make it a link to another host)."""
     return quote(str(request.scope.get("root_path", "")).rstrip("/"))
+
+
+def _page_number(request: Request, pages: int) -> int:
+    """The overview's page asked for (``?page=N``), within 1 to ``pages``."""
+    asked = request.query_params.get("page", "1")
+    number = int(asked) if asked.isdigit() and len(asked) < 10 else 1
+    return min(max(number, 1), pages)
+
+
+def _pager(root: str, page: int, pages: int, count: int) -> str:
+    """Where this page of jobs is among them, and links to its neighbours."""
+    if pages <= 1:
+        return ""
+    first = (page - 1) * JOBS_PER_PAGE + 1
+    last = min(page * JOBS_PER_PAGE, count)
+    links = [f"jobs {first:,} to {last:,} of {count:,}"]
+    if page > 1:
+        links.append(f'<a href="{root}/?page={page - 1}">previous</a>')
+    if page < pages:
+        links.append(f'<a href="{root}/?page={page + 1}">next</a>')
+    return f'<p class="pager">{" · ".join(links)}</p>'
+
+
+def _more(hidden: int, what: str) -> str:
+    return f'<p class="empty">and {hidden:,} more {what}</p>' if hidden > 0 else ""
 
 
 def _section(title: str, content: str) -> str:
@@ -563,12 +620,16 @@ _PALETTE = ("#2f6fdf", "#d9822b", "#3a9d5d", "#b8407a", "#7a5bc7", "#c0392b", "#
 
 def _lateness_chart(results: Iterable[RunResult]) -> str:
     """Each recorded first attempt of a scheduled slot: when it started, and how long
-    after its slot's instant (an SVG scatter, one colour per job)."""
-    points = [
-        (r.job, r.started_at.timestamp(), max((r.started_at - r.slot).total_seconds(), 0.0))
-        for r in results
-        if r.attempt == 1 and r.trigger in ("schedule", "catch-up") and r.status != "skipped"
-    ]
+    after its slot's instant (an SVG scatter, one colour per job; the newest
+    ``CHART_POINTS``)."""
+    points = sorted(
+        (
+            (r.job, r.started_at.timestamp(), max((r.started_at - r.slot).total_seconds(), 0.0))
+            for r in results
+            if r.attempt == 1 and r.trigger in ("schedule", "catch-up") and r.status != "skipped"
+        ),
+        key=lambda point: point[1],
+    )[-CHART_POINTS:]
     if not points:
         return '<p class="empty">No scheduled attempt recorded yet.</p>'
     width, height, left, bottom = 640, 180, 56, 24

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import secrets
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
 from types import TracebackType
@@ -95,12 +95,22 @@ class Inspector:
 
     # ------------------------------------------------------------------ reading
 
-    async def jobs(self) -> list[JobInfo]:
-        """Every job the fleet registered, by name."""
-        definitions = await self._definitions()
-        first_seen = _mapping(await self._execute(("HGETALL", self._keys.first_seen)))
+    async def job_names(self) -> list[str]:
+        """The names of the jobs the fleet registered, sorted (their names alone: cheap
+        at any number of jobs)."""
+        return sorted(str(name) for name in await self._execute(("HKEYS", self._keys.jobs)))
+
+    async def jobs(self, names: Sequence[str] | None = None) -> list[JobInfo]:
+        """Every job the fleet registered (or those of ``names`` that it did), by name."""
+        definitions = await self._definitions(names)
         now_ms = int(time.time() * 1000)
-        names = sorted(definitions)
+        names = sorted(definitions if names is None else set(names) & set(definitions))
+        if not names:
+            return []
+        seen_ms = await self._execute(("HMGET", self._keys.first_seen, *names))
+        first_seen = {
+            name: str(seen) for name, seen in zip(names, seen_ms, strict=True) if seen is not None
+        }
         strategies = {name: _strategy(definitions[name]) for name in names}
         leased = [name for name in names if strategies[name] == "lease"]
         # Each job's newest result, and each lease job's pause flag.
@@ -143,10 +153,13 @@ class Inspector:
             )
         return found
 
-    async def leases(self, job: str | None = None) -> list[LeaseInfo]:
+    async def leases(
+        self, job: str | None = None, *, names: Sequence[str] | None = None
+    ) -> list[LeaseInfo]:
         """The runs in progress (holding a live lease, or waiting for their next attempt),
-        of every lease-strategy job or of ``job``, oldest slot first."""
-        definitions = await self._definitions()
+        of every lease-strategy job (or of ``job``, or of those of ``names``), oldest slot
+        first."""
+        definitions = await self._definitions(None if job is not None else names)
         names = [self._check_job(job, definitions)] if job is not None else sorted(definitions)
         leased = [name for name in names if _strategy(definitions[name]) == "lease"]
         keys = {name: JobKeys.for_job(self._prefix, name) for name in leased}
@@ -210,12 +223,15 @@ class Inspector:
         strategy = _strategy(definitions[name])
         return await self._read_history(name, strategy, limit)
 
-    async def recent(self, limit: int = 100) -> dict[str, list[RunResult]]:
-        """Every job's newest ``limit`` recorded attempts, newest first, by job name."""
+    async def recent(
+        self, limit: int = 100, names: Sequence[str] | None = None
+    ) -> dict[str, list[RunResult]]:
+        """Every job's (or those of ``names``') newest ``limit`` recorded attempts, newest
+        first, by job name."""
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
             raise InvalidOptionError(f"limit must be a whole number, 1 or more, got {limit!r}")
-        definitions = await self._definitions()
-        names = sorted(definitions)
+        definitions = await self._definitions(names)
+        names = sorted(definitions if names is None else set(names) & set(definitions))
         replies = await self._pipeline(
             [
                 history_command(
@@ -334,9 +350,21 @@ class Inspector:
         seconds, micros = await self._execute(("TIME",))
         return int(seconds) * 1000 + int(micros) // 1000
 
-    async def _definitions(self) -> dict[str, dict[str, Any]]:
-        raw = _mapping(await self._execute(("HGETALL", self._keys.jobs)))
-        return {name: json.loads(body) for name, body in raw.items()}
+    async def _definitions(self, names: Sequence[str] | None = None) -> dict[str, dict[str, Any]]:
+        """The jobs' stored definitions: every job's, or those of ``names`` the store
+        knows (read by name, so a page of jobs costs the same at any number of them)."""
+        if names is None:
+            raw = _mapping(await self._execute(("HGETALL", self._keys.jobs)))
+            return {name: json.loads(body) for name, body in raw.items()}
+        wanted = sorted(set(names))
+        if not wanted:
+            return {}
+        bodies = await self._execute(("HMGET", self._keys.jobs, *wanted))
+        return {
+            name: json.loads(str(body))
+            for name, body in zip(wanted, bodies, strict=True)
+            if body is not None
+        }
 
     def _check_job(self, job: str, definitions: dict[str, dict[str, Any]]) -> str:
         if job not in definitions:
