@@ -159,3 +159,30 @@ async def test_a_peek_counts_a_kinds_timers_and_shows_the_first_to_need_attentio
     assert lease_until == firing.until_ms
     pending = [(state.status, at_ms == state.due_ms) for state, at_ms in peek.first[1:]]
     assert pending == [("pending", True)] * 3
+
+
+async def test_a_timer_is_set_by_a_user_who_may_not_publish_hints(
+    server: Any, server_url: str, prefix: str, direct: redis.Redis
+) -> None:
+    """The set script publishes a hint when a key becomes its kind's first due. Hints are
+    never relied on: a user whose ACL has no channel still sets the timer, and is told
+    so by the set's reply, not by an error after the timer was stored anyway."""
+    if server.family == "redis" and server.version < (6, 2):
+        pytest.skip("channel ACLs need Redis 6.2+")
+    user = f"nohints{secrets.token_hex(3)}"
+    direct.execute_command("ACL", "SETUSER", user, "on", ">pw", "~*", "resetchannels", "+@all")
+    host_port = server_url.split("//", 1)[1]
+    url = f"redis://{user}:pw@{host_port}"
+    backend = RedisBackend(redis=url, prefix=prefix)
+    opened = await backend.open({"runner": "r", "history_size": 10, "history_ttl_ms": None})
+    try:
+        store = TimerStore(opened.conn, prefix=prefix, runner="r1")
+        ((generation, due_ms, replaced),) = await store.set_many(  # type: ignore[misc]
+            "remind", [("user:42", None, 60_000, "", encode_payload("hi"))]
+        )
+        assert generation >= 1 and due_ms > 0 and replaced is False
+        state = await store.get("remind", "user:42")
+        assert state is not None and state.gen == generation
+    finally:
+        await opened.conn.aclose()
+        direct.execute_command("ACL", "DELUSER", user)

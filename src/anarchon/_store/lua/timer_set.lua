@@ -38,7 +38,9 @@ store_timer(timers_key, due_key, key, t)
 if hint_channel ~= '' and t.status == 'p' then
   local first = redis.call('ZRANGE', due_key, 0, 0)
   if first[1] == key then
-    redis.call('PUBLISH', hint_channel, int(due_ms) .. ' ' .. due_key)
+    -- pcall: a hint is never relied on, and a user the ACL lets set timers but not
+    -- publish (no channel rule) must not see an error for a timer that is stored.
+    redis.pcall('PUBLISH', hint_channel, int(due_ms) .. ' ' .. due_key)
   end
 end
 return {gen, int(due_ms), replaced}
