@@ -154,6 +154,23 @@ def _run_parser(commands: Any) -> None:
         "~/.bashrc (zsh: to ~/.zshrc, with zsh).",
     )
     completion.add_argument("shell", choices=("bash", "zsh"))
+    acl = commands.add_parser(
+        "acl",
+        help="print the least ACL a user of a prefix needs (ACL SETUSER ...)",
+        description="Prints an ACL SETUSER line for a user of the prefix: its keys, its "
+        "hint channel and the commands anarchon sends (its scripts' included), for every "
+        "strategy, timers, the registry, inspect and the dashboard's actions. Give the "
+        "password where it says >PASSWORD.",
+    )
+    acl.add_argument(
+        "--prefix",
+        default=os.environ.get("ANARCHON_PREFIX", "cron:"),
+        help="the store's key prefix (default: $ANARCHON_PREFIX, else cron:)",
+    )
+    acl.add_argument("--user", default="anarchon", help="default: anarchon")
+    acl.add_argument(
+        "--idmp", action="store_true", help="also what the idmp strategy needs (Redis 8.6+)"
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -191,6 +208,23 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run_store_command(args)
         if args.command == "web":
             return run_web(args)
+        if args.command == "acl":
+            from .._store.acl import acl_rules
+            from .._store.backend import RedisBackend
+
+            prefix = RedisBackend(prefix=args.prefix).prefix  # refused if it cannot be one
+            print(
+                " ".join(
+                    [
+                        "ACL SETUSER",
+                        args.user,
+                        "on",
+                        ">PASSWORD",
+                        *acl_rules(prefix, idmp=args.idmp),
+                    ]
+                )
+            )
+            return 0
         if args.command == "completion":
             from .completion import completion_script
 
