@@ -433,5 +433,4 @@ class Scheduler(Generic[K]):
             result = await scheduler.run_now("report")
             assert result.status == "ok"
         """
-        self._instance.running_store("run_now()")
-        return await self._instance.run_now(self._instance.job(job))
+        return await self._instance.run_now(job)

@@ -76,8 +76,6 @@ class Timers:
             )
         self.backend = backend
         self.max_payload_bytes = _check_payload_cap("max_payload_bytes", max_payload_bytes)
-        #: How the cap is named in errors (a scheduler's option has another name).
-        self._cap_name = "max_payload_bytes"
         self._conn: Connection | None = None
         #: The scheduler's instance this is bound to (``bound_timers``), if any.
         self._instance: Instance | None = None
@@ -130,6 +128,7 @@ class Timers:
             return []
         generations: list[int] = []
         instance = self._instance
+        fired_here = instance is not None and instance.fires_here(name)
         async with self._store() as store:
             bucket_count = await self._buckets_of(store, name, buckets)
             for start in range(0, len(encoded), _SET_PER_ROUND_TRIP):
@@ -155,11 +154,11 @@ class Timers:
                                 replaced=replaced,
                             )
                         )
-                    # Due sooner than the instance would look: it looks then.
-                    wake_ms = _now_ms() + delay if delay is not None else float(due_ms)
-                    instance.timer_set_here(
-                        name, store.keys(name, timer_key, bucket_count), wake_ms
-                    )
+                    if fired_here:
+                        # Due sooner than the instance would look: it looks then.
+                        wake_ms = _now_ms() + delay if delay is not None else float(due_ms)
+                        keys = store.keys(name, timer_key, bucket_count)
+                        instance.timer_set_here(name, keys, wake_ms)
         return generations
 
     async def cancel(self, kind: str, key: str, *, buckets: int | None = None) -> bool:
@@ -281,11 +280,12 @@ class Timers:
         payload = encode_payload(setting.payload)
         size = len(payload.encode("utf-8"))
         if size > self.max_payload_bytes:
+            # A scheduler's option has a name of its own.
+            cap = "max_payload_bytes" if self._instance is None else "max_timer_payload_bytes"
             raise InvalidOptionError(
                 f"timer {timer_key!r}: its payload is {size:,} bytes as stored, over "
-                f"{self._cap_name} ({self.max_payload_bytes:,}); keep large data elsewhere "
-                f"(a database row, an object store) and put its id in the payload, or raise "
-                f"{self._cap_name}"
+                f"{cap} ({self.max_payload_bytes:,}); keep large data elsewhere (a database "
+                f"row, an object store) and put its id in the payload, or raise {cap}"
             )
         return timer_key, at_ms, delay, schedule, payload
 
@@ -294,7 +294,6 @@ def bound_timers(backend: RedisBackend[Any], instance: Instance, max_payload_byt
     """The timers of a scheduler: on its instance's connection while it runs."""
     timers = Timers(backend, max_payload_bytes=max_payload_bytes)
     timers._instance = instance
-    timers._cap_name = "max_timer_payload_bytes"
     return timers
 
 

@@ -171,6 +171,8 @@ class _Site:
         request (``refused``: an unknown job, a refused run), or the store's contents
         (500)."""
         inspector = None
+        # One deadline for the page: its wait for a turn counts.
+        deadline = anyio.current_time() + PAGE_SEC
         try:
             with anyio.fail_after(PAGE_SEC):
                 await self._builds.acquire()
@@ -178,7 +180,7 @@ class _Site:
             text = f"the dashboard is busy: try again in a moment ({BUILDS_MAX} pages at a time)"
             return _message("error", text), 503
         try:
-            with anyio.fail_after(PAGE_SEC):
+            with anyio.fail_at(deadline):
                 async with self._opening:
                     if self._inspector is None:
                         opened = Inspector(self.backend)

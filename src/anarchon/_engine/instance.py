@@ -74,12 +74,14 @@ class Instance:
         backend: RedisBackend[Any],
         context: EngineContext,
         *,
-        store_options: StoreOptions,
+        history_size: int,
+        history_ttl_ms: int | None,
         stop_grace_ms: int,
     ) -> None:
         self.backend = backend
         self.context = context
-        self._store_options = store_options
+        self._history_size = history_size
+        self._history_ttl_ms = history_ttl_ms
         self._stop_grace_ms = stop_grace_ms
         self.agenda = Agenda(context)
         self._lease_keeper = LeaseKeeper(context)
@@ -112,16 +114,12 @@ class Instance:
             prefix=backend.prefix,
             timer_poll_ms=settings.timer_poll_ms,
         )
-        store_options: StoreOptions = {
-            "runner": settings.instance_id,
-            "history_size": settings.history_size,
-            "history_ttl_ms": settings.history_ttl_ms,
-        }
         return cls(
             owner,
             backend,
             context,
-            store_options=store_options,
+            history_size=settings.history_size,
+            history_ttl_ms=settings.history_ttl_ms,
             stop_grace_ms=settings.stop_grace_ms,
         )
 
@@ -214,7 +212,6 @@ class Instance:
         if self.context.state != "new":
             raise SchedulerStateError("an instance id can only change before the start")
         self.context.instance_id = instance_id
-        self._store_options["runner"] = instance_id
 
     def read_beside(self, reader: Reader) -> None:
         """Run ``reader`` with the instance's connection from the start to the stop,
@@ -245,11 +242,14 @@ class Instance:
             self._claim_timers_now(kind)
             self._listen_for_hints()
 
+    def fires_here(self, kind: str) -> bool:
+        """Whether this instance runs and fires ``kind``."""
+        return self.context.state == "running" and kind in self.context.timer_kinds
+
     def timer_set_here(self, kind: str, keys: TimerKeys, wake_ms: float) -> None:
-        """A timer set through this instance falls due at ``wake_ms``: if it fires here,
-        the agenda looks then (it may be sooner than it would have looked)."""
-        if self.context.state == "running" and kind in self.context.timer_kinds:
-            self.agenda.timer_due(kind, keys, wake_ms)
+        """A timer of a kind that ``fires_here``, set through this instance, falls due at
+        ``wake_ms``: the agenda looks then (it may be sooner than it would have looked)."""
+        self.agenda.timer_due(kind, keys, wake_ms)
 
     def _listen_for_hints(self) -> None:
         """From the first job or timer kind registered on (with leases), hear of timers set
@@ -275,7 +275,12 @@ class Instance:
             raise SchedulerStateError(
                 f"this scheduler is {context.state}; a Scheduler starts once: create a new one"
             )
-        store = await self.backend.open(self._store_options)
+        options: StoreOptions = {
+            "runner": context.instance_id,
+            "history_size": self._history_size,
+            "history_ttl_ms": self._history_ttl_ms,
+        }
+        store = await self.backend.open(options)
         context.store = store
         registry = self._registry = Registry(
             self.backend.prefix, context.instance_id, self.backend.strategy
@@ -466,6 +471,8 @@ class Instance:
 
     # ------------------------------------------------------------------ run_now
 
-    async def run_now(self, job: Job) -> RunResult:
+    async def run_now(self, name: str) -> RunResult:
         """See ``Scheduler.run_now``."""
-        return await run_now(self.context, self.claimer, self.runner, self.settler, job)
+        store = self.running_store("run_now()")
+        job = self.job(name)
+        return await run_now(self.context, store, self.claimer, self.runner, self.settler, job)

@@ -12,7 +12,7 @@ from .._errors import SchedulerStateError
 from .._model.job import Job
 from .._model.schedule import from_epoch_ms
 from .._model.values import RunResult
-from .._store.contract import ClaimReply, RecordingStore, manual_slot_id
+from .._store.contract import ClaimReply, RecordingStore, Store, manual_slot_id
 from ._context import EngineContext, _now_ms
 from .claimer import Claimer
 from .runner import Runner
@@ -22,12 +22,15 @@ __all__ = ["run_now"]
 
 
 async def run_now(
-    context: EngineContext, claimer: Claimer, runner: Runner, settler: Settler, job: Job
+    context: EngineContext,
+    store: Store,
+    claimer: Claimer,
+    runner: Runner,
+    settler: Settler,
+    job: Job,
 ) -> RunResult:
-    """Run ``job`` here now and return its result (``Scheduler.run_now`` says how)."""
-    store = context.store
-    if store is None or context.state != "running":
-        raise SchedulerStateError("run_now() needs a running scheduler (inside `async with`)")
+    """Run ``job`` here now, on a running instance's ``store``, and return its result
+    (``Scheduler.run_now`` says how)."""
     requested_ms = int(_now_ms())
     slot_id = manual_slot_id(requested_ms, secrets.token_hex(4))
     token = secrets.token_hex(8)
