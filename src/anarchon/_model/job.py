@@ -31,14 +31,23 @@ __all__ = [
 #: An async function or a plain function, taking a ``Run`` or nothing.
 Handler = Callable[[Run], Awaitable[Any]] | Callable[[], Awaitable[Any]] | Callable[..., Any]
 
-# Names go into key names: braces would break the cluster hash tag, and
-# whitespace or control characters make keys unreadable in tools.
-_JOB_NAME = re.compile(r"[^\s{}\x00-\x1f\x7f-\x9f]{1,200}")
+# Names go into key names: braces would break the cluster hash tag, whitespace or control
+# characters make keys unreadable in tools, and a ':' would let a name reach into the
+# prefix: 'billing:' with 'eu:x' would name the keys of 'billing:eu:' with 'x' (a prefix
+# ends with ':', so with no ':' in names a key's prefix is all up to its last one).
+_JOB_NAME = re.compile(r"[^\s{}:\x00-\x1f\x7f-\x9f]{1,200}")
 
 
 def validate_job_name(name: object) -> str:
     if not isinstance(name, str) or not name:
         raise InvalidJobError(f"a job needs a non-empty name, got {name!r}")
+    if ":" in name and _JOB_NAME.fullmatch(name.replace(":", ".")):
+        raise InvalidJobError(
+            f"job name {name!r} cannot hold ':': prefixes end with ':', and a name with one "
+            "would share keys with another prefix's job (prefix 'billing:' with 'eu:x' is "
+            "prefix 'billing:eu:' with 'x'); use '.' or '-' instead, or move the part before "
+            "the ':' into the prefix"
+        )
     if not _JOB_NAME.fullmatch(name):
         raise InvalidJobError(
             f"job name {name!r} cannot be used in a key: use up to 200 characters without "

@@ -103,7 +103,10 @@ _STRATEGY_SETTINGS: dict[str, dict[str, tuple[int, int]]] = {
     "idmp": {"duration_sec": (1, 86_400), "max_size": (1, 10_000)},
     "script": {"window_ms": (1, 2**53)},
 }
-_PREFIX_PATTERN = re.compile(r"[^\s{}\x00-\x1f\x7f-\x9f]*")
+#: A prefix ends with ':' and job and timer kind names hold none (``_model/job.py``): a
+#: key's prefix then ends at its last ':' before the name, so no two (prefix, name) pairs
+#: share a key, however prefixes nest (``billing:`` and ``billing:eu:``).
+_PREFIX_PATTERN = re.compile(r"[^\s{}\x00-\x1f\x7f-\x9f]*:")
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,8 +170,9 @@ def parse_strategy(strategy: object, *, allow_idmp: bool) -> StrategyConfig:
 def _validate_prefix(prefix: object) -> str:
     if not isinstance(prefix, str) or not _PREFIX_PATTERN.fullmatch(prefix):
         raise InvalidOptionError(
-            f"prefix must be a string without spaces, control characters or braces ('{{', "
-            f"'}}' would break the cluster hash tag of every key), got {prefix!r}"
+            f"prefix must be a string that ends with ':', such as 'cron:' or 'billing:cron:', "
+            f"without spaces, control characters or braces ('{{' and '}}' would break the "
+            f"cluster hash tag of every key), got {prefix!r}"
         )
     return prefix
 

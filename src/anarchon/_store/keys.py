@@ -1,7 +1,9 @@
 """Every key anarchon keeps in the store, and the hint channel with its messages: the one
-place that names them. A prefix's keys are its own; each job's, timer kind's (or
-bucket's) and the registry's keys share one hash tag, so that each script runs on one
-cluster node.
+place that names them. A prefix's keys are its own: a prefix ends with ':' and names
+hold none, so a key's prefix is all up to its last ':' before the name, and nested
+prefixes (``billing:``, ``billing:eu:``) never share a key (``tests/test_key_names.py``
+tries the pairs). Each job's, timer kind's (or bucket's) and the registry's keys share
+one hash tag, so that each script runs on one cluster node.
 
 - ``<prefix>format``: the store format (``backend.py`` checks it at every start);
 - lease strategy, a job's ``{<prefix><job>}:state|active|slots|runs|results``
