@@ -168,6 +168,37 @@ async def test_exactly_once_with_each_client_on_a_cluster(
     await run_exactly_once(cluster, [kind], strategy, prefix)
 
 
+PY_CLUSTER_CASES = [case for case in CLUSTER_CASES if case[1].endswith(("py-async", "py-sync"))]
+
+
+@pytest.mark.parametrize(
+    ("anyio_backend", "kind"), PY_CLUSTER_CASES, ids=map(case_id, PY_CLUSTER_CASES)
+)
+async def test_a_cluster_client_of_redis_py_or_valkey_py_turns_hints_off_once_with_why(
+    cluster: Target, prefix: str, kind: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A cluster client cannot hold a subscription of its own: the instance says once, at
+    INFO, that hints are off and why, and polls; it does not warn of an outage and retry
+    it for good (the asyncio cluster client has no connection pool to copy)."""
+    client, close = await make_client(kind, cluster)
+    try:
+        scheduler: Scheduler[Any] = Scheduler(
+            RedisBackend(redis=client, prefix=prefix), instance_id="one"
+        )
+        scheduler.add_job(lambda: None, "0 0 1 1 *", name="rare")
+        with caplog.at_level("INFO", logger="anarchon"):
+            async with scheduler:
+                with anyio.fail_after(10):
+                    while not [r for r in caplog.records if "hints" in r.getMessage()]:
+                        await anyio.sleep(0.05)
+                await anyio.sleep(0.5)  # a retry would come within this
+        said = [r.getMessage() for r in caplog.records if "hints" in r.getMessage()]
+        assert len(said) == 1 and said[0].startswith("hints are off"), said
+        assert "subscribing on a cluster" in said[0], said
+    finally:
+        await close()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(("anyio_backend", "kind"), CLUSTER_CASES, ids=map(case_id, CLUSTER_CASES))
 async def test_the_inspector_reads_jobs_leases_and_histories_spread_over_a_cluster(

@@ -285,12 +285,12 @@ def _client_of_its_own(client: Any, description: str) -> Any:
     subscription: it holds its connection for good, which must not be one of the
     user's (a pool of one would be left with none). A client made through Sentinels
     (``master_for``) is made again through them, with a pool of its own."""
+    if hasattr(client, "get_nodes"):  # a cluster client: it has no pool of its own
+        raise NotImplementedError(f"{description}: subscribing on a cluster")
     pool = client.connection_pool
     manager = getattr(pool, "sentinel_manager", None)
     if manager is not None and getattr(pool, "is_master", False):
         return manager.master_for(pool.service_name)
-    if hasattr(client, "get_nodes"):
-        raise NotImplementedError(f"{description}: subscribing on a cluster")
     try:
         own_pool = type(pool)(connection_class=pool.connection_class, **pool.connection_kwargs)
     except TypeError as exc:  # a pool made otherwise (a Sentinel's): poll instead
