@@ -188,9 +188,11 @@ async def test_a_cluster_client_of_redis_py_or_valkey_py_turns_hints_off_once_wi
         scheduler.add_job(lambda: None, "0 0 1 1 *", name="rare")
         with caplog.at_level("INFO", logger="anarchon"):
             async with scheduler:
-                with anyio.fail_after(10):
-                    while not [r for r in caplog.records if "hints" in r.getMessage()]:
-                        await anyio.sleep(0.05)
+                await wait_until(
+                    lambda: any("hints" in r.getMessage() for r in caplog.records),
+                    10,
+                    "the instance to say whether it has hints",
+                )
                 await anyio.sleep(0.5)  # a retry would come within this
         said = [r.getMessage() for r in caplog.records if "hints" in r.getMessage()]
         assert len(said) == 1 and said[0].startswith("hints are off"), said
