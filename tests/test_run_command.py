@@ -302,6 +302,29 @@ def test_health_probes_say_live_and_ready_and_not_ready_while_the_server_is_down
         store.kill()
 
 
+def test_while_it_waits_for_the_server_the_probes_answer_live_and_not_ready(
+    prefix: str, tmp_path: Path, commands: list[RunCommand]
+) -> None:
+    """An orchestrator probes from the moment the port is bound: while the process waits
+    for its server at start, each probe is answered at once (live: the process does
+    what it should; not ready: it runs nothing yet), not left to time out."""
+    env = app_env(f"redis://127.0.0.1:{free_port()}", prefix)
+    port = free_port()
+    command = RunCommand(
+        tmp_path, "one", env, "--health-port", str(port), "--wait-for-server", "600"
+    )
+    commands.append(command)
+    wait_for(lambda: "waiting for the server" in command.log(), 20, "it to say it waits")
+    base = f"http://127.0.0.1:{port}"
+    waiting = {"live": True, "ready": False, "state": "waiting for the server"}
+    status, body = http_get(f"{base}/live")
+    assert (status, body) == (200, {**waiting, "server": "does not answer"}), body
+    status, body = http_get(f"{base}/ready")
+    assert (status, body) == (503, {**waiting, "server": "does not answer"}), body
+    command.signal(signal.SIGTERM)
+    assert command.wait(10) == 0, command.log()
+
+
 def health_command(path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "anarchon", "health", str(path), *args],

@@ -11,7 +11,7 @@ import math
 import os
 import signal
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AsyncExitStack, suppress
 from pathlib import Path
 from typing import Any
@@ -85,10 +85,11 @@ async def serve(
       runs and removed when it stops; ``anarchon health FILE`` checks it.
       ``health_port``: an HTTP endpoint on ``health_host`` (this machine only, unless
       given: an orchestrator that probes the pod's address, as Kubernetes' ``httpGet``
-      does, needs ``"0.0.0.0"``): ``GET /live`` answers 200 while the scheduler runs,
-      ``GET /ready`` 200 while it runs and its server answers, 503 otherwise, each with
-      a JSON body of ``live``, ``ready``, ``state`` and ``server`` (what the fleet runs
-      is in the health file, not on the port).
+      does, needs ``"0.0.0.0"``): ``GET /live`` answers 200 while the scheduler runs
+      (and while it waits for its server at start), ``GET /ready`` 200 while it runs
+      and its server answers, 503 otherwise, each with a JSON body of ``live``,
+      ``ready``, ``state`` and ``server`` (what the fleet runs is in the health file,
+      not on the port).
 
     Call it from the main thread when it handles signals (``stop_signals=()`` handles
     none)::
@@ -147,15 +148,18 @@ async def _serve_started(
                 f"cannot answer health probes on {health_host}:{health_port} ({exc}): choose "
                 "a free port"
             ) from exc
-    async with AsyncExitStack() as stack:
+    async with AsyncExitStack() as stack, anyio.create_task_group() as port:
+        waiting = True
         if listener is not None:
+            # Answered from now on: while it waits for the server, too.
             await stack.enter_async_context(listener)
+            where = f"{health_host}:{health_port}"
+            port.start_soon(_serve_health_port, scheduler, listener, where, lambda: waiting)
         await _start_waiting_for_server(scheduler, wait_for_server_sec, stop.asked)
-        if Instance.of(scheduler).state != "running":
-            return  # a signal came while it waited for the server
-        await _serve_running(
-            scheduler, stop, outer, health_file, listener, f"{health_host}:{health_port}"
-        )
+        waiting = False
+        if Instance.of(scheduler).state == "running":  # else a signal came while it waited
+            await _serve_running(scheduler, stop, outer, health_file)
+        port.cancel_scope.cancel()
 
 
 async def _serve_running(
@@ -163,8 +167,6 @@ async def _serve_running(
     stop: _StopRequests,
     outer: TaskGroup,
     health_file: str | os.PathLike[str] | None,
-    listener: anyio.abc.Listener[SocketStream] | None,
-    health_where: str,
 ) -> None:
     async with AsyncExitStack() as stack:
         # Leaving it stops the scheduler (shielded: the stop completes, whatever ended
@@ -176,8 +178,6 @@ async def _serve_running(
         async with anyio.create_task_group() as probes:
             if health_file is not None:
                 probes.start_soon(_keep_health_file, scheduler, Path(health_file))
-            if listener is not None:
-                probes.start_soon(_serve_health_port, scheduler, listener, health_where)
             await Instance.of(scheduler).wait_stopped()
             probes.cancel_scope.cancel()
 
@@ -337,13 +337,24 @@ def check_health_file(path: Path, *, max_age_sec: float, ready: bool) -> str | N
 #: What a probe's answer says: whoever reaches the port learns the state, not what the
 #: fleet runs.
 _PROBE_FIELDS = ("live", "ready", "state", "server")
+#: What the probes say while the process waits for its server at start.
+_WAITING = {
+    "live": True,
+    "ready": False,
+    "state": "waiting for the server",
+    "server": "does not answer",
+}
 
 
 async def _serve_health_port(
-    scheduler: Scheduler[Any], listener: anyio.abc.Listener[SocketStream], where: str
+    scheduler: Scheduler[Any],
+    listener: anyio.abc.Listener[SocketStream],
+    where: str,
+    waiting: Callable[[], bool],
 ) -> None:
     """Answer ``GET /live`` and ``GET /ready``; a failure to accept a connection (out of
-    file descriptors) is logged and the port goes on."""
+    file descriptors) is logged and the port goes on. While ``waiting()`` (for the server,
+    at start) the process is live and not ready."""
     log.info("health probes on http://%s/live and /ready", where)
 
     async def answer(stream: SocketStream) -> None:
@@ -354,7 +365,7 @@ async def _serve_health_port(
                     request += await stream.receive()
                 parts = request.split(b" ", 2)
                 path = parts[1].decode("latin-1") if len(parts) > 1 else ""
-                health = health_of(scheduler)
+                health = _WAITING if waiting() else health_of(scheduler)
                 if path in ("/live", "/ready"):
                     ok = bool(health[path[1:]])
                     status = "200 OK" if ok else "503 Service Unavailable"
