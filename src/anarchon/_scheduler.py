@@ -34,7 +34,9 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 class Scheduler(Generic[K]):
-    """Runs jobs so that each scheduled slot runs exactly once across all instances.
+    """Runs jobs across all instances: each attempt of a scheduled slot is started by one
+    instance, and each slot runs at least once (again, as a new attempt, after its runner
+    failed, stopped or lost its lease).
 
     Start it with ``async with``; leaving the block stops it gracefully::
 
@@ -136,7 +138,9 @@ class Scheduler(Generic[K]):
 
     @property
     def instance_id(self) -> str:
-        """This instance's id in the store (its runs' ``runner``)."""
+        """This instance's id in the store (its runs' ``runner``): by default
+        ``host:pid:random``, made again at the start in a process forked after the
+        scheduler was made (each worker of ``gunicorn --preload`` is its own instance)."""
         return self._instance.instance_id
 
     @instance_id.setter

@@ -23,6 +23,7 @@ the registration withdrawn, the connection closed.
 from __future__ import annotations
 
 import logging
+import os
 import weakref
 from collections.abc import Callable, Coroutine
 from types import TracebackType
@@ -32,7 +33,7 @@ import anyio
 
 from .._errors import InvalidJobError, InvalidOptionError, SchedulerStateError
 from .._model.job import Job
-from .._model.options import SchedulerSettings
+from .._model.options import SchedulerSettings, default_instance_id
 from .._model.schedule import iso_ms
 from .._model.timer import TimerKind
 from .._model.values import RunResult
@@ -77,8 +78,10 @@ class Instance:
         history_size: int,
         history_ttl_ms: int | None,
         stop_grace_ms: int,
+        default_id_pid: int | None = None,
     ) -> None:
         self.backend = backend
+        self._default_id_pid = default_id_pid
         self.context = context
         self._history_size = history_size
         self._history_ttl_ms = history_ttl_ms
@@ -121,6 +124,7 @@ class Instance:
             history_size=settings.history_size,
             history_ttl_ms=settings.history_ttl_ms,
             stop_grace_ms=settings.stop_grace_ms,
+            default_id_pid=settings.default_id_pid,
         )
 
     @staticmethod
@@ -212,6 +216,7 @@ class Instance:
         if self.context.state != "new":
             raise SchedulerStateError("an instance id can only change before the start")
         self.context.instance_id = instance_id
+        self._default_id_pid = None
 
     def read_beside(self, reader: Reader) -> None:
         """Run ``reader`` with the instance's connection from the start to the stop,
@@ -275,6 +280,9 @@ class Instance:
             raise SchedulerStateError(
                 f"this scheduler is {context.state}; a Scheduler starts once: create a new one"
             )
+        if self._default_id_pid not in (None, os.getpid()):
+            # Made before a fork (gunicorn --preload): this child is an instance of its own.
+            context.instance_id = default_instance_id()
         options: StoreOptions = {
             "runner": context.instance_id,
             "history_size": self._history_size,

@@ -34,6 +34,7 @@ __all__ = [
     "TimerKindOptions",
     "check_buckets",
     "check_instance_id",
+    "default_instance_id",
     "make_job",
     "make_timer_kind",
     "refuse_lease_options",
@@ -239,6 +240,9 @@ class SchedulerSettings:
     history_size: int
     history_ttl_ms: int | None
     instance_id: str
+    #: The process the default ``instance_id`` was made in; None when the application
+    #: gave one. A child forked from it makes its own at start.
+    default_id_pid: int | None
     stop_grace_ms: int
     retry_delay_ms: int
     timer_poll_ms: int
@@ -291,8 +295,9 @@ class SchedulerSettings:
             if history_ttl_ms is None
             else check_duration_ms("history_ttl_ms", history_ttl_ms),
             instance_id=check_instance_id(
-                _default_instance_id() if instance_id is None else instance_id
+                default_instance_id() if instance_id is None else instance_id
             ),
+            default_id_pid=os.getpid() if instance_id is None else None,
             stop_grace_ms=check_duration_ms("stop_grace_ms", stop_grace_ms, allow_zero=True),
             retry_delay_ms=check_duration_ms(
                 "retry_delay_ms",
@@ -305,5 +310,6 @@ class SchedulerSettings:
         )
 
 
-def _default_instance_id() -> str:
+def default_instance_id() -> str:
+    """``host:pid:random``: this process's, so a child forked from it makes its own."""
     return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
