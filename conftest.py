@@ -32,7 +32,7 @@ ParameterSet = type(pytest.param())
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """``-n auto``: four workers per CPU. The tests mostly wait (on servers, on slots):
     with two per CPU a full run kept the 2-core machine's load average near 1; with four
-    it is near 3, and the suite passes beside ``stress-ng --cpu 4`` (docs/testing.md).
+    it is near 3, and the suite passes beside ``stress-ng --cpu 4`` (docs/contributing/testing.md).
     ANARCHON_TEST_WORKERS overrides it."""
     if os.environ.get("ANARCHON_TEST_WORKERS"):
         return int(os.environ["ANARCHON_TEST_WORKERS"])

@@ -271,7 +271,7 @@ def floors(url: str, samples: int) -> Result:
 
 def scenario_latency(url: str | None, mode: Mode) -> Result:
     """Slot instant to handler start at several loads, with the floors of this run."""
-    # 3 x 10 is the load other schedulers were measured at (see docs/performance.md).
+    # 3 x 10: three instances of ten jobs each, a small fleet of every-second jobs.
     loads = mode.pick([(1, 10), (4, 100)], [(1, 10), (3, 10), (4, 100), (8, 1000)])
     seconds = mode.pick(5, 20)
     with server(url) as live:

@@ -1,6 +1,6 @@
 """A reference model of the durable timers' rules, in plain Python.
 
-Written from the design's timers section (and docs/timers.md), not from the scripts:
+Written from the design's timers section (and docs/concepts/timers.md), not from the scripts:
 it imports nothing from anarchon. The timer machine compares every reply of the real
 scripts with this model's. Rules, per kind of timer:
 

@@ -6,7 +6,7 @@ runs ``mutmut run`` there, one module after the other, then prints each module's
 counts and every surviving mutant's diff, and at the end one line
 ``mutmut: killed=K of N (survived S, no tests T)``: a mutant that timed out counts
 as killed (it hung the engine), one that no selected test reaches counts as not
-killed. It exits 0 when it ran; the survivors are read, not asserted (docs/testing.md
+killed. It exits 0 when it ran; the survivors are read, not asserted (docs/contributing/testing.md
 says what each one is).
 
     python -m tests.mutmut_engine                     # settle.py, lease_keeper.py, runner.py
