@@ -18,6 +18,7 @@ from anarchon import (
     RedisBackend,
     Scheduler,
     ServerReplyError,
+    StoreFormatError,
     TimerRun,
     Timers,
 )
@@ -127,3 +128,20 @@ async def test_a_missing_permission_is_one_error_that_names_the_command(
         with anyio.fail_after(15), pytest.raises(ServerReplyError, match=r"'xadd'") as refused:
             await scheduler.run_now("tick")
     assert refused.value.kind == "NOPERM"
+
+
+async def test_a_user_that_may_not_touch_the_prefix_is_told_of_the_acl_not_of_another_program(
+    server: ServerSpec, direct: redis.Redis, prefix: str
+) -> None:
+    """A user whose keys are another prefix's is refused the store format key: the error
+    says the ACL refused it and how to see the least ACL, not that another program may
+    use the prefix."""
+    url = acl_user(server, direct, "other" + prefix)
+    scheduler = Scheduler(RedisBackend(redis=url, prefix=prefix))
+    scheduler.add_job(lambda: None, IntervalSchedule(500), name="tick")
+    with anyio.fail_after(15), pytest.raises(StoreFormatError) as refused:
+        async with scheduler:
+            pass
+    said = refused.value.message
+    assert "NOPERM" in said and f"anarchon acl --prefix {prefix}" in said, said
+    assert "another program" not in said, said

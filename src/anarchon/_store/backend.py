@@ -484,6 +484,12 @@ async def _check_store_format(conn: Connection, prefix: str) -> None:
                 "to the primary (a replica refuses writes), or wait until it has memory "
                 "and has loaded its data"
             ) from exc
+        if exc.kind == "NOPERM":
+            raise StoreFormatError(
+                f"cannot read the store format key {key!r}: {reason(exc)}; the server's ACL "
+                "does not let this user use the prefix: `anarchon acl --prefix "
+                f"{prefix}` prints the least ACL it needs"
+            ) from exc
         raise StoreFormatError(
             f"cannot read the store format key {key!r}: {reason(exc)}; another program may "
             "use this prefix: choose another prefix"
