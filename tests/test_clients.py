@@ -26,6 +26,7 @@ from anarchon import (
     Scheduler,
     TimerRun,
     UnsupportedClientError,
+    serve,
 )
 from anarchon._ops.embedded import CLUSTER_BUS_OFFSET, EmbeddedServer, free_port
 from anarchon._store.keys import TimerKeys
@@ -513,6 +514,24 @@ async def test_tls_checks_the_servers_host_name_whatever_the_client_librarys_def
     unchecked = {**options, "tls_check_hostname": False}
     for spec in (unchecked_url, unchecked):
         assert [r.job for r in await run_one(RedisBackend(redis=spec, prefix=prefix))] == ["once"]
+
+
+async def test_a_certificate_refused_at_start_is_not_waited_for_as_a_server_that_is_down(
+    tls_server: tuple[int, Path, Path], prefix: str
+) -> None:
+    """A certificate of an unknown CA, or for another host, cannot come right by waiting:
+    ``serve`` raises at once, with what TLS said, instead of trying for its whole
+    ``wait_for_server_sec``."""
+    port, ca, other_ca = tls_server
+    refused = (
+        f"rediss://127.0.0.1:{port}/0?ssl_ca_certs={other_ca}",
+        f"rediss://127.0.0.1:{MISNAMED_TLS_PORT}/0?ssl_ca_certs={ca}",
+    )
+    for url in refused:
+        scheduler: Scheduler[Any] = Scheduler(RedisBackend(redis=url, prefix=prefix))
+        scheduler.add_job(lambda: None, "0 0 1 1 *", name="rare")
+        with anyio.fail_after(20), pytest.raises(ConnectionFailedError, match=r"(?i)certif"):
+            await serve(scheduler, wait_for_server_sec=600, stop_signals=())
 
 
 async def run_one(backend: RedisBackend[Any]) -> list[Run]:
