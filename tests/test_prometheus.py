@@ -112,6 +112,8 @@ def test_anarchon_run_serves_its_metrics_on_the_metrics_port(
     )  # fmt: skip
     commands.append(command)
     command.wait_live()
+    # Where the metrics are is said once, as the health port's place is.
+    assert command.log().count(f"metrics on http://127.0.0.1:{port}/metrics") == 1
     ok = 'anarchon_runs_total{job="work",outcome="ok"}'
     wait_for(lambda: scrape(port).get(ok, 0) >= 2, 30, "two runs counted")
     before = sum(1 for _, _, status in history(server_url, prefix) if status == "ok")

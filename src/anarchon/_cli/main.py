@@ -358,6 +358,7 @@ def _metrics_served(scheduler: Any, host: str, port: int) -> Iterator[None]:
         raise InvalidOptionError(
             f"cannot serve metrics on {host}:{port} ({exc}): choose a free port"
         ) from exc
+    logging.getLogger("anarchon").info("metrics on http://%s:%s/metrics", host, port)
     try:
         yield
     finally:
