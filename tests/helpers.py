@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 
 import anyio
 import redis
@@ -262,6 +262,21 @@ class PinnedConnection:
     async def still_open_async(self) -> bool:
         await self.connection.send_command("CLIENT", "ID")
         return int(await self.connection.read_response()) == self.client_id
+
+
+T = TypeVar("T")
+
+
+def wait_for(condition: Callable[[], T | None], timeout_sec: float, what: str) -> T:
+    """The first true value of ``condition``, polled (blocking: for tests that drive
+    processes) until ``timeout_sec``."""
+    deadline = time.monotonic() + timeout_sec
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.02)
+    raise AssertionError(f"timed out after {timeout_sec} s waiting for {what}")
 
 
 async def wait_until(condition: Callable[[], bool], timeout_sec: float, what: str) -> None:

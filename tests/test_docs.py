@@ -13,6 +13,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -215,38 +217,44 @@ def test_the_readme_has_no_relative_link_or_image() -> None:
     assert not relative, relative
 
 
-@pytest.mark.engine_tier
-def test_the_readmes_example_runs_a_slot_within_seconds_and_stops_cleanly_on_ctrl_c(
-    server_url: str, tmp_path: Path
-) -> None:
-    """The first thing a reader runs: a job every five seconds prints its run, and
-    Ctrl-C (SIGINT) stops it with exit 0 and no traceback."""
-    url = server_url.rstrip("/") + "/8"
+@contextmanager
+def _started(
+    command: list[str], url: str, out: Path, cwd: Path, seen: str
+) -> Iterator[subprocess.Popen[bytes]]:
+    """``command`` started as a reader starts it, with ``REDIS_URL`` (an empty database
+    of its own, emptied again after), until its output shows ``seen``; killed at the end
+    if it still runs."""
     direct = redis.Redis.from_url(url)
     direct.flushdb()
     env = dict(os.environ, REDIS_URL=url, PYTHONUNBUFFERED="1")
-    out = tmp_path / "out.txt"
     with open(out, "w") as sink:
-        process = subprocess.Popen(
-            [sys.executable, str(ROOT / "examples" / "quickstart.py")],
-            env=env,
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-        )
+        process = subprocess.Popen(command, cwd=cwd, env=env, stdout=sink, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 30
-        while "hello from" not in out.read_text():
+        while seen not in out.read_text():
             assert process.poll() is None, out.read_text()
-            assert time.monotonic() < deadline, "no run within 30 s: " + out.read_text()
+            assert time.monotonic() < deadline, f"no {seen!r} within 30 s: " + out.read_text()
             time.sleep(0.05)
-        process.send_signal(signal.SIGINT)
-        assert process.wait(timeout=30) == 0, out.read_text()
+        yield process
     finally:
         if process.poll() is None:
             process.kill()
             process.wait()
         direct.flushdb()
         direct.close()
+
+
+@pytest.mark.engine_tier
+def test_the_readmes_example_runs_a_slot_within_seconds_and_stops_cleanly_on_ctrl_c(
+    server_url: str, tmp_path: Path
+) -> None:
+    """The first thing a reader runs: a job every five seconds prints its run, and
+    Ctrl-C (SIGINT) stops it with exit 0 and no traceback."""
+    out = tmp_path / "out.txt"
+    command = [sys.executable, str(ROOT / "examples" / "quickstart.py")]
+    with _started(command, server_url.rstrip("/") + "/8", out, tmp_path, "hello from") as process:
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=30) == 0, out.read_text()
     shown = out.read_text()
     assert "Traceback" not in shown, shown
     assert re.search(r"hello from \S+: slot \d\d:\d\d:\d\d, attempt 1", shown), shown
@@ -260,26 +268,11 @@ def test_the_getting_started_app_runs_its_jobs_under_anarchon_run_and_stops_on_s
     """The guide's app, started as the guide starts it (``anarchon run app:scheduler``,
     from its folder): its every-five-seconds job runs, and SIGTERM stops it with exit 0.
     Its takeover is the suite's own business (tests/test_takeover.py)."""
-    url = server_url.rstrip("/") + "/9"
-    direct = redis.Redis.from_url(url)
-    direct.flushdb()
-    env = dict(os.environ, REDIS_URL=url, PYTHONUNBUFFERED="1")
     out = tmp_path / "out.txt"
     command = [sys.executable, "-m", "anarchon", "run", "getting_started:scheduler"]
-    with open(out, "w") as sink:
-        process = subprocess.Popen(
-            [*command, "--instance-id", "a"],
-            cwd=ROOT / "examples",
-            env=env,
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-        )
-    try:
-        deadline = time.monotonic() + 30
-        while "tick   slot" not in out.read_text():
-            assert process.poll() is None, out.read_text()
-            assert time.monotonic() < deadline, "no tick within 30 s: " + out.read_text()
-            time.sleep(0.05)
+    command += ["--instance-id", "a"]
+    url = server_url.rstrip("/") + "/9"
+    with _started(command, url, out, ROOT / "examples", "tick   slot") as process:
         process.send_signal(signal.SIGTERM)
         # A report may be running (20 s): the second signal stops at once.
         try:
@@ -288,12 +281,6 @@ def test_the_getting_started_app_runs_its_jobs_under_anarchon_run_and_stops_on_s
             process.send_signal(signal.SIGTERM)
             code = process.wait(timeout=30)
         assert code == 0, out.read_text()
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-        direct.flushdb()
-        direct.close()
     shown = out.read_text()
     assert "Traceback" not in shown, shown
     assert "instance a stopped" in shown, shown

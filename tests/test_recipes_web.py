@@ -15,19 +15,19 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import anyio
 import pytest
 
 from anarchon import Inspector, InstanceInfo, RedisBackend, RunResult, TimerInfo, Timers
 from anarchon._ops.embedded import free_port
+from tests.helpers import wait_for
 
 # The recipes run under asyncio (uvicorn, gunicorn's uvicorn worker, anyio.run's
 # default): of the engine tier's servers, the ones paired with asyncio.
@@ -44,18 +44,6 @@ START_SEC = 45.0
 STOP_SEC = 30.0
 #: Slots of the every-second jobs to see run before a check.
 SLOTS = 4
-T = TypeVar("T")
-
-
-def wait_for(condition: Callable[[], T | None], timeout_sec: float, what: str) -> T:
-    """The first true value of ``condition``, polled until ``timeout_sec``."""
-    deadline = time.monotonic() + timeout_sec
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout_sec} s waiting for {what}")
 
 
 class Process:

@@ -13,7 +13,7 @@ import pytest
 import redis
 
 from anarchon import RedisBackend, Scheduler
-from tests.helpers import hand_over_slot
+from tests.helpers import hand_over_slot, wait_for
 
 pytestmark = pytest.mark.engine_tier
 
@@ -46,16 +46,6 @@ def stop_worker(proc: subprocess.Popen[str]) -> None:
         proc.kill()
         proc.wait()
         raise AssertionError("a worker did not stop within 10 s of SIGTERM") from None
-
-
-def wait_for(condition, timeout_sec: float, what: str):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_sec
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"timed out after {timeout_sec}s waiting for {what}")
 
 
 @pytest.mark.slow
