@@ -3,8 +3,12 @@
 # the rules `anarchon acl` prints. The password goes to the server as its SHA-256 only,
 # and appears on no command line.
 #
-#   ANARCHON_PREFIX=billing: ACL_USER=billing ACL_PASSWORD='...' \
-#   ADMIN_URL=redis://admin@cache.internal:6379 REDISCLI_AUTH='...' sh acl-apply.sh
+#   read -rs ACL_PASSWORD && read -rs REDISCLI_AUTH && export ACL_PASSWORD REDISCLI_AUTH
+#   ANARCHON_PREFIX=billing: ACL_USER=billing ADMIN_URL=redis://admin@cache.internal:6379 \
+#     sh acl-apply.sh
+#
+# (read -s takes the two passwords without echoing them, and keeps them out of the
+# shell's history and off every command line.)
 #
 # ADMIN_URL is a user allowed to run ACL SETUSER, without its password: redis-cli reads
 # that from REDISCLI_AUTH. REDIS_CLI=valkey-cli for Valkey's client.

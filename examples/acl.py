@@ -1,7 +1,10 @@
 """A scheduler that connects as an ACL user with no more rights than it needs: the rules
 ``anarchon acl --prefix cron:`` prints (its keys, its hint channel, its commands).
 
-    REDIS_URL='redis://anarchon:secret@cache.internal:6379/0' python acl.py
+    read -rs REDIS_URL && export REDIS_URL && python acl.py
+
+where REDIS_URL, pasted without echo (so that the password is on no command line and in
+no shell history), is ``redis://anarchon:PASSWORD@cache.internal:6379/0``.
 
 Its job runs every five seconds and sets a timer, which fires two seconds later on
 whichever instance takes it: jobs, timers and their hints all work as that user.

@@ -1,8 +1,10 @@
 """A scheduler that reaches its server over TLS, checking the server's certificate
 against your CA (and the host name it names).
 
-    REDIS_URL='rediss://app:secret@cache.internal:6380/0?ssl_ca_certs=/etc/ssl/cache-ca.pem' \
-        python tls.py
+    read -rs REDIS_URL && export REDIS_URL && python tls.py
+
+where REDIS_URL, pasted without echo (so that the password is on no command line and in
+no shell history), is ``rediss://app:PASSWORD@cache.internal:6380/0?ssl_ca_certs=/etc/ssl/cache-ca.pem``.
 
 For mutual TLS, add the client's certificate and key to the query:
 ``&ssl_certfile=/etc/ssl/app.pem&ssl_keyfile=/etc/ssl/app.key``.

@@ -66,7 +66,7 @@ def errors() -> str:
         if not (isinstance(value, type) and issubclass(value, anarchon.AnarchonError)):
             continue
         builtin = [base.__name__ for base in value.__mro__[1:] if base.__module__ == "builtins"]
-        builtin = [base for base in builtin if base not in ("Exception", "BaseException")]
+        builtin = [b for b in builtin if b not in ("Exception", "BaseException", "object")]
         doc = " ".join((inspect.getdoc(value) or "").split("\n\n")[0].split())
         also = ", ".join(f"`{base}`" for base in builtin) or ""
         lines.append(f"| `{name}` | `{value.code}` | {also} | {doc} |")

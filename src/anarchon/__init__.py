@@ -1,9 +1,10 @@
 """anarchon: distributed cron and durable timers on Redis and Valkey.
 
 Many copies of an application run the same jobs; for every scheduled fire
-time exactly one copy runs the job. Business code sets per-key timers that
-fire once across the fleet and survive restarts. This module is the whole
-public API.
+time one copy runs the job, and another takes it over if that copy dies (each
+slot runs at least once, each attempt is started by one copy). Business code
+sets per-key timers that fire on one copy of the fleet and survive restarts.
+This module is the whole public API.
 """
 
 from types import FunctionType as _FunctionType

@@ -47,7 +47,8 @@ class AnarchonError(Exception):
 
 
 class StoreFormatError(AnarchonError):
-    """The store holds data in a format newer than this anarchon reads."""
+    """The prefix's store cannot be used: it holds a format newer than this anarchon reads,
+    its format key holds another program's data, or the server's ACL refuses it."""
 
     code = "ANARCHON_STORE_FORMAT"
 
@@ -96,8 +97,9 @@ class SchedulerStateError(AnarchonError, RuntimeError):
 
 
 class RunOverlapError(AnarchonError):
-    """``run_now()`` was refused: another run of the job holds a live lease and the job
-    does not allow overlapping runs."""
+    """``run_now()`` was refused: another run of the job is unsettled (it holds a live
+    lease, waits for its retry, or is orphaned) and the job does not allow overlapping
+    runs."""
 
     code = "ANARCHON_OVERLAP"
 

@@ -60,10 +60,10 @@ class Scheduler(Generic[K]):
     the instance knew of is seen by then, or at once through its published hint where
     the client can subscribe (one set through this scheduler always at once).
     ``max_timer_payload_bytes`` (1 MiB) caps a timer's payload as stored.
-    The lease options (``lease_ms``, ``heartbeat_ms``, ``retry_delay_ms``; on jobs
-    ``overlap``, ``max_attempts``, ``catch_up_ms``) exist only with the lease
-    strategy: with a claim-only backend they are a type error, and an error if
-    passed anyway.
+    The lease options (``lease_ms``, ``heartbeat_ms``, ``retry_delay_ms``,
+    ``timer_poll_ms``; on jobs ``overlap``, ``max_attempts``, ``catch_up_ms``,
+    ``retry_delay_ms``, ``retry_on``) exist only with the lease strategy: with a
+    claim-only backend they are a type error, and an error if passed anyway.
     """
 
     @overload

@@ -240,7 +240,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         hint = ""
         if isinstance(exc, ConnectionFailedError):
             hint = " (start the server, or give its URL with --redis)"
-            if args.command == "run":
+            if "certificate" in str(exc).lower():
+                hint = ""  # the message says what TLS wants: waiting would not help
+            elif args.command == "run":
                 hint = " (start the server, or wait longer with --wait-for-server)"
         elif isinstance(exc, ServerReplyError):
             hint = (

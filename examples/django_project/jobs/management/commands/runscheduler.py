@@ -16,6 +16,17 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--health-port", type=int, help="answer GET /live and /ready here")
+        parser.add_argument(
+            "--health-host",
+            default="127.0.0.1",
+            help="the address of the health port (Kubernetes' httpGet probes: 0.0.0.0)",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        anyio.run(partial(anarchon.serve, scheduler, health_port=options["health_port"]))
+        serve = partial(
+            anarchon.serve,
+            scheduler,
+            health_port=options["health_port"],
+            health_host=options["health_host"],
+        )
+        anyio.run(serve)
