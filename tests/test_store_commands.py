@@ -37,6 +37,7 @@ def as_json(done: subprocess.CompletedProcess[str]) -> object:
     return json.loads(done.stdout)
 
 
+@pytest.mark.slow("two instances, and twenty anarchon commands: each a Python process")
 def test_a_running_fleet_is_seen_paused_resumed_and_asked_to_run_from_another_shell(
     server_url: str, prefix: str, tmp_path: Path
 ) -> None:
