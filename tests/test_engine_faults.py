@@ -21,7 +21,14 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from anarchon import ConnectionFailedError, RedisBackend, Run, Scheduler
+from anarchon import (
+    ConnectionFailedError,
+    RedisBackend,
+    Run,
+    Scheduler,
+    TimerRun,
+    TransportError,
+)
 from anarchon._store.keys import JobKeys
 from anarchon.clients import ServerReplyError
 from tests.faults import FaultProxy, oom
@@ -700,3 +707,34 @@ async def test_a_scheduler_behind_a_slow_link_keeps_running_after_a_round_trip_t
         await anyio.sleep(6)
     ran = [slot for _, slot in ledger.counts() if slot > back_ms + 1000]
     assert len(ran) >= 3, f"{len(ran)} slots ran in the 5 s after the link was back at 400 ms"
+
+
+async def test_a_timer_call_that_meets_a_frozen_server_raises_a_transport_error_in_time(
+    proxy: FaultProxy, prefix: str
+) -> None:
+    """Setting, getting or cancelling a timer is what a web app calls: a frozen server
+    ends each call within its deadline (three round trips of the scheduler's lease) with
+    a ``TransportError``, an ``AnarchonError`` like every other failure to reach the
+    server, not Python's own ``TimeoutError``."""
+    scheduler = Scheduler(RedisBackend(redis=proxy.url, prefix=prefix), lease_ms=1500)
+
+    @scheduler.timer("remind")
+    async def remind(fire: TimerRun) -> None:
+        pass
+
+    async with scheduler:
+        await scheduler.set_timer("remind", "user:1", delay_ms=60_000)
+        proxy.pause()
+        try:
+            calls = (
+                scheduler.set_timer("remind", "user:2", delay_ms=60_000),
+                scheduler.get_timer("remind", "user:1"),
+                scheduler.cancel_timer("remind", "user:1"),
+            )
+            for call in calls:
+                began = time.monotonic()
+                with anyio.fail_after(10), pytest.raises(TransportError, match="did not answer"):
+                    await call
+                assert time.monotonic() - began < 3 * 0.5 + 1.0
+        finally:
+            proxy.resume()

@@ -11,8 +11,8 @@ call.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from datetime import datetime
 from types import TracebackType
 from typing import Any
@@ -21,7 +21,7 @@ import anyio
 
 from ._engine._context import _now_ms, round_trip_deadline_sec
 from ._engine.instance import Instance
-from ._errors import AnarchonError, InvalidOptionError, SchedulerStateError
+from ._errors import AnarchonError, InvalidOptionError, SchedulerStateError, TransportError
 from ._model.options import check_buckets
 from ._model.schedule import from_epoch_ms
 from ._model.timer import Recurrence, due_from, validate_kind, validate_timer_key
@@ -133,7 +133,7 @@ class Timers:
             bucket_count = await self._buckets_of(store, name, buckets)
             for start in range(0, len(encoded), _SET_PER_ROUND_TRIP):
                 part = encoded[start : start + _SET_PER_ROUND_TRIP]
-                with anyio.fail_after(self._round_trip_sec * 3):
+                with self._in_time():
                     replies = await store.set_many(name, part, bucket_count)
                 for (timer_key, _, delay, _, _), reply in zip(part, replies, strict=True):
                     if isinstance(reply, BaseException):
@@ -167,7 +167,7 @@ class Timers:
         name = validate_kind(kind)
         timer_key = validate_timer_key(key)
         async with self._store() as store:
-            with anyio.fail_after(self._round_trip_sec * 3):
+            with self._in_time():
                 bucket_count = await self._buckets_of(store, name, buckets)
                 found = await store.cancel(name, timer_key, bucket_count)
         instance = self._instance
@@ -182,7 +182,7 @@ class Timers:
         name = validate_kind(kind)
         timer_key = validate_timer_key(key)
         async with self._store() as store:
-            with anyio.fail_after(self._round_trip_sec * 3):
+            with self._in_time():
                 bucket_count = await self._buckets_of(store, name, buckets)
                 state = await store.get(name, timer_key, bucket_count)
         if state is None:
@@ -206,6 +206,20 @@ class Timers:
     def _round_trip_sec(self) -> float:
         instance = self._instance
         return _ROUND_TRIP_SEC if instance is None else instance.context.round_trip_sec
+
+    @contextmanager
+    def _in_time(self) -> Iterator[None]:
+        """One call's round trips, within three round trips' deadline: a server that does
+        not answer (frozen, overloaded) is a ``TransportError``, as a lost connection is."""
+        deadline = self._round_trip_sec * 3
+        try:
+            with anyio.fail_after(deadline):
+                yield
+        except TimeoutError:
+            raise TransportError(
+                f"the server did not answer within {deadline:g} s; check that it is not "
+                "frozen or overloaded"
+            ) from None
 
     @asynccontextmanager
     async def _store(self) -> AsyncIterator[TimerStore]:
@@ -247,7 +261,7 @@ class Timers:
             return check_buckets(buckets)
         if kind not in self._stored_buckets:
             where = TimerKeys.buckets_key(self.backend.prefix, kind)
-            with anyio.fail_after(self._round_trip_sec * 3):
+            with self._in_time():
                 stored = await timers.conn.execute(("GET", where))
             try:
                 count = 1 if stored is None else check_buckets(int(stored))
