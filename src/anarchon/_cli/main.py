@@ -182,6 +182,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     from .._errors import AnarchonError, ConnectionFailedError, ServerReplyError
+    from ..clients import refused_certificate
 
     try:
         if args.command == "demo":
@@ -240,7 +241,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         hint = ""
         if isinstance(exc, ConnectionFailedError):
             hint = " (start the server, or give its URL with --redis)"
-            if "certificate" in str(exc).lower():
+            if refused_certificate(exc):
                 hint = ""  # the message says what TLS wants: waiting would not help
             elif args.command == "run":
                 hint = " (start the server, or wait longer with --wait-for-server)"

@@ -10,7 +10,6 @@ import logging
 import math
 import os
 import signal
-import ssl
 import time
 from collections.abc import Callable, Sequence
 from contextlib import AsyncExitStack, suppress
@@ -23,6 +22,7 @@ from anyio.abc import SocketStream, TaskGroup
 from .._engine.instance import Instance
 from .._errors import ConnectionFailedError, InvalidOptionError
 from .._scheduler import Scheduler
+from ..clients import refused_certificate
 
 __all__ = ["health_of", "serve"]
 
@@ -257,7 +257,7 @@ async def _start_waiting_for_server(
             await scheduler.__aenter__()
         except ConnectionFailedError as exc:
             waited = time.monotonic() - began
-            if _refused_certificate(exc):
+            if refused_certificate(exc):
                 raise  # waiting cannot make the server's certificate one to trust
             if waited >= wait_sec:
                 if tries > 1:
@@ -282,19 +282,6 @@ async def _start_waiting_for_server(
             if tries > 1:
                 log.info("the server answers, after %.1f s", time.monotonic() - began)
             return
-
-
-def _refused_certificate(exc: BaseException) -> bool:
-    """Whether TLS refused the server's certificate (an unknown CA, another host name)
-    somewhere in the causes of ``exc``."""
-    seen: BaseException | None = exc
-    looked: set[int] = set()
-    while seen is not None and id(seen) not in looked:
-        if isinstance(seen, ssl.SSLCertVerificationError):
-            return True
-        looked.add(id(seen))
-        seen = seen.__cause__ or seen.__context__
-    return False
 
 
 def _without_code(exc: ConnectionFailedError) -> str:

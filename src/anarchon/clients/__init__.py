@@ -16,6 +16,7 @@ from ._protocol import (
     TransportError,
     is_transient,
     normalize_reply,
+    refused_certificate,
     stream_entries,
 )
 from .redis_py import RedisAsyncConnection, RedisSyncConnection
@@ -30,6 +31,7 @@ __all__ = [
     "TransportError",
     "describe_client",
     "is_transient",
+    "refused_certificate",
     "normalize_reply",
     "open_connection",
     "running_under_asyncio",

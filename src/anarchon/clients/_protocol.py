@@ -8,6 +8,7 @@ nothing above knows which library is underneath.
 
 from __future__ import annotations
 
+import ssl
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -23,6 +24,7 @@ __all__ = [
     "ServerReplyError",
     "TransportError",
     "is_transient",
+    "refused_certificate",
     "normalize_reply",
     "stream_entries",
 ]
@@ -86,6 +88,20 @@ def is_transient(exc: BaseException) -> bool:
     if isinstance(exc, ServerReplyError):
         return exc.kind in TRANSIENT_REPLY_CODES
     return True
+
+
+def refused_certificate(exc: BaseException) -> bool:
+    """Whether TLS refused the server's certificate (an unknown CA, another host name)
+    somewhere in the causes of ``exc``: a failure that trying again cannot mend, unlike
+    the transport failures ``is_transient`` counts."""
+    seen: BaseException | None = exc
+    looked: set[int] = set()
+    while seen is not None and id(seen) not in looked:
+        if isinstance(seen, ssl.SSLCertVerificationError):
+            return True
+        looked.add(id(seen))
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 class Connection(ABC):
