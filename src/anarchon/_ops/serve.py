@@ -11,7 +11,7 @@ import math
 import os
 import signal
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from contextlib import AsyncExitStack, suppress
 from pathlib import Path
 from typing import Any
@@ -150,14 +150,12 @@ async def _serve_started(
                 "a free port"
             ) from exc
     async with AsyncExitStack() as stack, anyio.create_task_group() as port:
-        waiting = True
         if listener is not None:
             # Answered from now on: while it waits for the server, too.
             await stack.enter_async_context(listener)
             where = f"{health_host}:{health_port}"
-            port.start_soon(_serve_health_port, scheduler, listener, where, lambda: waiting)
+            port.start_soon(_serve_health_port, scheduler, listener, where)
         await _start_waiting_for_server(scheduler, wait_for_server_sec, stop.asked)
-        waiting = False
         if Instance.of(scheduler).state == "running":  # else a signal came while it waited
             await _serve_running(scheduler, stop, outer, health_file)
         port.cancel_scope.cancel()
@@ -353,11 +351,10 @@ async def _serve_health_port(
     scheduler: Scheduler[Any],
     listener: anyio.abc.Listener[SocketStream],
     where: str,
-    waiting: Callable[[], bool],
 ) -> None:
     """Answer ``GET /live`` and ``GET /ready``; a failure to accept a connection (out of
-    file descriptors) is logged and the port goes on. While ``waiting()`` (for the server,
-    at start) the process is live and not ready."""
+    file descriptors) is logged and the port goes on. While the scheduler is new (``serve``
+    waits for its server) the process is live and not ready."""
     log.info("health probes on http://%s/live and /ready", where)
 
     async def answer(stream: SocketStream) -> None:
@@ -368,7 +365,8 @@ async def _serve_health_port(
                     request += await stream.receive()
                 parts = request.split(b" ", 2)
                 path = parts[1].decode("latin-1") if len(parts) > 1 else ""
-                health = _WAITING if waiting() else health_of(scheduler)
+                new = Instance.of(scheduler).state == "new"
+                health = _WAITING if new else health_of(scheduler)
                 if path in ("/live", "/ready"):
                     ok = bool(health[path[1:]])
                     status = "200 OK" if ok else "503 Service Unavailable"
