@@ -130,7 +130,8 @@ class Timers:
         instance = self._instance
         fired_here = instance is not None and instance.fires_here(name)
         async with self._store() as store:
-            bucket_count = await self._buckets_of(store, name, buckets)
+            with self._in_time():
+                bucket_count = await self._buckets_of(store, name, buckets)
             for start in range(0, len(encoded), _SET_PER_ROUND_TRIP):
                 part = encoded[start : start + _SET_PER_ROUND_TRIP]
                 with self._in_time():
@@ -261,8 +262,7 @@ class Timers:
             return check_buckets(buckets)
         if kind not in self._stored_buckets:
             where = TimerKeys.buckets_key(self.backend.prefix, kind)
-            with self._in_time():
-                stored = await timers.conn.execute(("GET", where))
+            stored = await timers.conn.execute(("GET", where))  # within the caller's deadline
             try:
                 count = 1 if stored is None else check_buckets(int(stored))
             except (TypeError, ValueError, InvalidOptionError):
