@@ -18,7 +18,7 @@ import anyio
 from .._errors import InvalidOptionError
 from .._ops.serve import WAIT_FOR_SERVER_SEC
 from .store import COMMANDS as STORE_COMMANDS
-from .store import add_store_commands, run_store_command
+from .store import add_prefix_option, add_store_commands, run_store_command
 from .usage import MissingExtra, UsageError
 from .web import add_web_command, run_web
 
@@ -162,11 +162,7 @@ def _run_parser(commands: Any) -> None:
         "strategy, timers, the registry, inspect and the dashboard's actions. Give the "
         "password where it says >PASSWORD.",
     )
-    acl.add_argument(
-        "--prefix",
-        default=os.environ.get("ANARCHON_PREFIX", "cron:"),
-        help="the store's key prefix (default: $ANARCHON_PREFIX, else cron:)",
-    )
+    add_prefix_option(acl)
     acl.add_argument("--user", default="anarchon", help="default: anarchon")
     acl.add_argument(
         "--idmp", action="store_true", help="also what the idmp strategy needs (Redis 8.6+)"

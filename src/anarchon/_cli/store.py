@@ -42,12 +42,17 @@ def store_options() -> argparse.ArgumentParser:
         default=os.environ.get("ANARCHON_REDIS_URL"),
         help="the store's server (default: $ANARCHON_REDIS_URL, else redis://localhost:6379)",
     )
-    options.add_argument(
+    add_prefix_option(options)
+    return options
+
+
+def add_prefix_option(parser: argparse.ArgumentParser) -> None:
+    """``--prefix``, from ``$ANARCHON_PREFIX`` unless given."""
+    parser.add_argument(
         "--prefix",
         default=os.environ.get("ANARCHON_PREFIX", "cron:"),
         help="the store's key prefix (default: $ANARCHON_PREFIX, else cron:)",
     )
-    return options
 
 
 def store_backend(args: argparse.Namespace) -> RedisBackend[Any]:
