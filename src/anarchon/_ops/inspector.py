@@ -104,7 +104,7 @@ class Inspector:
         """Every job the fleet registered (or those of ``names`` that it did), by name."""
         definitions = await self._definitions(names)
         now_ms = int(time.time() * 1000)
-        names = sorted(definitions if names is None else set(names) & set(definitions))
+        names = sorted(definitions)  # those of ``names`` the store knows
         if not names:
             return []
         seen_ms = await self._execute(("HMGET", self._keys.first_seen, *names))
@@ -231,7 +231,7 @@ class Inspector:
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
             raise InvalidOptionError(f"limit must be a whole number, 1 or more, got {limit!r}")
         definitions = await self._definitions(names)
-        names = sorted(definitions if names is None else set(names) & set(definitions))
+        names = sorted(definitions)  # those of ``names`` the store knows
         replies = await self._pipeline(
             [
                 history_command(
