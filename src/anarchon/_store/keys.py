@@ -13,7 +13,7 @@ one hash tag, so that each script runs on one cluster node.
 - timers, a kind's ``{<prefix><kind>[#<bucket>]}:timers|timer-due|timer-meta`` and
   ``{<prefix><kind>}:timer-buckets`` (``TimerKeys``);
 - the registry, ``{<prefix>}:instances|jobs|first-seen|timer-kinds|instance:<id>``
-  (``RegistryKeys``);
+  and the report of malformed entries, ``{<prefix>}:quarantine`` (``RegistryKeys``);
 - the hint channel ``<prefix>timer-hints`` (named when it carried timers alone; it
   carries every hint, see ``Hint``).
 """
@@ -197,6 +197,8 @@ class RegistryKeys:
     jobs: str
     first_seen: str
     timer_kinds: str
+    #: The malformed entries instances met (``quarantine.py``): a sorted set, bounded.
+    quarantine: str
     tag: str
 
     @classmethod
@@ -207,6 +209,7 @@ class RegistryKeys:
             jobs=f"{tag}:jobs",
             first_seen=f"{tag}:first-seen",
             timer_kinds=f"{tag}:timer-kinds",
+            quarantine=f"{tag}:quarantine",
             tag=tag,
         )
 
