@@ -22,6 +22,7 @@ import anyio
 from .._errors import AnarchonError, ConnectionFailedError, RunOverlapError, reason
 from .._model.job import Job
 from .._model.schedule import iso_ms
+from .._model.text import visible
 from .._observe.events import ClaimAnswer, claim_answered, instant
 from .._store.contract import ClaimReply, ClaimRequest, Store, describe_slot
 from .._store.timers import TimerClaim
@@ -59,6 +60,8 @@ class Claimer:
         self._settler = settler
         #: Set once the claim loop has ended (the scheduler is stopping).
         self.loop_done = anyio.Event()
+        #: The timer buckets (due keys) whose last claim the server refused.
+        self._refused: set[str] = set()
 
     async def claim_loop(self) -> None:
         try:
@@ -107,11 +110,30 @@ class Claimer:
                 )
             except Exception as exc:
                 failure = exc
+        if claim is None and isinstance(failure, ServerReplyError) and not is_transient(failure):
+            # The server answered, with an error (a script error, a key of another
+            # type): not an outage. The bucket's claims are tried again, backing off,
+            # and said once until one succeeds.
+            context.health.answered()
+            if keys.due not in self._refused:
+                self._refused.add(keys.due)
+                log.error(
+                    "timers of %s: the server refused the claim of %s (%s); retrying, "
+                    "backing off: check what else writes to its keys",
+                    kind.name,
+                    visible(keys.due),
+                    reason(failure),
+                )
+            self._retry_claims([due])
+            return
         if claim is None:
             context.health.failed(f"claiming timers of {kind.name}", failure)
             self._retry_claims([due])
             return
         context.health.answered()
+        if keys.due in self._refused:
+            self._refused.discard(keys.due)
+            log.info("timers of %s: the claim of %s succeeds again", kind.name, visible(keys.due))
         received_ms = _now_ms()
         context.server_offset_ms = claim.server_now_ms - received_ms
         for key in claim.spent:

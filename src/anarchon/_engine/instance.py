@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import weakref
 from collections.abc import Callable, Coroutine
 from types import TracebackType
@@ -42,6 +43,7 @@ from .._store.backend import RedisBackend, StoreOptions
 from .._store.contract import Store
 from .._store.keys import TimerKeys
 from .._store.lease import LeaseStore
+from .._store.quarantine import MalformedEntry, quarantine_of, whole
 from .._store.registry import REGISTRATION_TTL_MS, Registry
 from .._store.timers import TimerStore
 from .._version import __version__
@@ -346,9 +348,17 @@ class Instance:
             with anyio.fail_after(self.context.round_trip_sec * 3):
                 await conn.execute(("SET", key, kind.buckets, "NX"))
                 stored = await conn.execute(("GET", key))
-            if stored is not None and int(stored) != kind.buckets:
+            count = whole(stored)
+            if stored is not None and (count is None or not 1 <= count <= 1024):
+                # Not a number of buckets: something else wrote the key. This instance's
+                # own number holds; the entry is quarantined for an operator to mend.
+                quarantine_of(self.backend.prefix).add(
+                    MalformedEntry(key, "", "not a number of buckets from 1 to 1024", stored),
+                    f"timer kind {kind.name!r}'s check of its buckets",
+                )
+            elif stored is not None and count != kind.buckets:
                 raise InvalidOptionError(
-                    f"timer kind {kind.name!r} has {int(stored)} bucket(s) in the store, and "
+                    f"timer kind {kind.name!r} has {count} bucket(s) in the store, and "
                     f"this scheduler gives it {kind.buckets}: every instance must give the "
                     "same number (timers set under another number would never fire)"
                 )
@@ -356,15 +366,28 @@ class Instance:
 
     async def _warn_if_timers_may_be_evicted(self, conn: Connection) -> None:
         """Timers live as long as the server keeps their keys: a policy that evicts keys
-        under memory pressure may drop them."""
+        under memory pressure may drop them. The policy is read from ``INFO memory``
+        (the least ACL grants no ``CONFIG``, whose ``GET`` would hand out the admin's
+        password); a server that does not tell is said to, with how to look."""
         try:
             with anyio.fail_after(self.context.round_trip_sec):
-                reply = await conn.execute(("CONFIG", "GET", "maxmemory-policy"))
-        except Exception:
-            return  # CONFIG refused (a managed server): nothing to tell
-        values = list(reply.values()) if isinstance(reply, dict) else list(reply or [])
-        policy = str(values[-1]) if values else ""
-        if policy and policy != "noeviction" and not policy.startswith("volatile"):
+                reply = await conn.execute(("INFO", "memory"))
+        except Exception as exc:  # refused (NOPERM), or no answer in time
+            policy, failure = "", str(exc) or type(exc).__name__
+        else:
+            # INFO's text, or redis-py's mapping of it (a cluster client's: one per node).
+            found = re.search(r"maxmemory_policy\W+([a-z-]+)", str(reply))
+            policy, failure = (found.group(1) if found else ""), "INFO memory does not say it"
+        if not policy:
+            log.info(
+                "could not read maxmemory-policy (%s): timers are keys without an expiry, "
+                "and a server that evicts keys may drop them. An operator checks it with "
+                "'INFO memory' (maxmemory_policy) or 'CONFIG GET maxmemory-policy' as a "
+                "user that may: noeviction or a volatile-* policy keeps timers",
+                failure,
+            )
+            return
+        if policy != "noeviction" and not policy.startswith("volatile"):
             log.warning(
                 "the server's maxmemory-policy is %r: under memory pressure it may evict "
                 "timers (they are keys without an expiry); use noeviction (or a volatile-* "
@@ -406,6 +429,7 @@ class Instance:
                         self.agenda.next_slot_ms,
                         len(context.attempts),
                     )
+                    await registry.report_quarantine(store.conn)
             except Exception as exc:
                 log.debug("renewing the registration failed (tried again later): %s", exc)
 

@@ -257,4 +257,4 @@ class ClaimOnlyStore:
         return await read_result(self.conn, self.keys(job).results, job, slot_id, attempt)
 
     async def history(self, job: str, limit: int) -> list[RunResult]:
-        return await read_history(self.conn, self.keys(job).results, job, limit)
+        return await read_history(self.conn, self.keys(job).results, job, limit, self.prefix)

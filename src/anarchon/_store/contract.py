@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol, runtime_checkable
@@ -17,6 +18,7 @@ __all__ = [
     "FinishReply",
     "Outcome",
     "Store",
+    "is_slot_id",
     "manual_slot_id",
     "slot_ms_of",
 ]
@@ -168,6 +170,15 @@ def is_manual(slot_id: str) -> bool:
     """Whether a slot id is a manual run's (``run_now``: one attempt, even when a backup
     takes it over)."""
     return not slot_id.isdigit()
+
+
+_SLOT_ID = re.compile(r"[0-9]{1,16}|m[0-9]{1,16}-[A-Za-z0-9-]{0,100}")
+
+
+def is_slot_id(text: object) -> bool:
+    """Whether ``text`` is a slot id as anarchon writes them (as the scripts' ``is_slot_id``
+    checks): what the store holds is input, and a member that is none is malformed."""
+    return isinstance(text, str) and _SLOT_ID.fullmatch(text) is not None
 
 
 def slot_ms_of(slot_id: str) -> int:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import cast
+from typing import Any, cast
 
 from .._model.values import RunResult, Trigger
 from ..clients import Connection, ServerReplyError
@@ -14,9 +14,11 @@ from .contract import (
     ClaimRequest,
     FinishReply,
     HeartbeatRequest,
+    is_slot_id,
     slot_ms_of,
 )
 from .keys import JobKeys
+from .quarantine import MalformedEntry, quarantine_of, whole
 from .records import read_history, read_result
 from .scripts import ScriptCall, lease_script, run_scripts
 
@@ -36,29 +38,52 @@ async def set_paused(conn: Connection, state: str, paused_by: str | None) -> boo
     return int(await conn.execute(("HSETNX", state, PAUSED_FIELD, paused_by))) == 1
 
 
-def _orphans(raw: object) -> tuple[str, ...]:
-    return tuple(str(slot) for slot in raw) if isinstance(raw, list) else ()
+def _list(raw: object) -> list[Any]:
+    return raw if isinstance(raw, list) else []
 
 
-def _claim_reply(raw: list[object]) -> ClaimReply:
-    """Read a reply of lua/claim.lua."""
-    kind = cast(ClaimKind, raw[0])
+def _claim_reply(raw: list[Any], keys: JobKeys, prefix: str) -> ClaimReply:
+    """Read a reply of lua/claim.lua: ``{kind, attempt, fence, ms, text, orphans,
+    malformed}``. The malformed entries the script met are quarantined here, and so is
+    an orphan that is not a slot id or a won fence that is not a whole number (what the
+    store holds is input, the script's reply included): a handler is never handed a
+    fence that is not one."""
+    quarantine = quarantine_of(prefix)
+    for entry in _list(raw[6]):
+        if isinstance(entry, list) and len(entry) == 4:
+            key, field, problem, excerpt = (_text(part) for part in entry)
+            quarantine.add(MalformedEntry(key, field, problem, excerpt or None), "itself")
+    orphans = []
+    for orphan in map(_text, _list(raw[5])):
+        if is_slot_id(orphan):
+            orphans.append(orphan)
+        else:
+            quarantine.add(MalformedEntry(keys.active, orphan, "not a slot id"), "itself")
+    kind = cast(ClaimKind, _text(raw[0]))
+    wait_ms = int(raw[3])
     if kind == "won":
+        fence = whole(_text(raw[2]))
+        if not fence:
+            quarantine.add(
+                MalformedEntry(keys.state, "fence", "a won fence that is not a whole number"),
+                "this claim",
+            )
+            return ClaimReply("done", status="malformed", orphans=tuple(orphans))
         return ClaimReply(
             "won",
-            attempt=int(cast(int, raw[1])),
-            fence=int(cast(int, raw[2])),
-            wait_ms=int(cast(int, raw[3])),
-            trigger=cast(Trigger, raw[4]),
-            orphans=_orphans(raw[5]),
+            attempt=int(raw[1]),
+            fence=fence,
+            wait_ms=wait_ms,
+            trigger=cast(Trigger, _text(raw[4])),
+            orphans=tuple(orphans),
         )
     if kind == "done":
-        return ClaimReply(
-            "done", status=str(raw[1]), orphans=_orphans(raw[2] if len(raw) > 2 else None)
-        )
-    if kind == "overlap":
-        return ClaimReply("overlap", wait_ms=int(cast(int, raw[1])), orphans=_orphans(raw[2]))
-    return ClaimReply(kind, wait_ms=int(cast(int, raw[1])))
+        return ClaimReply("done", status=_text(raw[4]), orphans=tuple(orphans))
+    return ClaimReply(kind, wait_ms=wait_ms, orphans=tuple(orphans))
+
+
+def _text(raw: object) -> str:
+    return raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
 
 
 class LeaseStore:
@@ -124,8 +149,10 @@ class LeaseStore:
             )
         replies = await run_scripts(self.conn, calls)
         return [
-            reply if isinstance(reply, ServerReplyError) else _claim_reply(reply)
-            for reply in replies
+            reply
+            if isinstance(reply, ServerReplyError)
+            else _claim_reply(reply, self.keys(request.job), self.prefix)
+            for request, reply in zip(requests, replies, strict=True)
         ]
 
     async def heartbeat_many(
@@ -180,4 +207,4 @@ class LeaseStore:
         return await set_paused(self.conn, self.keys(job).state, paused_by)
 
     async def history(self, job: str, limit: int) -> list[RunResult]:
-        return await read_history(self.conn, self.keys(job).results, job, limit)
+        return await read_history(self.conn, self.keys(job).results, job, limit, self.prefix)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -33,12 +34,15 @@ from .keys import RegistryKeys
 
 __all__ = [
     "KEEP",
+    "MAX_WHOLE",
     "STORED",
     "STORED_MS",
     "MalformedEntry",
     "Quarantine",
     "Quarantined",
+    "quarantine_of",
     "read_quarantine",
+    "whole",
 ]
 
 log = logging.getLogger("anarchon")
@@ -52,6 +56,24 @@ STORED_MS = 7 * 24 * 3600 * 1000
 _KEY_CHARS = 300
 _EXCERPT_CHARS = 80
 _PROBLEM_CHARS = 300
+
+
+#: The largest whole number a record holds: 2^53 - 1, exact in the scripts' Lua numbers.
+MAX_WHOLE = 2**53 - 1
+_WHOLE = re.compile(r"[0-9]{1,16}")
+
+
+def whole(text: object) -> int | None:
+    """A stored whole number read strictly, as the scripts read it: decimal digits, at
+    most ``MAX_WHOLE`` (never ``inf``, ``nan``, ``1e3`` or ``-5``); None otherwise."""
+    if isinstance(text, bytes):
+        text = text.decode("ascii", "replace")
+    if isinstance(text, int) and not isinstance(text, bool):
+        return text if 0 <= text <= MAX_WHOLE else None
+    if not isinstance(text, str) or not _WHOLE.fullmatch(text):
+        return None
+    number = int(text)
+    return number if number <= MAX_WHOLE else None
 
 
 class MalformedEntry(ValueError):
@@ -160,6 +182,24 @@ class Quarantine:
             ("ZREMRANGEBYSCORE", key, "-inf", f"({now_ms - STORED_MS}"),
             ("PEXPIRE", key, STORED_MS),
         ]
+
+
+#: The quarantine of each prefix this process used (the newest 64 prefixes).
+_BY_PREFIX: OrderedDict[str, Quarantine] = OrderedDict()
+_PREFIXES = 64
+
+
+def quarantine_of(prefix: str) -> Quarantine:
+    """The process's quarantine of ``prefix``'s store: every part of the process that
+    reads it (an engine, a store, an inspector) shares it, so that an entry is logged
+    once, counted once and reported once."""
+    found = _BY_PREFIX.get(prefix)
+    if found is None:
+        found = _BY_PREFIX[prefix] = Quarantine()
+        if len(_BY_PREFIX) > _PREFIXES:
+            _BY_PREFIX.popitem(last=False)
+    _BY_PREFIX.move_to_end(prefix)
+    return found
 
 
 async def read_quarantine(conn: Connection, prefix: str, limit: int = 100) -> list[Quarantined]:

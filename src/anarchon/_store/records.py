@@ -1,21 +1,35 @@
 """The records the store keeps, read (and, for the claim-only strategies, written) in
 one place: a result (``<job>:results`` members), a run's lease state (a field of a lease
 job's state hash, written by ``lua/lease_state.lua``) and a key's timer state (a field
-of a kind's timers hash, written by ``lua/timer_state.lua``)."""
+of a kind's timers hash, written by ``lua/timer_state.lua``).
+
+What the store holds is input: each decoder checks every field as the scripts do
+(whole numbers strictly, statuses and triggers from their sets) and raises
+``MalformedEntry`` for a record that does not read; the caller quarantines it
+(``quarantine.py``) and goes on with the rest."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any, cast
 
-from .._model.schedule import from_epoch_ms
+from .._errors import InvalidOptionError, InvalidScheduleError
+from .._model.options import check_buckets
+from .._model.schedule import from_epoch_ms, load_timezone
 from .._model.values import RunResult, RunStatus, TimerStatus, Trigger
 from ..clients import Command, Connection
-from .contract import AttemptEnd, slot_ms_of
+from .contract import AttemptEnd, is_slot_id, slot_ms_of
+from .quarantine import MalformedEntry, quarantine_of, whole
 
 __all__ = [
+    "InstanceRecord",
     "LeaseState",
     "TimerState",
+    "decode_definition",
+    "decode_instant",
+    "decode_instance",
+    "decode_timer_kind",
     "history_command",
     "parse_history",
     "parse_result",
@@ -45,30 +59,52 @@ def result_member(end: AttemptEnd, status: str, runner: str) -> str:
     )
 
 
-def parse_result(job: str, member: str) -> RunResult:
+_RUN_STATUSES = frozenset(("ok", "failed", "interrupted", "cancelled", "skipped"))
+_TRIGGERS = frozenset(("schedule", "catch-up", "retry", "takeover", "manual"))
+
+
+def parse_result(job: str, member: str, key: str = "") -> RunResult:
     """Read one results member:
-    ``slot|attempt|status|started_ms|finished_ms|fence|trigger|runner|error``."""
-    slot, attempt, status, started_ms, finished_ms, fence, trigger, rest = member.split("|", 7)
+    ``slot|attempt|status|started_ms|finished_ms|fence|trigger|runner|error``
+    (``MalformedEntry`` for one that does not read; ``key``: its results key)."""
+    parts = member.split("|", 7)
+    if len(parts) != 8:
+        raise MalformedEntry(key, member, "not a result (9 fields separated by |)")
+    slot, attempt, status, started_ms, finished_ms, fence, trigger, rest = parts
     runner, _, error = rest.partition("|")  # runner ids never hold "|"
+    numbers = [whole(text) for text in (attempt, started_ms, finished_ms, fence)]
+    if not is_slot_id(slot):
+        raise MalformedEntry(key, member, "its slot is not a slot id")
+    if status not in _RUN_STATUSES or trigger not in _TRIGGERS:
+        raise MalformedEntry(key, member, "an unknown status or trigger")
+    if None in numbers:
+        raise MalformedEntry(
+            key, member, "attempt, started_ms, finished_ms or fence is not a whole number"
+        )
+    attempt_n, started, finished, fence_n = cast(list[int], numbers)
     slot_ms = slot_ms_of(slot)
     return RunResult(
         job=job,
         slot=from_epoch_ms(slot_ms),
         slot_ms=slot_ms,
-        attempt=int(attempt),
+        attempt=attempt_n,
         trigger=cast(Trigger, trigger),
         runner=runner,
         status=cast(RunStatus, status),
-        started_at=from_epoch_ms(int(started_ms)),
-        finished_at=from_epoch_ms(int(finished_ms)),
+        started_at=from_epoch_ms(started),
+        finished_at=from_epoch_ms(finished),
         error=error or None,
-        fence=int(fence),
+        fence=fence_n,
     )
 
 
-async def read_history(conn: Connection, results_key: str, job: str, limit: int) -> list[RunResult]:
-    """The newest ``limit`` results of a job, newest first."""
-    return parse_history(job, await conn.execute(history_command(results_key, limit)))
+async def read_history(
+    conn: Connection, results_key: str, job: str, limit: int, prefix: str
+) -> list[RunResult]:
+    """The newest ``limit`` results of a job, newest first (malformed members left out,
+    and quarantined)."""
+    reply = await conn.execute(history_command(results_key, limit))
+    return parse_history(job, reply, results_key, prefix)
 
 
 def history_command(results_key: str, limit: int) -> Command:
@@ -76,27 +112,39 @@ def history_command(results_key: str, limit: int) -> Command:
     return ("ZREVRANGE", results_key, 0, limit - 1)
 
 
-def parse_history(job: str, members: Any) -> list[RunResult]:
-    """A job's results from the reply of its ``history_command``, newest first."""
-    results = [parse_result(job, str(member)) for member in members]
+def parse_history(job: str, members: Any, results_key: str, prefix: str) -> list[RunResult]:
+    """A job's results from the reply of its ``history_command``, newest first. A member
+    that does not read is left out and quarantined (``quarantine_of(prefix)``)."""
+    results = []
+    for member in members or ():
+        try:
+            results.append(parse_result(job, _text(member), results_key))
+        except MalformedEntry as malformed:
+            quarantine_of(prefix).add(malformed, f"one history entry of {job!r}")
     results.sort(key=lambda r: (r.slot_ms, r.attempt), reverse=True)
     return results
+
+
+def _text(raw: Any) -> str:
+    return raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
 
 
 async def read_result(
     conn: Connection, results_key: str, job: str, slot_id: str, attempt: int
 ) -> RunResult:
-    """The recorded result of one attempt (LookupError if there is none)."""
+    """The recorded result of one attempt (LookupError if there is none that reads)."""
     score = slot_ms_of(slot_id)
     members = await conn.execute(("ZRANGEBYSCORE", results_key, score, score))
     head = f"{slot_id}|{attempt}|"
     for member in members:
-        if str(member).startswith(head):
-            return parse_result(job, str(member))
+        if _text(member).startswith(head):
+            return parse_result(job, _text(member), results_key)
     raise LookupError(f"no result recorded for {job} slot {slot_id} attempt {attempt}")
 
 
 # --------------------------------------------------------------- lease state
+
+_LEASE_STATUSES = frozenset(("running", "retry")) | _RUN_STATUSES
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,23 +163,26 @@ class LeaseState:
     runner: str
 
     @classmethod
-    def decode(cls, raw: Any) -> LeaseState | None:
-        """The state as stored, or None for none (or a field that is no state)."""
+    def decode(cls, raw: Any, key: str = "", slot_id: str = "") -> LeaseState | None:
+        """The state as stored, or None for none; ``MalformedEntry`` (naming ``key`` and
+        ``slot_id``) for a field that holds something else."""
         if raw is None:
             return None
-        parts = str(raw).split("|", 7)
+        text = _text(raw)
+        parts = text.split("|", 7)
         if len(parts) != 8:
-            return None
+            raise MalformedEntry(key, slot_id, "not a run state (8 fields separated by |)", raw)
         status, attempt, token, until_ms, fence, trigger, started_ms, runner = parts
+        if status not in _LEASE_STATUSES or trigger not in _TRIGGERS:
+            raise MalformedEntry(key, slot_id, "an unknown status or trigger", raw)
+        numbers = [whole(part) for part in (attempt, until_ms, fence, started_ms)]
+        if None in numbers:
+            raise MalformedEntry(
+                key, slot_id, "attempt, until_ms, fence or started_ms is not a whole number", raw
+            )
+        attempt_n, until, fence_n, started = cast(list[int], numbers)
         return cls(
-            status,
-            int(attempt),
-            token,
-            int(until_ms),
-            int(fence),
-            cast(Trigger, trigger),
-            int(started_ms),
-            runner,
+            status, attempt_n, token, until, fence_n, cast(Trigger, trigger), started, runner
         )
 
     @property
@@ -144,13 +195,6 @@ class LeaseState:
 
 
 _STATUS: dict[str, TimerStatus] = {"p": "pending", "f": "firing", "r": "retry"}
-
-
-# ------------------------------------------------------------------ payloads
-
-
-def _int_or_none(text: str) -> int | None:
-    return int(text) if text else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,35 +218,234 @@ class TimerState:
     payload: str
 
     @classmethod
-    def decode(cls, key: str, raw: str) -> TimerState:
-        (
-            gen,
-            due,
-            status,
-            attempt,
-            token,
-            until_ms,
-            fence,
-            fire_gen,
-            fire_due,
-            trigger,
-            runner,
-            schedule,
-            payload,
-        ) = raw.split("|", 12)
+    def decode(cls, key: str, raw: str, timers_key: str = "") -> TimerState:
+        """``MalformedEntry`` (naming ``timers_key`` and ``key``) for a field that is no
+        timer state."""
+        parts = raw.split("|", 12)
+        if len(parts) != 13:
+            raise MalformedEntry(timers_key, key, "not a timer (13 fields separated by |)", raw)
+        (gen, due, status, attempt, token, until_ms, fence, fire_gen, fire_due, trigger) = (
+            parts[:10]
+        )
+        runner, schedule, payload = parts[10:]
+        numbers = [whole(part) for part in (gen, attempt, until_ms, fence, fire_gen, fire_due)]
+        due_ms = whole(due) if due else None
+        if None in numbers or (due and due_ms is None) or status not in _STATUS:
+            raise MalformedEntry(
+                timers_key, key, "an unknown status, or a number that is not a whole number", raw
+            )
+        gen_n, attempt_n, until, fence_n, fire_gen_n, fire_due_n = cast(list[int], numbers)
         return cls(
             key,
-            int(gen),
-            _int_or_none(due),
+            gen_n,
+            due_ms,
             _STATUS[status],
-            int(attempt),
+            attempt_n,
             token,
-            int(until_ms),
-            int(fence),
-            int(fire_gen),
-            int(fire_due),
+            until,
+            fence_n,
+            fire_gen_n,
+            fire_due_n,
             trigger,
             runner,
             schedule,
             payload,
         )
+
+
+# ---- registry records (read side)
+
+#: The strategies a job's definition may name (``backend.parse_strategy``'s names).
+_STRATEGIES = frozenset(("lease", "stream-id", "idmp", "script"))
+#: The epoch milliseconds a stored instant may be: 1970 to the end of 9999 (a datetime
+#: holds no later one).
+_EPOCH_MS_MAX = 253_402_300_799_999
+_JSON = json.JSONDecoder()
+
+
+def decode_definition(key: str, name: str, raw: Any) -> dict[str, Any]:
+    """A job's definition as the registry keeps it (``registry.job_definition``, JSON in
+    the ``key`` hash's field ``name``), with the fields the views read checked:
+    ``schedule`` text, ``cron`` text or null, ``every_ms`` a whole number above 0 or
+    null, ``timezone`` a zone this machine knows, ``strategy`` one of anarchon's,
+    ``next_slot_ms`` an instant or null; the other options as stored.
+    ``MalformedEntry`` for one that is not such a definition."""
+    definition = _json_object(key, name, raw)
+
+    def wrong(problem: str) -> MalformedEntry:
+        return MalformedEntry(key, name, problem, raw)
+
+    for field in ("schedule", "cron"):
+        if definition.get(field) is not None and not isinstance(definition[field], str):
+            raise wrong(f"{field} is not text")
+    every_ms = definition.get("every_ms")
+    if every_ms is not None and not (_number(every_ms) or 0) > 0:
+        raise wrong(f"every_ms is {every_ms!r}, not a whole number above 0")
+    next_slot_ms = definition.get("next_slot_ms")
+    if next_slot_ms is not None and not _instant(next_slot_ms):
+        raise wrong(f"next_slot_ms is {next_slot_ms!r}, not an instant in epoch ms")
+    strategy = definition.get("strategy", "lease")
+    if not isinstance(strategy, str) or strategy not in _STRATEGIES:
+        raise wrong(f"strategy is {strategy!r}, not one of {', '.join(sorted(_STRATEGIES))}")
+    timezone = definition.get("timezone")
+    if timezone is not None:
+        if not isinstance(timezone, str):
+            raise wrong(f"timezone is {timezone!r}, not a zone's name")
+        try:
+            load_timezone(timezone)
+        except InvalidScheduleError:
+            raise wrong(f"timezone {timezone!r} is no time zone this machine knows") from None
+    return definition
+
+
+def decode_timer_kind(key: str, kind: str, raw: Any) -> int:
+    """A timer kind's number of buckets, from its registry entry (JSON in the ``key``
+    hash's field ``kind``): a whole number from 1 to the most a kind may have
+    (``check_buckets``), or ``MalformedEntry``; a store read never trusts a count that
+    would make it read a million buckets."""
+    record = _json_object(key, kind, raw)
+    buckets = record.get("buckets", 1)
+    try:
+        return check_buckets(buckets)
+    except InvalidOptionError as exc:
+        raise MalformedEntry(key, kind, exc.message, raw) from None
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceRecord:
+    """An instance's registration as the read side shows it (``registry.Registry``
+    writes it as JSON). ``cut``: the record was longer than was read, and its fields are
+    those that came whole before the cut (a job list cut keeps its first jobs)."""
+
+    host: str
+    pid: int
+    version: str
+    started_ms: int
+    strategy: str
+    jobs: tuple[str, ...]
+    timer_kinds: tuple[str, ...]
+    running: int
+    cut: bool
+
+
+def decode_instance(key: str, raw: Any, *, cut: bool = False) -> InstanceRecord:
+    """An instance's registration (the value of ``key``); ``cut``: ``raw`` is the first
+    part of a longer value, read so (what a read of the fleet takes is bounded whatever
+    an instance registered). ``MalformedEntry`` for one that is not a registration."""
+    record = _object_prefix(key, _text(raw), raw) if cut else _json_object(key, "", raw)
+
+    def wrong(field: str) -> MalformedEntry:
+        return MalformedEntry(key, "", f"its {field} is not what anarchon writes", raw)
+
+    texts = {field: record.get(field, "") for field in ("host", "version", "strategy")}
+    if not all(isinstance(value, str) for value in texts.values()):
+        raise wrong("host, version or strategy")
+    numbers = {field: _number(record.get(field, 0)) for field in ("pid", "running", "started_ms")}
+    if None in numbers.values() or not _instant(numbers["started_ms"]):
+        raise wrong("pid, running or started_ms")
+    names = {field: record.get(field, []) for field in ("jobs", "timer_kinds")}
+    for field, value in names.items():
+        if not isinstance(value, list) or not all(isinstance(name, str) for name in value):
+            raise wrong(field)
+    return InstanceRecord(
+        host=str(texts["host"]),
+        pid=cast(int, numbers["pid"]),
+        version=str(texts["version"]),
+        started_ms=cast(int, numbers["started_ms"]),
+        strategy=str(texts["strategy"] or "lease"),
+        jobs=tuple(names["jobs"]),
+        timer_kinds=tuple(names["timer_kinds"]),
+        running=cast(int, numbers["running"]),
+        cut=cut,
+    )
+
+
+def decode_instant(key: str, field: str, raw: Any) -> int:
+    """An instant the registry keeps in epoch ms (a job's first-seen time: text in the
+    ``key`` hash's field ``field``), or ``MalformedEntry``."""
+    number = whole(_text(raw))
+    if number is None or number > _EPOCH_MS_MAX:
+        raise MalformedEntry(key, field, "not an instant in epoch ms", raw)
+    return number
+
+
+def _number(value: object) -> int | None:
+    """A JSON whole number (not text, not a bool) within what a record may hold."""
+    return whole(value) if isinstance(value, int) else None
+
+
+def _instant(value: object) -> bool:
+    number = _number(value)
+    return number is not None and number <= _EPOCH_MS_MAX
+
+
+def _json_object(key: str, field: str, raw: Any) -> dict[str, Any]:
+    try:
+        value = json.loads(_text(raw))
+    except ValueError:
+        raise MalformedEntry(key, field, "not JSON", raw) from None
+    if not isinstance(value, dict):
+        raise MalformedEntry(key, field, f"a JSON {type(value).__name__}, not an object", raw)
+    return value
+
+
+def _object_prefix(key: str, text: str, raw: Any) -> dict[str, Any]:
+    """The members of the JSON object that ``text`` is the first part of: each member
+    that came whole, and of a list cut off, its whole elements. A value is taken only
+    when what follows shows that it ended (``12`` cut from ``123`` is not taken)."""
+    at = _skip(text, 0)
+    if not text.startswith("{", at):
+        raise MalformedEntry(key, "", "not a JSON object", raw)
+    fields: dict[str, Any] = {}
+    at += 1
+    try:
+        while True:
+            at = _skip(text, at)
+            if text.startswith(",", at):
+                at = _skip(text, at + 1)
+            if at >= len(text) or text[at] == "}":
+                return fields
+            name, at = _JSON.raw_decode(text, at)
+            at = _skip(text, at)
+            if not isinstance(name, str) or not text.startswith(":", at):
+                return fields  # cut in a member's name, or no member there
+            at = _skip(text, at + 1)
+            if text.startswith("[", at):
+                items, at, ended = _list_prefix(text, at + 1)
+                fields[name] = items
+                if not ended:
+                    return fields
+                continue
+            value, at = _JSON.raw_decode(text, at)
+            if _skip(text, at) >= len(text):
+                return fields  # it may go on beyond the cut
+            fields[name] = value
+    except ValueError:  # cut inside a name or a value: the members before it stand
+        return fields
+
+
+def _list_prefix(text: str, at: int) -> tuple[list[Any], int, bool]:
+    """The whole elements of a JSON list from ``at`` (just after its ``[``), where it
+    ends, and whether it ended within ``text``."""
+    items: list[Any] = []
+    while True:
+        at = _skip(text, at)
+        if text.startswith("]", at):
+            return items, at + 1, True
+        if text.startswith(",", at):
+            at = _skip(text, at + 1)
+        try:
+            item, after = _JSON.raw_decode(text, at)
+        except ValueError:
+            return items, at, False
+        if _skip(text, after) >= len(text):
+            return items, at, False
+        items.append(item)
+        at = after
+
+
+def _skip(text: str, at: int) -> int:
+    """Past the JSON white space at ``at``."""
+    while at < len(text) and text[at] in " \t\n\r":
+        at += 1
+    return at

@@ -28,7 +28,9 @@ from .._version import __version__
 from ..clients import Command, Connection, ServerReplyError
 from .coalesce import pipeline
 from .keys import ClaimOnlyKeys, JobKeys, RegistryKeys
+from .quarantine import MalformedEntry, quarantine_of
 from .scripts import ScriptCall, lease_script, run_scripts
+from .timers import score_ms
 
 __all__ = ["REGISTRATION_TTL_MS", "Registry", "job_definition"]
 
@@ -121,6 +123,9 @@ class Registry:
         (reply,) = await run_scripts(conn, [call])
         if isinstance(reply, ServerReplyError):
             raise reply
+        quarantine = quarantine_of(self.prefix)
+        for key, field, problem, excerpt in reply[-1] or []:
+            quarantine.add(MalformedEntry(str(key), str(field), str(problem), excerpt), "itself")
         first_seen = {name: int(reply[1 + index]) for index, name in enumerate(jobs)}
         self._seen.update(first_seen)
         return first_seen
@@ -154,10 +159,21 @@ class Registry:
             return JobKeys.for_job(self.prefix, job).slots
         return ClaimOnlyKeys.for_job(self.prefix, job).results
 
+    async def report_quarantine(self, conn: Connection) -> None:
+        """Report the malformed entries this process met since the last report to the
+        store (``quarantine.py``), for ``inspect`` and the dashboard of any host."""
+        now_ms = int(time.time() * 1000)
+        commands = quarantine_of(self.prefix).report_commands(self.prefix, now_ms)
+        if commands:
+            for reply in await pipeline(conn, commands):
+                if isinstance(reply, ServerReplyError):
+                    raise reply
+
     async def withdraw(self, conn: Connection, deadline_sec: float) -> None:
         """Leave the registry (a stopping instance); its expiry covers a failure here."""
         with anyio.move_on_after(deadline_sec):
             try:
+                await self.report_quarantine(conn)
                 await conn.execute(("ZREM", self.keys.instances, self.instance_id))
                 await conn.execute(("DEL", self.keys.instance(self.instance_id)))
             except Exception as exc:
@@ -169,10 +185,10 @@ def _first_score(reply: Any) -> int | None:
     pairs, or a mapping), or None if it is empty."""
     if isinstance(reply, dict):
         values = list(reply.values())
-        return int(float(values[0])) if values else None
+        return score_ms(values[0]) if values else None
     items = list(reply or [])
     if not items:
         return None
     if isinstance(items[0], list | tuple):
-        return int(float(items[0][1]))
-    return int(float(items[1]))
+        return score_ms(items[0][1])
+    return score_ms(items[1])

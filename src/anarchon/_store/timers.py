@@ -13,6 +13,7 @@ from typing import Any, Literal, cast
 from ..clients import Command, Connection, ServerReplyError
 from .coalesce import pipeline
 from .keys import TimerKeys, bucket_of, hint_channel
+from .quarantine import MalformedEntry, quarantine_of, whole
 from .records import TimerState
 from .scripts import ScriptCall, run_scripts, timer_script
 
@@ -138,20 +139,40 @@ class TimerFinishReply:
     in_ms: int = 0
 
 
-def _win(raw: list[Any]) -> TimerWin:
+def _win(raw: list[Any], keys: TimerKeys) -> TimerWin:
+    """One won firing of a claim's reply; ``MalformedEntry`` if its numbers do not read
+    (never a fence that is not a whole number handed to a handler)."""
     key, gen, due_ms, attempt, fence, token, trigger, schedule, payload, left_ms = raw
+    numbers = [whole(_text(n)) for n in (gen, due_ms, attempt, fence, left_ms)]
+    if None in numbers or not numbers[3]:
+        raise MalformedEntry(keys.timers, _text(key), "a won firing whose numbers do not read")
+    gen_n, due_n, attempt_n, fence_n, left_n = cast(list[int], numbers)
     return TimerWin(
-        str(key),
-        int(gen),
-        int(due_ms),
-        int(attempt),
-        int(fence),
-        str(token),
-        cast(TimerTrigger, str(trigger)),
-        str(schedule),
-        str(payload),
-        int(left_ms),
+        _text(key),
+        gen_n,
+        due_n,
+        attempt_n,
+        fence_n,
+        _text(token),
+        cast(TimerTrigger, _text(trigger)),
+        _text(schedule),
+        _text(payload),
+        left_n,
     )
+
+
+def _text(raw: object) -> str:
+    return raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
+
+
+def score_ms(score: object) -> int | None:
+    """A sorted set's score as whole milliseconds; None for one that is not a finite
+    number anarchon writes (``+inf`` from another client)."""
+    try:
+        value = float(_text(score))
+    except ValueError:
+        return None
+    return int(value) if abs(value) <= 2**53 else None
 
 
 def _pairs(reply: Any) -> list[tuple[Any, Any]]:
@@ -221,8 +242,18 @@ class TimerStore:
         return int(reply[0]) == 1
 
     async def get(self, kind: str, key: str, buckets: int = 1) -> TimerState | None:
-        raw = await self.conn.execute(("HGET", self.keys(kind, key, buckets).timers, key))
-        return None if raw is None else TimerState.decode(key, str(raw))
+        """The key's timer; None if it has none, or a record that does not read (which is
+        quarantined: a set replaces it)."""
+        timers_key = self.keys(kind, key, buckets).timers
+        raw = await self.conn.execute(("HGET", timers_key, key))
+        return None if raw is None else self._decode(key, raw, timers_key)
+
+    def _decode(self, key: str, raw: object, timers_key: str) -> TimerState | None:
+        try:
+            return TimerState.decode(key, _text(raw), timers_key)
+        except MalformedEntry as malformed:
+            quarantine_of(self.prefix).add(malformed, "that timer")
+            return None
 
     async def peek(self, kind: str, buckets: int = 1, limit: int = 10) -> TimerPeek:
         """How many keys of ``kind`` have a timer, and the first ``limit`` to need
@@ -238,16 +269,24 @@ class TimerStore:
         count = sum(int(replies[2 * b]) for b in range(buckets))
         firsts: list[tuple[int, str, TimerKeys]] = []
         for b, keys in enumerate(every):
-            flat = _pairs(replies[2 * b + 1])
-            firsts += [(int(float(score)), str(key), keys) for key, score in flat]
+            for key, score in _pairs(replies[2 * b + 1]):
+                at_ms = score_ms(score)
+                if at_ms is None:
+                    quarantine_of(self.prefix).add(
+                        MalformedEntry(keys.due, _text(key), "a due time that is no time", score),
+                        "that timer",
+                    )
+                else:
+                    firsts.append((at_ms, _text(key), keys))
         firsts = sorted(firsts, key=lambda item: item[0])[:limit]
         raws = await pipeline(self.conn, [("HGET", keys.timers, key) for _, key, keys in firsts])
-        first = tuple(
-            (TimerState.decode(key, str(raw)), at_ms)
-            for (at_ms, key, _), raw in zip(firsts, raws, strict=True)
-            if raw is not None and not isinstance(raw, ServerReplyError)
-        )
-        return TimerPeek(kind, count, first)
+        first = []
+        for (at_ms, key, keys), raw in zip(firsts, raws, strict=True):
+            if raw is not None and not isinstance(raw, ServerReplyError):
+                state = self._decode(key, raw, keys.timers)
+                if state is not None:
+                    first.append((state, at_ms))
+        return TimerPeek(kind, count, tuple(first))
 
     async def claim(
         self,
@@ -268,13 +307,23 @@ class TimerStore:
         (reply,) = await run_scripts(self.conn, [call])
         if isinstance(reply, ServerReplyError):
             raise reply
-        wins, next_ms, more, server_now_ms, spent = reply
+        wins, next_ms, more, server_now_ms, spent, malformed = reply
+        quarantine = quarantine_of(self.prefix)
+        for entry in malformed or []:
+            key, field, problem, excerpt = (_text(part) for part in entry)
+            quarantine.add(MalformedEntry(key, field, problem, excerpt or None), "that timer")
+        won = []
+        for win in wins or []:
+            try:
+                won.append(_win(win, keys))
+            except MalformedEntry as bad_win:
+                quarantine.add(bad_win, "that firing")
         return TimerClaim(
-            tuple(_win(win) for win in wins or []),
-            int(float(next_ms)) if next_ms not in (None, "") else None,
+            tuple(won),
+            score_ms(next_ms) if next_ms not in (None, "", b"") else None,
             int(more) == 1,
             int(server_now_ms),
-            tuple(str(key) for key in spent or []),
+            tuple(_text(key) for key in spent or []),
         )
 
     async def heartbeat_many(

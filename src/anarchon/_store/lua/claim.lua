@@ -6,18 +6,24 @@
 --       exists, Redis 6.2+ and Valkey), may_start (0/1), skip_if_blocked (0/1: a first claim
 --       answered overlap records the slot as skipped, once, for every instance),
 --       probe (0/1: only ask whether the caller's token holds a live lease; changes nothing)
--- Replies:
+-- Every reply is {kind, attempt, fence, ms, text, orphans, malformed}:
 --   {'won', attempt, fence, lease_ms_left, trigger, orphans}  the caller runs this attempt
---   {'running', ms}   the run is in progress (or waits for its retry): be a backup, ask again in ms
---   {'overlap', ms, orphans}  another run of the job is unsettled (ms: the longest time left on
---                              its lease or retry delay, 0 for orphans); this slot does not start
---   {'done', status}  the run is settled ('forgotten': a later claim found no state;
---                     'skipped': another instance's first claim found it blocked or
---                     paused; 'paused': this claim found the job paused, and recorded
---                     the slot as skipped)
--- orphans (on a slot's first claim only): other unsettled slots of the job that
--- nobody holds any more (lease expired, or retry due). Claiming them is how
+--   {'running', 0, 0, ms}   the run is in progress (or waits for its retry): be a backup,
+--                           ask again in ms
+--   {'overlap', 0, 0, ms, '', orphans}  another run of the job is unsettled (ms: the longest
+--                              time left on its lease or retry delay, 0 for orphans); this
+--                              slot does not start
+--   {'done', 0, 0, 0, status, orphans}  the run is settled ('forgotten': a later claim found
+--                     no state; 'skipped': another instance's first claim found it blocked or
+--                     paused; 'paused': this claim found the job paused, and recorded the slot
+--                     as skipped; 'malformed': the slot's state, or the job's fence, does not
+--                     read: nothing starts)
+-- orphans (on a slot's first claim only, at most ORPHANS_MAX): other unsettled slots of
+-- the job that nobody holds any more (lease expired, or retry due). Claiming them is how
 -- instances notice a dead runner without polling every run they back up.
+-- malformed: {key, field, problem, excerpt} for each entry this claim met that does not
+-- read (lease_state.lua): skipped, left as it is, and reported for the caller to
+-- quarantine.
 local state_key, active_key, slots_key, runs_key, results_key =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local slot = ARGV[1]
@@ -45,15 +51,28 @@ local now = server_now_ms()
 -- is blocked only by a live lease. Returns the longest time left on the blocking
 -- leases and retry delays (nil if nothing blocks; 0 if only orphans do), and the
 -- orphans: runs whose lease expired, or whose retry is due.
+local bad = {}
+
 local function scan_active(first_claim)
   local blocked_ms = nil
   local orphans = {}
-  for _, other in ipairs(redis.call('SMEMBERS', active_key)) do
-    if other ~= slot then
-      local o = decode_state(redis.call('HGET', state_key, other))
-      if o then
+  local members, sampled = members_to_scan(active_key)
+  if sampled and first_claim and not allow_overlap then
+    -- More unsettled runs than one claim looks at: the slot waits behind them (they
+    -- drain as they are taken over and settle, ORPHANS_MAX per claim).
+    blocked_ms = 0
+  end
+  for _, other in ipairs(members) do
+    if not is_slot_id(other) then
+      bad[#bad + 1] = {active_key, other, 'not a slot id', ''}
+    elseif other ~= slot then
+      local o, problem = decode_state(redis.call('HGET', state_key, other))
+      if o == false then
+        bad[#bad + 1] = {state_key, other, problem,
+          excerpt(redis.call('HGET', state_key, other))}
+      elseif o then
         local left_ms = math.max(o.until_ms - now, 0)
-        if left_ms == 0 then orphans[#orphans + 1] = other end
+        if left_ms == 0 and #orphans < ORPHANS_MAX then orphans[#orphans + 1] = other end
         local blocks = (first_claim or (o.status == 'running' and left_ms > 0))
           and not allow_overlap
         if blocks then blocked_ms = math.max(blocked_ms or 0, left_ms) end
@@ -74,13 +93,19 @@ local function trim_old_state()
   local old = redis.call('ZRANGEBYSCORE', slots_key, '-inf', '(' .. int(horizon),
     'LIMIT', 0, 32)
   for _, other in ipairs(old) do
-    if other ~= slot then
+    if not is_slot_id(other) then
+      -- Not a slot: it leaves the index (the state hash, which it names no field of
+      -- anarchon's, is not touched).
+      bad[#bad + 1] = {slots_key, other, 'not a slot id: removed from the index', ''}
+      redis.call('ZREM', slots_key, other)
+    elseif other ~= slot then
       local o = decode_state(redis.call('HGET', state_key, other))
       if o and (o.status == 'running' or o.status == 'retry') then
         redis.call('ZADD', slots_key, int(now), other)
       elseif o and o.until_ms >= horizon then
         redis.call('ZADD', slots_key, int(o.until_ms), other)
       else
+        -- Settled long ago, or a state that does not read: no claim asks for it again.
         redis.call('HDEL', state_key, other)
         redis.call('ZREM', slots_key, other)
       end
@@ -88,11 +113,12 @@ local function trim_old_state()
   end
 end
 
+local last = 0
+
 local function win(attempt, win_trigger, orphans)
   -- A job's fences follow the server's clock in microseconds (one more than the last
   -- when it won within the same millisecond), so they keep growing where the counter
   -- went back: a new job, a wiped store, a promoted replica that lacks the last wins.
-  local last = tonumber(redis.call('HGET', state_key, FENCE_FIELD)) or 0
   local fence = math.max(last + 1, now * 1000)
   redis.call('HSET', state_key, FENCE_FIELD, int(fence))
   local s = {
@@ -109,24 +135,34 @@ local function win(attempt, win_trigger, orphans)
     -- Entry ids are the server's milliseconds, so the age limit is an id.
     redis.call('XTRIM', runs_key, 'MINID', int(now - history_ttl_ms))
   end
-  return {'won', attempt, fence, lease_ms, win_trigger, orphans}
+  return {'won', attempt, int(fence), lease_ms, win_trigger, orphans, bad}
 end
 
-local s = decode_state(redis.call('HGET', state_key, slot))
+local s, problem = decode_state(redis.call('HGET', state_key, slot))
+if s == false then
+  -- This slot's state does not read: it is not run, nor overwritten (it may be a run
+  -- that started), and it is reported; the job's other slots go on.
+  bad[#bad + 1] = {state_key, slot, problem, excerpt(redis.call('HGET', state_key, slot))}
+  return {'done', 0, 0, 0, 'malformed', {}, bad}
+end
+-- The job's last fence, read strictly (lease_state.lua's last_fence): one beyond 2^53 - 1
+-- stops the job's wins until an operator mends it.
+last = last_fence(state_key, bad)
+if not last and not probe then return {'done', 0, 0, 0, 'malformed', {}, bad} end
 
 -- A probe (a stopping instance asking about a claim whose reply it lost) learns
 -- whether it holds a live lease, and changes nothing: it must not end an expired
 -- attempt or win the next one, since it will not run it.
 if probe then
   if s and s.status == 'running' and s.token == token and s.until_ms > now then
-    return {'won', s.attempt, s.fence, s.until_ms - now, s.trigger, {}}
+    return {'won', s.attempt, int(s.fence), s.until_ms - now, s.trigger, {}, bad}
   end
-  return {'done', s and s.status or 'forgotten'}
+  return {'done', 0, 0, 0, s and s.status or 'forgotten', {}, bad}
 end
 
 -- No state on a later claim: the run settled and was forgotten. Only a first
 -- claim, made while the slot is young enough to be remembered, starts a run.
-if not s and not may_start then return {'done', 'forgotten'} end
+if not s and not may_start then return {'done', 0, 0, 0, 'forgotten', {}, bad} end
 
 -- A skipped slot: settled for every instance's claims of it, and in the history
 -- with the reason.
@@ -149,14 +185,14 @@ if not s then
     -- Paused: the slot does not start (dead runs are still taken over).
     skip('paused: the job is paused')
     local _, orphans = scan_active(true)
-    return {'done', 'paused', orphans}
+    return {'done', 0, 0, 0, 'paused', orphans, bad}
   end
   local blocked_ms, orphans = scan_active(true)
   if blocked_ms then
     if skip_if_blocked then
       skip('overlap: an older run of the job was not settled')
     end
-    return {'overlap', blocked_ms, orphans}
+    return {'overlap', 0, 0, blocked_ms, '', orphans, bad}
   end
   return win(1, trigger, orphans)
 end
@@ -165,11 +201,11 @@ end
 -- while its lease is live. An expired one is not handed back: a backup may take
 -- over at any moment, so the attempt is over, as any expired attempt is.
 if s.status == 'running' and s.token == token and s.until_ms > now then
-  return {'won', s.attempt, s.fence, s.until_ms - now, s.trigger, {}}
+  return {'won', s.attempt, int(s.fence), s.until_ms - now, s.trigger, {}, bad}
 end
 
 if s.status == 'running' then
-  if s.until_ms > now then return {'running', s.until_ms - now} end
+  if s.until_ms > now then return {'running', 0, 0, s.until_ms - now, '', {}, bad} end
   -- The lease expired: its runner vanished, and that attempt is over. Its token
   -- no longer holds anything: a late finish or heartbeat of it reports the loss.
   record_result(results_key, slot, slot_score, s, 'interrupted', now, 'lease expired',
@@ -179,7 +215,7 @@ if s.status == 'running' then
     s.status, s.until_ms = 'interrupted', now
     redis.call('HSET', state_key, slot, encode_state(s))
     redis.call('SREM', active_key, slot)
-    return {'done', 'interrupted'}
+    return {'done', 0, 0, 0, 'interrupted', {}, bad}
   end
   -- Attempts are left: the run now waits for its next attempt, which starts at once.
   s.status, s.until_ms = 'retry', now
@@ -187,9 +223,9 @@ if s.status == 'running' then
 end
 
 if s.status == 'retry' then
-  if s.until_ms > now then return {'running', s.until_ms - now} end
+  if s.until_ms > now then return {'running', 0, 0, s.until_ms - now, '', {}, bad} end
   local blocked_ms = scan_active(false)
-  if blocked_ms then return {'running', blocked_ms} end
+  if blocked_ms then return {'running', 0, 0, blocked_ms, '', {}, bad} end
   -- Attempt 0: a run the fleet was asked for (anarchon run-now), not yet started.
   -- An expired attempt left no token: its runner vanished, and this one takes over.
   local next_trigger = 'retry'
@@ -202,6 +238,6 @@ end
 -- still hears of orphans, so that every instance can take a dead run over.
 if s.status == 'skipped' and may_start then
   local _, orphans = scan_active(true)
-  return {'done', s.status, orphans}
+  return {'done', 0, 0, 0, s.status, orphans, bad}
 end
-return {'done', s.status}
+return {'done', 0, 0, 0, s.status, {}, bad}

@@ -18,7 +18,8 @@ local history_ttl_ms = tonumber(ARGV[9])
 
 local now = server_now_ms()
 local s = decode_state(redis.call('HGET', state_key, slot))
-if not s then return {'lost', 'gone'} end
+if s == nil then return {'lost', 'gone'} end
+if s == false then return {'lost', 'malformed'} end  -- the claim that meets it reports it
 if s.token ~= token then return {'lost', s.status} end
 -- The caller already finished this attempt (a finish repeated after a lost reply).
 if s.status ~= 'running' then return {'settled', s.status, math.max(s.until_ms - now, 0)} end

@@ -2,7 +2,8 @@
 -- KEYS[1] state (hash)   KEYS[2] active (set)
 -- ARGV: slot, token, lease_ms, allow_overlap (0/1)
 -- Replies {1, lease_ms} while the caller's token holds the run, even after the
--- expiry if nobody has taken over yet; otherwise {0, status} and changes nothing.
+-- expiry if nobody has taken over yet; otherwise {0, status} and changes nothing
+-- (status 'malformed': the run's state does not read; the attempt has lost it).
 -- An expired lease is not revived while another run of the job holds a live one
 -- (unless the job allows overlapping runs): that run started because this lease
 -- had expired, and two live runs would break overlap protection.
@@ -14,11 +15,12 @@ local allow_overlap = ARGV[4] == '1'
 
 local now = server_now_ms()
 local s = decode_state(redis.call('HGET', state_key, slot))
-if not s then return {0, 'gone'} end
+if s == nil then return {0, 'gone'} end
+if s == false then return {0, 'malformed'} end  -- the claim that meets it reports it
 if s.token ~= token or s.status ~= 'running' then return {0, s.status} end
 if s.until_ms <= now and not allow_overlap then
-  for _, other in ipairs(redis.call('SMEMBERS', active_key)) do
-    if other ~= slot then
+  for _, other in ipairs((members_to_scan(active_key))) do
+    if other ~= slot and is_slot_id(other) then
       local o = decode_state(redis.call('HGET', state_key, other))
       if o and o.status == 'running' and o.until_ms > now then return {0, 'overlapped'} end
     end

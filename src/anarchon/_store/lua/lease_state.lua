@@ -18,6 +18,51 @@ local function int(n)
   return string.format('%.0f', n)
 end
 
+-- What the store holds is input: another client, a bad migration or a hand edit can
+-- leave anything in these keys. Whole numbers are read strictly (decimal digits, at most
+-- 2^53 - 1, so exact as Lua numbers): never 'inf', 'nan', '1e3' or '-5', which tonumber
+-- would take. An entry that does not read is malformed: the scripts skip it and report
+-- it ({key, field, problem} in a reply's list of malformed entries, which the caller
+-- quarantines: logged once, counted, shown); it costs that entry, at most its job.
+local MAX_WHOLE = 9007199254740991
+
+local function whole(text)
+  if type(text) ~= 'string' or #text > 16 or not string.match(text, '^%d+$') then
+    return nil
+  end
+  local n = tonumber(text)
+  if n > MAX_WHOLE then return nil end
+  return n
+end
+
+-- Text a field may hold, shown in a report of a malformed entry (bounded).
+local function excerpt(text)
+  if type(text) ~= 'string' then return '' end
+  if #text > 80 then return string.sub(text, 1, 80) .. '...' end
+  return text
+end
+
+-- A slot id: a scheduled slot's epoch ms (digits), or a manual run's 'm<ms>-<nonce>'.
+local function is_slot_id(text)
+  return type(text) == 'string' and #text <= 128
+    and (whole(text) ~= nil or string.match(text, '^m%d+%-[%w%-]*$') ~= nil)
+end
+
+-- The most members of a job's active set one script looks at, and the most orphans one
+-- claim reports: a set grown without bound (requests piled up, or foreign members)
+-- costs a claim no more than this.
+local SCAN_MAX = 256
+local ORPHANS_MAX = 32
+
+-- The members of a set to look at: all of them, or a sample of SCAN_MAX when there are
+-- more (and then `true`: the set was not read whole).
+local function members_to_scan(set_key)
+  if redis.call('SCARD', set_key) <= SCAN_MAX then
+    return redis.call('SMEMBERS', set_key), false
+  end
+  return redis.call('SRANDMEMBER', set_key, SCAN_MAX), true
+end
+
 -- The hash field that counts wins of the job (the fencing token). Slot ids
 -- are digits (scheduled) or start with 'm' (manual), so it never collides.
 local FENCE_FIELD = 'fence'
@@ -27,20 +72,63 @@ local FENCE_FIELD = 'fence'
 -- instead of starting it. Runs already started, their retries and manual runs go on.
 local PAUSED_FIELD = 'paused'
 
+-- The last fence of a hash (a job's state, a timer kind's meta): its FENCE_FIELD read
+-- strictly. Returns the last fence (0 if there is none), or nil and a problem:
+--   a fence that is a number beyond 2^53 - 1 (or 'inf') cannot be gone past without
+--   losing exactness: nil and the problem, and the caller wins nothing (the job or
+--   kind stops, loudly, until an operator sets a whole fence at least as large);
+--   any other malformed fence ('nan', text, a fraction, a negative) carries no order
+--   to keep: 0 and the problem, and the next win repairs it forward, to the server's
+--   clock in microseconds, which every fence anarchon wrote is below.
+local function last_fence(hash_key, bad)
+  local raw = redis.call('HGET', hash_key, FENCE_FIELD)
+  if not raw then return 0 end
+  local last = whole(raw)
+  if last then return last end
+  local n = tonumber(raw)
+  if n and n == n and n > MAX_WHOLE then
+    bad[#bad + 1] = {hash_key, FENCE_FIELD,
+      'a fence beyond 2^53 - 1: nothing wins until it is set to a whole number at least '
+      .. 'as large as the last fence handed out', excerpt(raw)}
+    return nil
+  end
+  bad[#bad + 1] = {hash_key, FENCE_FIELD,
+    'not a whole number: repaired forward to the server clock in microseconds at the '
+    .. 'next win', excerpt(raw)}
+  return 0
+end
+
 -- A run's state is one field of the state hash, named for its slot:
 --   status|attempt|token|until_ms|fence|trigger|started_ms|runner
 -- status running: until_ms is the lease expiry;
 -- status retry:   the lease is released, until_ms is when the next attempt may start;
--- settled (ok, failed, interrupted, cancelled): until_ms is when it settled.
+-- settled (ok, failed, interrupted, cancelled, skipped): until_ms is when it settled.
+local STATUSES = {
+  running = true, retry = true, ok = true, failed = true, interrupted = true,
+  cancelled = true, skipped = true,
+}
+local TRIGGERS = {
+  schedule = true, ['catch-up'] = true, retry = true, takeover = true, manual = true,
+}
+
+-- Returns the state, nil when there is none, or false and a problem when the field
+-- holds something else (a malformed state: callers skip it and report it).
 local function decode_state(raw)
   if not raw then return nil end
   local status, attempt, token, until_ms, fence, trigger, started_ms, runner = string.match(
     raw, '^([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|(.*)$')
-  return {
-    status = status, attempt = tonumber(attempt), token = token,
-    until_ms = tonumber(until_ms), fence = tonumber(fence), trigger = trigger,
-    started_ms = tonumber(started_ms), runner = runner,
+  if not status then return false, 'not a run state (8 fields separated by |)' end
+  if not STATUSES[status] then return false, 'an unknown status' end
+  if not TRIGGERS[trigger] then return false, 'an unknown trigger' end
+  local s = {
+    status = status, attempt = whole(attempt), token = token,
+    until_ms = whole(until_ms), fence = whole(fence), trigger = trigger,
+    started_ms = whole(started_ms), runner = runner,
   }
+  if not (s.attempt and s.until_ms and s.fence and s.started_ms) then
+    return false, 'attempt, until_ms, fence or started_ms is not a whole number'
+  end
+  return s
 end
 
 local function encode_state(s)

@@ -8,10 +8,15 @@ local timers_key, due_key, meta_key = KEYS[1], KEYS[2], KEYS[3]
 local key = ARGV[1]
 
 local t = decode_timer(redis.call('HGET', timers_key, key))
+if t == false then
+  -- A record that does not read: cancelling the key forgets it.
+  store_timer(timers_key, due_key, key, nil)
+  return {1}
+end
 if not t or (t.status == 'f' and not t.due_ms) then return {0} end
 if t.status == 'f' then
   -- A new generation with nothing due: the firing's finish sees it was replaced.
-  t.gen = redis.call('HINCRBY', meta_key, 'gen', 1)
+  t.gen = next_gen(meta_key)
   t.due_ms, t.schedule, t.payload = nil, '', ''
   store_timer(timers_key, due_key, key, t)
 else

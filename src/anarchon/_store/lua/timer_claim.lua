@@ -4,7 +4,7 @@
 --         sent again after a lost reply (the same token_base) hears of its wins
 -- ARGV: limit, lease_ms, runner, token_base (fresh per claim, the same when sent again),
 --       max_attempts
--- Replies {wins, next_ms, more, now_ms, spent}:
+-- Replies {wins, next_ms, more, now_ms, spent, malformed}:
 --   wins: one {key, gen, due_ms, attempt, fence, token, trigger, schedule, payload,
 --         lease_ms} per firing the caller runs now. trigger: due (attempt 1), retry (an
 --         attempt that failed), takeover (the runner's lease expired), or lapsed (a
@@ -14,7 +14,11 @@
 --   more: 1 when the limit was reached (more may be due now);
 --   now_ms: the server's clock, which next_ms is on (the caller's clock may differ);
 --   spent: one-shot timers whose runners vanished max_attempts times, forgotten now
---          (the caller says so: nothing else will).
+--          (the caller says so: nothing else will);
+--   malformed: {key, field, problem, excerpt} of each entry that does not read
+--          (lease_state.lua): a timer that does not read leaves the due index (its
+--          record is left as it is), so that it costs itself alone, not its bucket; a
+--          kind's fence beyond 2^53 - 1 stops the kind's wins until it is mended.
 local timers_key, due_key, meta_key, claimed_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local limit = tonumber(ARGV[1])
 local lease_ms = tonumber(ARGV[2])
@@ -25,7 +29,10 @@ local max_attempts = tonumber(ARGV[5])
 local now = server_now_ms()
 local wins = {}
 local spent = {}
+local bad = {}
 local mine = token_base .. ':'
+-- The kind's last fence, read strictly (nil: beyond 2^53 - 1, nothing wins).
+local last = last_fence(meta_key, bad)
 
 local function entry(key, t, trigger, left_ms)
   return {key, int(t.fire_gen), int(t.fire_due_ms), t.attempt, int(t.fence), t.token,
@@ -35,8 +42,8 @@ end
 local function win(key, t, attempt, trigger)
   -- Fences follow the server's clock in microseconds (one more than the last within the
   -- same millisecond): they keep growing across a wiped store or a promoted replica.
-  local last = tonumber(redis.call('HGET', meta_key, 'fence')) or 0
   local fence = math.max(last + 1, now * 1000)
+  last = fence
   redis.call('HSET', meta_key, 'fence', int(fence))
   t.status, t.attempt, t.fence, t.trigger, t.runner = 'f', attempt, fence, trigger, runner
   t.token, t.until_ms = mine .. int(fence), now + lease_ms
@@ -53,10 +60,21 @@ for _, key in ipairs(redis.call('SMEMBERS', claimed_key)) do
   end
 end
 
-local due = redis.call('ZRANGEBYSCORE', due_key, '-inf', int(now), 'LIMIT', 0, limit)
+local due = {}
+if last then
+  due = redis.call('ZRANGEBYSCORE', due_key, '-inf', int(now), 'LIMIT', 0, limit)
+end
 for _, key in ipairs(due) do
-  local t = decode_timer(redis.call('HGET', timers_key, key))
-  if t and t.status == 'f' and t.until_ms <= now then
+  local raw = redis.call('HGET', timers_key, key)
+  local t, problem = decode_timer(raw)
+  if t == false then
+    bad[#bad + 1] = {timers_key, key, problem .. ': it left the due index', excerpt(raw)}
+    redis.call('ZREM', due_key, key)
+    t = true                         -- skipped below: nothing else to do with it
+  end
+  if t == true then
+    -- a malformed timer, reported above
+  elseif t and t.status == 'f' and t.until_ms <= now then
     -- The lease expired: its runner vanished, and that attempt is over.
     if t.gen ~= t.fire_gen then
       t = after_firing(t)            -- set again or cancelled meanwhile: nothing follows
@@ -72,7 +90,9 @@ for _, key in ipairs(due) do
     end
     if t ~= false then store_timer(timers_key, due_key, key, t) end
   end
-  if not t then
+  if t == true then
+    -- reported above
+  elseif not t then
     if t == nil then store_timer(timers_key, due_key, key, nil) end
   elseif t.status == 'r' and t.until_ms <= now then
     if t.gen == t.fire_gen then
@@ -92,4 +112,4 @@ if #wins > 0 then redis.call('PEXPIRE', claimed_key, lease_ms) end
 local first = redis.call('ZRANGE', due_key, 0, 0, 'WITHSCORES')
 local next_ms = ''
 if first[2] then next_ms = first[2] end
-return {wins, next_ms, #due == limit and 1 or 0, int(now), spent}
+return {wins, next_ms, #due == limit and 1 or 0, int(now), spent, bad}

@@ -20,7 +20,8 @@ local next_delay_ms = ARGV[7]
 
 local now = server_now_ms()
 local t = decode_timer(redis.call('HGET', timers_key, key))
-if not t then return {'lost', 'gone'} end
+if t == nil then return {'lost', 'gone'} end
+if t == false then return {'lost', 'malformed'} end  -- the claim that meets it reports it
 if t.token ~= token then return {'lost', t.status} end
 -- The caller finished this attempt already (a finish sent again after a lost reply).
 if t.status ~= 'f' then return {'settled', t.status, math.max(t.until_ms - now, 0)} end
@@ -48,7 +49,7 @@ if not current then
 elseif next_at_ms ~= '' or next_delay_ms ~= '' then
   local due_ms
   if next_at_ms ~= '' then due_ms = tonumber(next_at_ms) else due_ms = now + tonumber(next_delay_ms) end
-  t = pending_timer(redis.call('HINCRBY', meta_key, 'gen', 1), due_ms, t.schedule, t.payload)
+  t = pending_timer(next_gen(meta_key), due_ms, t.schedule, t.payload)
 else
   t = nil                            -- a one-shot timer that fired: spent
 end

@@ -10,7 +10,8 @@ local lease_ms = tonumber(ARGV[3])
 
 local now = server_now_ms()
 local t = decode_timer(redis.call('HGET', timers_key, key))
-if not t then return {0, 'gone'} end
+if t == nil then return {0, 'gone'} end
+if t == false then return {0, 'malformed'} end  -- the claim that meets it reports it
 if t.status ~= 'f' or t.token ~= token then return {0, t.status} end
 t.until_ms = now + lease_ms
 store_timer(timers_key, due_key, key, t)

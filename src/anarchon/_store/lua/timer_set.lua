@@ -5,7 +5,7 @@
 --       hint channel ('' or absent for none)
 -- Replies {gen, due_ms, replaced}: the new generation, when it is due, and 1 if it
 -- replaced a timer the key had (one pending or waiting for its retry, or the next
--- generation of a firing), else 0.
+-- generation of a firing, or a record that did not read), else 0.
 -- When the key becomes the first of the kind (bucket) to need attention, the set is
 -- published on the hint channel as '<due_ms> <KEYS[2]>': instances that sleep until a
 -- later time look then. A hint is never relied on (instances also poll).
@@ -24,10 +24,12 @@ local now = server_now_ms()
 local due_ms
 if at_ms ~= '' then due_ms = tonumber(at_ms) else due_ms = now + tonumber(delay_ms) end
 -- Generations grow per kind (and bucket), across a cancel and a new set of a key.
-local gen = redis.call('HINCRBY', meta_key, 'gen', 1)
+local gen = next_gen(meta_key)
 
 local t = decode_timer(redis.call('HGET', timers_key, key))
 local replaced = 0
+-- A record that does not read is replaced: this set is what the key is to hold now.
+if t == false then t, replaced = nil, 1 end
 if t and not (t.status == 'f' and not t.due_ms) then replaced = 1 end
 if t and t.status == 'f' then
   t.gen, t.due_ms, t.schedule, t.payload = gen, due_ms, schedule, payload

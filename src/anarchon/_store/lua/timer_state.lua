@@ -20,17 +20,39 @@
 -- rearm, no recurrence; the newest generation is pending once it settles.
 -- The payload comes last: it may hold any bytes, '|' included.
 
+-- Returns the timer, nil when there is none, or false and a problem when the field holds
+-- something else (what the store holds is input, lease_state.lua): a malformed timer.
+local TIMER_STATUSES = {p = true, f = true, r = true}
+
 local function decode_timer(raw)
   if not raw then return nil end
   local gen, due, status, attempt, token, until_ms, fence, fire_gen, fire_due, trigger,
         runner, schedule, payload = string.match(raw,
     '^([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|(.*)$')
-  return {
-    gen = tonumber(gen), due_ms = tonumber(due), status = status,
-    attempt = tonumber(attempt), token = token, until_ms = tonumber(until_ms),
-    fence = tonumber(fence), fire_gen = tonumber(fire_gen), fire_due_ms = tonumber(fire_due),
+  if not gen then return false, 'not a timer (13 fields separated by |)' end
+  if not TIMER_STATUSES[status] then return false, 'an unknown status' end
+  local t = {
+    gen = whole(gen), due_ms = whole(due), status = status,
+    attempt = whole(attempt), token = token, until_ms = whole(until_ms),
+    fence = whole(fence), fire_gen = whole(fire_gen), fire_due_ms = whole(fire_due),
     trigger = trigger, runner = runner, schedule = schedule, payload = payload,
   }
+  if not (t.gen and t.attempt and t.until_ms and t.fence and t.fire_gen and t.fire_due_ms)
+    or (due ~= '' and not t.due_ms) or (status == 'p' and not t.due_ms) then
+    return false, 'a number that is not a whole number'
+  end
+  return t
+end
+
+-- The kind's next generation (a set, a cancel during a firing, a rearm). A counter that
+-- does not read (HINCRBY would refuse it, and with it every set of the kind) is repaired
+-- forward first, to the server clock in microseconds: above any generation it counted.
+local function next_gen(meta_key)
+  local raw = redis.call('HGET', meta_key, 'gen')
+  if raw and not whole(raw) then
+    redis.call('HSET', meta_key, 'gen', int(server_now_ms() * 1000))
+  end
+  return redis.call('HINCRBY', meta_key, 'gen', 1)
 end
 
 local function encode_timer(t)
