@@ -1,16 +1,22 @@
-"""anarchon as an ACL user that has exactly what ``anarchon acl`` prints (the least a user of
-a prefix needs): every strategy the server offers, timers, the registry, the inspector
-and the dashboard's actions work, and the server logs no refusal. On every server of
-the matrix that has ACLs (channel rules: Redis 6.2+, Valkey)."""
+"""anarchon as an ACL user that has exactly what ``anarchon acl`` prints: enough (every
+strategy the server offers, timers, the registry, the inspector, the dashboard's actions
+and each client library's connect work, and the server logs no refusal) and least (no
+``CONFIG``, no client control, no ``@dangerous`` command, no key or channel of another
+prefix). On every server of the matrix that has ACLs (channel rules: Redis 6.2+, Valkey)."""
 
 from __future__ import annotations
 
+import ast
+import logging
+import re
 import secrets
+from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
 import redis
+import redis.asyncio
 
 from anarchon import (
     Inspector,
@@ -29,12 +35,18 @@ from tests.servers import ServerSpec, has_idmp
 pytestmark = [pytest.mark.anyio, pytest.mark.server_tier]
 
 
-def acl_user(server: ServerSpec, direct: redis.Redis, prefix: str, **options: Any) -> str:
-    """A user with exactly ``acl_rules(prefix)``; its URL."""
+def acl_user(
+    server: ServerSpec, direct: redis.Redis, prefix: str, *, without: str = "", **options: Any
+) -> str:
+    """A user with exactly ``acl_rules(prefix)`` (less the rule ``without``); its URL."""
     if server.family == "redis" and server.version < (6, 2):
         pytest.skip("channel ACLs need Redis 6.2+")
     user = f"acl{secrets.token_hex(4)}"
-    direct.execute_command("ACL", "SETUSER", user, "on", ">pw", *acl_rules(prefix, **options))
+    # Redis 7.0 knows no CLIENT SETINFO, and refuses a rule that names it.
+    redis_7_0 = server.family == "redis" and (7, 0) <= server.version[:2] < (7, 2)
+    options.setdefault("setinfo", not redis_7_0)
+    rules = [rule for rule in acl_rules(prefix, **options) if rule != without]
+    direct.execute_command("ACL", "SETUSER", user, "on", ">pw", *rules)
     host_port = direct.connection_pool.connection_kwargs
     return f"redis://{user}:pw@{host_port['host']}:{host_port['port']}/0"
 
@@ -145,3 +157,259 @@ async def test_a_user_that_may_not_touch_the_prefix_is_told_of_the_acl_not_of_an
     said = refused.value.message
     assert "NOPERM" in said and f"anarchon acl --prefix {prefix}" in said, said
     assert "another program" not in said, said
+
+
+async def start_a_timer_scheduler(url: str, prefix: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A scheduler that fires timers starts, reads the eviction policy, and stops."""
+    scheduler = Scheduler(RedisBackend(redis=url, prefix=prefix))
+
+    @scheduler.timer("remind")
+    async def remind(fire: TimerRun) -> None:
+        pass
+
+    with caplog.at_level(logging.INFO, logger="anarchon"):
+        async with scheduler:
+            await wait_until(
+                lambda: "maxmemory-policy" in caplog.text, 15, "the eviction policy's check"
+            )
+
+
+async def test_the_least_acl_user_is_warned_of_a_policy_that_may_evict_timers(
+    server: ServerSpec, direct: redis.Redis, prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The eviction policy is read without CONFIG (which the least ACL does not grant):
+    its user is warned as an admin would be, and the server refuses nothing."""
+    url = acl_user(server, direct, prefix)
+    user = url.split("//", 1)[1].split(":", 1)[0]
+    policy = direct.config_get("maxmemory-policy")["maxmemory-policy"]
+    direct.config_set("maxmemory-policy", "allkeys-lru")  # no maxmemory: evicts nothing
+    try:
+        await start_a_timer_scheduler(url, prefix, caplog)
+    finally:
+        direct.config_set("maxmemory-policy", policy)
+    assert "the server's maxmemory-policy is 'allkeys-lru'" in caplog.text
+    assert refusals(direct, user) == []
+
+
+async def test_a_user_that_may_not_read_the_eviction_policy_is_told_how_to_check_it(
+    server: ServerSpec, direct: redis.Redis, prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A user refused INFO memory starts all the same, and the log says the policy could
+    not be read and how an operator reads it."""
+    url = acl_user(server, direct, prefix, without="+info|memory")
+    await start_a_timer_scheduler(url, prefix, caplog)
+    said = [r for r in caplog.records if "could not read maxmemory-policy" in r.getMessage()]
+    assert len(said) == 1, caplog.text
+    assert "NOPERM" in said[0].getMessage() or "permission" in said[0].getMessage()
+    assert "INFO memory" in said[0].getMessage() and "CONFIG GET" in said[0].getMessage()
+
+
+async def test_each_client_library_connects_as_the_least_acl_user(
+    server: ServerSpec, direct: redis.Redis, prefix: str, anyio_backend: str
+) -> None:
+    """What redis-py, valkey-py and Valkey GLIDE send on connect, with their defaults (RESP3
+    where the server has it: HELLO; their library's name: CLIENT SETINFO) and a client
+    name and a database (CLIENT SETNAME, SELECT), is granted: a timer is set through each,
+    and the server refuses nothing."""
+    import glide
+    import valkey
+
+    url = acl_user(server, direct, prefix)
+    user = url.split("//", 1)[1].split(":", 1)[0]
+    host, port = url.rsplit("@", 1)[1].split("/", 1)[0].split(":")
+    in_db_1 = url.rsplit("/", 1)[0] + "/1"
+    clients: list[Any] = [
+        redis.Redis.from_url(in_db_1, client_name="app", health_check_interval=1),
+        valkey.Valkey.from_url(in_db_1, client_name="app", protocol=3),
+    ]
+    if anyio_backend == "asyncio":
+        clients.append(redis.asyncio.Redis.from_url(in_db_1, client_name="app"))
+    configuration = glide.GlideClientConfiguration(
+        [glide.NodeAddress(host, int(port))],
+        credentials=glide.ServerCredentials("pw", user),
+        database_id=1,
+        client_name="app",
+    )
+    clients.append(await glide.GlideClient.create(configuration))
+    try:
+        for client in clients:
+            async with Timers(RedisBackend(redis=client, prefix=prefix)) as timers:
+                await timers.set("remind", f"k{len(client.__class__.__name__)}", delay_ms=60_000)
+    finally:
+        for client in clients:
+            closing = client.aclose() if hasattr(client, "aclose") else client.close()
+            if closing is not None:
+                await closing
+    assert refusals(direct, user) == []
+
+
+def as_user(url: str) -> redis.Redis:
+    """A plain connection of the ACL user, for the test's own commands."""
+    return redis.Redis.from_url(url, protocol=2, decode_responses=True)
+
+
+def acl_refuses(server: ServerSpec, direct: redis.Redis, url: str, *command: str) -> bool:
+    """Whether the ACL refuses ``command`` to the user of ``url``: sent as the user, with
+    arguments that would make it do nothing if it were allowed. A command the server
+    refuses to everyone (DEBUG, unless enable-debug-command says otherwise) says nothing
+    of the ACL: the ACL's own verdict is asked for then (ACL DRYRUN, Redis 7+ and
+    Valkey)."""
+    user = url.split("//", 1)[1].split(":", 1)[0]
+    client = as_user(url)
+    try:
+        client.execute_command(*command)
+    except redis.exceptions.NoPermissionError:
+        return True
+    except redis.exceptions.ResponseError:
+        if server.family == "redis" and server.version < (7, 0):
+            return False
+        return direct.execute_command("ACL", "DRYRUN", user, *command) != "OK"
+    finally:
+        client.close()
+    return False
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ("CONFIG", "GET", "requirepass"),
+        ("CONFIG", "GET", "masterauth"),
+        ("CONFIG", "SET", "maxmemory-policy", "not-a-policy"),
+        ("CLIENT", "PAUSE", "not-a-timeout"),
+        ("CLIENT", "KILL", "ID", "not-an-id"),
+        ("CLIENT", "LIST"),
+        ("CLIENT", "NO-EVICT", "not-a-switch"),
+        ("FLUSHALL", "not-an-option"),
+        ("FLUSHDB", "not-an-option"),
+        ("KEYS", "*"),
+        ("SCAN", "0"),
+        ("DEBUG", "SLEEP", "0"),
+        ("SCRIPT", "FLUSH", "not-a-mode"),
+        ("INFO",),
+        ("INFO", "keyspace"),
+        ("ACL", "LIST"),
+        ("MONITOR",),
+        ("SHUTDOWN", "not-an-option"),
+    ],
+    ids=lambda command: " ".join(command[:2]),
+)
+def test_the_least_acl_refuses_config_client_control_and_dangerous_commands(
+    server: ServerSpec, direct: redis.Redis, prefix: str, command: tuple[str, ...]
+) -> None:
+    """CONFIG GET would hand out the admin's password (requirepass, masterauth); CLIENT
+    PAUSE and KILL reach every client of the server."""
+    url = acl_user(server, direct, prefix)
+    assert acl_refuses(server, direct, url, *command)
+
+
+def test_the_least_acl_grants_no_dangerous_or_admin_command_whole(
+    server: ServerSpec, direct: redis.Redis, prefix: str
+) -> None:
+    """No rule names a command (or subcommand) of ``@dangerous`` or ``@admin`` as the
+    server counts them; INFO is granted three of its sections only (the bare INFO is
+    refused above)."""
+    acl_user(server, direct, prefix)
+    forbidden = set(direct.execute_command("ACL", "CAT", "dangerous"))
+    forbidden |= set(direct.execute_command("ACL", "CAT", "admin"))
+    granted = [rule[1:] for rule in acl_rules(prefix, idmp=True) if rule.startswith("+")]
+    assert [name for name in granted if name in forbidden] == []
+
+
+def other_prefixes_keys(prefix: str) -> list[str]:
+    """Keys the user of ``prefix`` must be refused: another prefix's, a prefix nested in
+    it's that a pattern can tell apart (its format key and registry), and the
+    application's own beside anarchon's under the same prefix."""
+    other, nested = "o" + prefix, prefix + "eu:"
+    return [
+        f"{other}format",
+        f"{{{other}tick}}:state",
+        f"{{{other}remind}}:timers",
+        f"{other}tick:runs",
+        f"{{{other}}}:jobs",
+        f"{nested}format",
+        f"{{{nested}}}:instances",
+        f"{{{nested}}}:jobs",
+        f"{{{nested}}}:timer-kinds",
+        f"{{{nested}}}:quarantine",
+        f"{{{nested}}}:instance:host:1:abc",
+        f"{prefix}session:1",
+        f"{{{prefix}session}}:1",
+        f"{{{prefix}}}:sessions",
+    ]
+
+
+def test_the_least_acl_refuses_the_keys_and_the_channel_of_another_prefix(
+    server: ServerSpec, direct: redis.Redis, prefix: str
+) -> None:
+    """Read, written, or reached from a script: each of ``other_prefixes_keys`` is
+    refused, and so is the hint channel of another prefix and of a nested one."""
+    url = acl_user(server, direct, prefix)
+    client = as_user(url)
+    try:
+        for key in other_prefixes_keys(prefix):
+            for command in (
+                ("GET", key),
+                ("SET", key, "x"),
+                ("EVAL", "return redis.call('GET', KEYS[1])", "1", key),
+            ):
+                with pytest.raises(redis.exceptions.NoPermissionError):
+                    client.execute_command(*command)
+            # A key a script names without declaring it is refused inside the script.
+            with pytest.raises(redis.exceptions.ResponseError, match=r"(?i)no permission"):
+                client.execute_command("EVAL", f"return redis.call('GET', '{key}')", "0")
+        for channel in ("o" + prefix + "timer-hints", prefix + "eu:timer-hints"):
+            with pytest.raises(redis.exceptions.NoPermissionError):
+                client.execute_command("PUBLISH", channel, "run 1 tick")
+            pubsub = client.pubsub()
+            pubsub.subscribe(channel)
+            with pytest.raises(redis.exceptions.NoPermissionError):
+                pubsub.get_message(timeout=5)
+            pubsub.close()
+        # The user's own: allowed, the same ways.
+        client.execute_command("SET", f"{prefix}format", "x")
+        client.execute_command("EVAL", "return redis.call('GET', KEYS[1])", "1", f"{prefix}format")
+        client.execute_command("PUBLISH", prefix + "timer-hints", "nothing")
+    finally:
+        client.close()
+    assert all(direct.get(key) is None for key in other_prefixes_keys(prefix))
+
+
+_SOURCE = Path(__file__).parent.parent / "src" / "anarchon"
+
+
+def commands_anarchon_sends() -> set[tuple[str, str]]:
+    """Every command of anarchon's source, as (name, first argument if it is a word):
+    each ``redis.call`` / ``redis.pcall`` of its scripts, and each tuple or list of its
+    Python code that starts with a command's name (one redis-py has a method for:
+    ``GET``, ``XINFO STREAM``, ``CONFIG GET``)."""
+    found = set()
+    for script in (_SOURCE / "_store" / "lua").glob("*.lua"):
+        calls = re.findall(r"redis\.p?call\(\s*'(\w+)'(?:\s*,\s*'(\w+)')?", script.read_text())
+        found |= {(name.lower(), sub.lower()) for name, sub in calls}
+    for module in _SOURCE.rglob("*.py"):
+        for node in ast.walk(ast.parse(module.read_text())):
+            if not isinstance(node, ast.Tuple | ast.List) or len(node.elts) < 2:
+                continue
+            first, second = node.elts[:2]
+            if not (isinstance(first, ast.Constant) and isinstance(first.value, str)):
+                continue
+            name = first.value.lower()
+            word = second.value if isinstance(second, ast.Constant) else None
+            sub = word.lower() if isinstance(word, str) and word.isalpha() else ""
+            known = hasattr(redis.Redis, name) or hasattr(redis.Redis, f"{name}_{sub}")
+            if first.value.isupper() and known:
+                found.add((name, sub))
+    return found
+
+
+def test_the_acl_grants_every_command_anarchon_sends() -> None:
+    """A command added to a script or to the store's Python without its rule would be
+    refused to every ACL user at run time: the rules name each, whole or with the
+    argument anarchon sends (INFO's sections, XINFO STREAM)."""
+    granted = {rule[1:] for rule in acl_rules("cron:", idmp=True) if rule.startswith("+")}
+    missing = {
+        f"{name} {sub}".strip()
+        for name, sub in commands_anarchon_sends()
+        if name not in granted and f"{name}|{sub}" not in granted
+    }
+    assert missing == set()

@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import re
 import weakref
 from collections.abc import Callable, Coroutine
 from types import TracebackType
