@@ -25,7 +25,6 @@ from __future__ import annotations
 import logging
 import os
 import re
-import re
 import weakref
 from collections.abc import Callable, Coroutine
 from types import TracebackType
