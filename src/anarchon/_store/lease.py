@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import secrets
+import time
 from collections.abc import Sequence
 from typing import Any, cast
 
@@ -14,6 +16,7 @@ from .contract import (
     ClaimRequest,
     FinishReply,
     HeartbeatRequest,
+    fleet_slot_id,
     is_slot_id,
     slot_ms_of,
 )
@@ -22,7 +25,7 @@ from .quarantine import MalformedEntry, quarantine_of, whole
 from .records import read_history, read_result
 from .scripts import ScriptCall, lease_script, run_scripts
 
-__all__ = ["PAUSED_FIELD", "LeaseStore", "set_paused"]
+__all__ = ["PAUSED_FIELD", "LeaseStore", "request_run", "set_paused"]
 
 
 #: The state hash's field that pauses a job (see lua/lease_state.lua).
@@ -36,6 +39,23 @@ async def set_paused(conn: Connection, state: str, paused_by: str | None) -> boo
     if paused_by is None:
         return int(await conn.execute(("HDEL", state, PAUSED_FIELD))) == 1
     return int(await conn.execute(("HSETNX", state, PAUSED_FIELD, paused_by))) == 1
+
+
+async def request_run(conn: Connection, prefix: str, job: str, who: str) -> tuple[str, bool]:
+    """Ask the fleet to run ``job`` now (lua/request_run.lua): the slot id of the run that
+    waits for its first attempt, and whether this call stored it (False: a request made
+    before still waits, and it is the one request)."""
+    keys = JobKeys.for_job(prefix, job)
+    slot_id = fleet_slot_id(int(time.time() * 1000), secrets.token_hex(4))
+    call = ScriptCall(
+        lease_script("request_run"),
+        (keys.state, keys.active, keys.slots),
+        (slot_id, slot_ms_of(slot_id), who),
+    )
+    (reply,) = await run_scripts(conn, [call])
+    if isinstance(reply, ServerReplyError):
+        raise reply
+    return _text(reply[0]), int(reply[1]) == 1
 
 
 def _list(raw: object) -> list[Any]:
