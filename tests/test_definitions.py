@@ -47,7 +47,22 @@ def test_a_second_job_with_the_same_name_is_refused() -> None:
     assert s.jobs == ["report"]
 
 
-@pytest.mark.parametrize("name", ["", "a{b", "a}b", "{tag}", "has space", "tab\there", "x" * 201])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "",
+        "a{b",
+        "a}b",
+        "{tag}",
+        "has space",
+        "tab\there",
+        "x" * 201,
+        "zero\u200bwidth",
+        "bidi\u202eroll",
+        "bom\ufeff",
+        "soft\u00adhyphen",
+    ],
+)
 def test_a_name_that_would_break_a_key_is_refused(name: str) -> None:
     with pytest.raises(InvalidJobError) as info:
         scheduler().add_job(handler, "* * * * *", name=name)
@@ -291,3 +306,54 @@ async def test_a_timer_payload_over_the_cap_is_refused_before_anything_is_sent()
         await small.set_timer("remind", "user:42", delay_ms=1000, payload=b"y" * 99)
     with pytest.raises(InvalidOptionError, match="max_payload_bytes"):
         Timers(RedisBackend(), max_payload_bytes=0)
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("lease_ms", 2**63),
+        ("lease_ms", 24 * 3600 * 1000 + 1),
+        ("history_size", 2**64),
+        ("history_size", 1_000_001),
+        ("history_ttl_ms", 10**30),
+        ("retry_delay_ms", 2**53),
+        ("stop_grace_ms", 10**20),
+    ],
+)
+def test_scheduler_options_the_server_cannot_hold_are_refused(option: str, value: int) -> None:
+    """``lease_ms=2**63`` stored a lease that never ended (the job never ran again, even
+    after a restart with defaults); ``history_size=2**64`` and ``history_ttl_ms=10**30``
+    disabled every job at run time with server errors."""
+    with pytest.raises(InvalidOptionError, match=f"{option} must be"):
+        Scheduler(RedisBackend(), **{option: value})
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("max_attempts", 10**12),
+        ("catch_up_ms", 10**30),
+        ("jitter_ms", 2**63),
+        ("max_late_ms", 2**60),
+        ("timeout_ms", 10**20),
+        ("retry_delay_ms", 10**20),
+    ],
+)
+def test_job_options_the_server_cannot_hold_are_refused(option: str, value: int) -> None:
+    with pytest.raises(InvalidOptionError, match=f"{option} must be"):
+        scheduler().add_job(handler, "* * * * *", name="x", **{option: value})
+
+
+@pytest.mark.parametrize(
+    ("option", "value"), [("max_attempts", 10**12), ("retry_delay_ms", 10**20)]
+)
+def test_timer_kind_options_the_server_cannot_hold_are_refused(option: str, value: int) -> None:
+    with pytest.raises(InvalidOptionError, match=f"{option} must be"):
+        scheduler().add_timer(handler, "remind", **{option: value})
+
+
+def test_the_largest_options_the_server_holds_are_accepted() -> None:
+    s = Scheduler(
+        RedisBackend(), lease_ms=24 * 3600 * 1000, history_size=1_000_000, history_ttl_ms=10**12
+    )
+    s.add_job(handler, "* * * * *", name="x", max_attempts=1000, catch_up_ms=10**12)

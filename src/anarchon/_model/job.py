@@ -11,6 +11,7 @@ from typing import Any
 
 import anyio.to_thread
 
+from .text import visible
 from .._errors import InvalidJobError, InvalidOptionError, InvalidScheduleError
 from .schedule import CronSchedule, IntervalSchedule, Schedule, SlotClock
 from .values import OverlapPolicy, Run
@@ -36,6 +37,9 @@ Handler = Callable[[Run], Awaitable[Any]] | Callable[[], Awaitable[Any]] | Calla
 # prefix: 'billing:' with 'eu:x' would name the keys of 'billing:eu:' with 'x' (a prefix
 # ends with ':', so with no ':' in names a key's prefix is all up to its last one).
 _JOB_NAME = re.compile(r"[^\s{}:\x00-\x1f\x7f-\x9f]{1,200}")
+#: Characters that are not seen, or that change how what follows is shown (zero-width,
+#: bidi controls): two names differing only by them would look the same.
+_HIDDEN = re.compile("[\u00ad\u061c\u180e\u200b-\u200f\u202a-\u202e\u2060-\u206f\ufeff]")
 
 
 def validate_job_name(name: object) -> str:
@@ -48,6 +52,12 @@ def validate_job_name(name: object) -> str:
             "prefix 'billing:eu:' with 'x'); use '.' or '-' instead, or move the part before "
             "the ':' into the prefix"
         )
+    if _HIDDEN.search(name):
+        raise InvalidJobError(
+            f"job name {visible(name)!r} holds a character that is not seen, or that "
+            "changes how the name is shown (zero-width, bidi): two names would look the "
+            "same; use visible characters"
+        )
     if not _JOB_NAME.fullmatch(name):
         raise InvalidJobError(
             f"job name {name!r} cannot be used in a key: use up to 200 characters without "
@@ -56,13 +66,36 @@ def validate_job_name(name: object) -> str:
     return name
 
 
-def check_duration_ms(option: str, value: object, *, allow_zero: bool = False) -> int:
-    """Durations are whole milliseconds; zero only where it means 'off'."""
+#: The longest duration an option takes: 100 years. Durations are added to the server's
+#: clock in milliseconds in the scripts, whose numbers are exact below 2^53; a duration
+#: beyond this is a mistake (a unit mixed up), and one beyond what the server holds would
+#: store a lease that never ends or make every claim of the job fail.
+MAX_DURATION_MS = 100 * 365 * 24 * 3600 * 1000
+
+
+def check_duration_ms(
+    option: str, value: object, *, allow_zero: bool = False, most: int = MAX_DURATION_MS
+) -> int:
+    """Durations are whole milliseconds, at most ``most``; zero only where it means 'off'."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidOptionError(f"{option} must be a whole number of milliseconds, got {value!r}")
     if value < 0 or (value == 0 and not allow_zero):
         bound = "0 or more" if allow_zero else "more than 0"
         raise InvalidOptionError(f"{option} must be {bound} milliseconds, got {value}")
+    if value > most:
+        raise InvalidOptionError(
+            f"{option} must be at most {most:,} milliseconds ({most / 86_400_000:,.0f} days), "
+            f"got {value:,}: is it in milliseconds?"
+        )
+    return value
+
+
+def check_count(option: str, value: object, *, most: int) -> int:
+    """A count (attempts, history entries): a whole number from 1 to ``most``."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= most:
+        raise InvalidOptionError(
+            f"{option} must be a whole number from 1 to {most:,}, got {value!r}"
+        )
     return value
 
 

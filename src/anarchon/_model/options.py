@@ -15,6 +15,7 @@ from .._errors import InvalidJobError, InvalidOptionError
 from .job import (
     Handler,
     Job,
+    check_count,
     check_duration_ms,
     exception_types,
     is_async_callable,
@@ -27,7 +28,18 @@ from .schedule import Schedule, SlotClock
 from .timer import TimerKind, validate_kind
 from .values import OverlapPolicy
 
+#: The most attempts a run or a firing may take.
+MAX_ATTEMPTS = 1000
+#: The longest lease: how long a dead runner's slot waits for a backup. The heartbeats
+#: keep a long run's lease alive, so a lease need not be as long as the run.
+MAX_LEASE_MS = 24 * 3600 * 1000
+#: The most results a job's history keeps (the scripts trim by rank with it).
+MAX_HISTORY_SIZE = 1_000_000
+
 __all__ = [
+    "MAX_ATTEMPTS",
+    "MAX_HISTORY_SIZE",
+    "MAX_LEASE_MS",
     "JobOptions",
     "LeaseJobOptions",
     "SchedulerSettings",
@@ -120,11 +132,9 @@ def make_job(
     if not leases:
         refuse_lease_options(strategy, {key: options.get(key) for key in _LEASE_ONLY})
     max_attempts = options.get("max_attempts")
-    attempts = 3 if max_attempts is None else max_attempts
-    if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
-        raise InvalidOptionError(
-            f"max_attempts must be a whole number, 1 or more, got {max_attempts!r}"
-        )
+    attempts = check_count(
+        "max_attempts", 3 if max_attempts is None else max_attempts, most=MAX_ATTEMPTS
+    )
     job_schedule = make_schedule(schedule, options.get("every_ms"), options.get("timezone", "UTC"))
     catch_up_ms = options.get("catch_up_ms")
     timeout_ms = options.get("timeout_ms")
@@ -199,11 +209,7 @@ def make_timer_kind(
     name = validate_kind(kind)
     if name in taken:
         raise InvalidJobError(f"a timer kind named {name!r} already has a handler here")
-    max_attempts = options.get("max_attempts", 3)
-    if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
-        raise InvalidOptionError(
-            f"max_attempts must be a whole number, 1 or more, got {max_attempts!r}"
-        )
+    max_attempts = check_count("max_attempts", options.get("max_attempts", 3), most=MAX_ATTEMPTS)
     retry_delay_ms = options.get("retry_delay_ms")
     return TimerKind(
         name=name,
@@ -272,7 +278,9 @@ class SchedulerSettings:
                     "timer_poll_ms": timer_poll_ms,
                 },
             )
-        lease = check_duration_ms("lease_ms", 30_000 if lease_ms is None else lease_ms)
+        lease = check_duration_ms(
+            "lease_ms", 30_000 if lease_ms is None else lease_ms, most=MAX_LEASE_MS
+        )
         # By default a third of the lease (10 s for the default 30 s lease).
         heartbeat = check_duration_ms(
             "heartbeat_ms", max(lease // 3, 1) if heartbeat_ms is None else heartbeat_ms
@@ -283,10 +291,7 @@ class SchedulerSettings:
                 "that a late heartbeat still arrives before the lease expires; leave "
                 "heartbeat_ms out to get a third of the lease"
             )
-        if isinstance(history_size, bool) or not isinstance(history_size, int) or history_size < 1:
-            raise InvalidOptionError(
-                f"history_size must be a whole number of runs, 1 or more, got {history_size!r}"
-            )
+        check_count("history_size", history_size, most=MAX_HISTORY_SIZE)
         return cls(
             lease_ms=lease,
             heartbeat_ms=heartbeat,
