@@ -6,6 +6,7 @@ registry's first-seen time, which bounds catch-up on a first deploy."""
 
 from __future__ import annotations
 
+import json
 import time
 from contextlib import AsyncExitStack
 from zoneinfo import ZoneInfo
@@ -25,7 +26,6 @@ from anarchon import (
 )
 from anarchon._store.keys import JobKeys, RegistryKeys
 from anarchon._store.registry import REGISTRATION_TTL_MS
-from anarchon.clients import ServerReplyError
 from tests.faults import FaultProxy
 from tests.helpers import NEVER, OneShot, long_job_fleet, wait_until
 
@@ -311,12 +311,201 @@ async def test_reads_of_many_jobs_keep_each_reply_with_its_job_across_round_trip
         own = {f"RuntimeError: {name} failed"}
         assert failed <= own if name in paused else failed == own, (name, results)
     # The last job's results are not a sorted set any more: its read, in the third
-    # round trip, is refused, and the refusal is raised.
+    # round trip, is refused; that refusal costs the last job alone (quarantined), the
+    # replies of the others stay theirs.
     direct = redis.Redis.from_url(server_url, protocol=2)
+    results = JobKeys.for_job(prefix, names[-1]).results
     try:
-        direct.set(JobKeys.for_job(prefix, names[-1]).results, "not a sorted set")
+        direct.set(results, "not a sorted set")
     finally:
         direct.close()
     async with Inspector(backend) as inspector:
-        with pytest.raises(ServerReplyError, match="WRONGTYPE"):
-            await inspector.recent(5)
+        again = await inspector.recent(5)
+        met = await inspector.quarantined()
+    assert again[names[-1]] == [] and all(again[name] for name in names[:-1])
+    assert [(entry.key, "WRONGTYPE" in entry.problem) for entry in met] == [(results, True)]
+
+
+# ------------------------------------------------- what the store holds is input
+
+
+async def _register_good_jobs(server_url: str, prefix: str) -> None:
+    """Jobs 'good' and 'other' (and timer kind 'remind', with one timer pending),
+    registered by an instance that then stops, with one recorded run of 'good'."""
+    scheduler = Scheduler(RedisBackend(redis=server_url, prefix=prefix), instance_id="one")
+
+    @scheduler.job("0 0 1 1 *", name="good")
+    async def good() -> None:
+        pass
+
+    @scheduler.job("0 0 1 1 *", name="other")
+    async def other() -> None:
+        pass
+
+    @scheduler.timer("remind")
+    async def remind(fire: TimerRun) -> None:
+        pass
+
+    async with scheduler:
+        await scheduler.run_now("good")
+        await scheduler.set_timer("remind", "user:1", delay_ms=3_600_000)
+
+
+#: Registry entries that are no job definition anarchon wrote, by what is wrong.
+MALFORMED_DEFINITIONS = {
+    "not-json": "{not json",
+    "a-list": "[1, 2]",
+    "bad-zone": '{"schedule": "x", "cron": "0 0 * * *", "timezone": "Nope/Zone"}',
+    "bad-every": '{"schedule": "x", "every_ms": "soon"}',
+    "bad-strategy": '{"schedule": "x", "every_ms": 1000, "strategy": ["lease"]}',
+    "bad-next": '{"schedule": "x", "next_slot_ms": 1e300}',
+}
+
+
+async def test_a_malformed_job_definition_costs_that_job_alone_and_is_quarantined(
+    server_url: str, prefix: str, direct: redis.Redis
+) -> None:
+    """Registry entries that are not JSON, not an object, or hold a field the views use
+    with a wrong type (an unknown zone, a number that is not one): each is left out of
+    the jobs and quarantined (once, with its key and what was wrong); the other jobs are
+    read, paused, shown and their history read as usual; asked for by name, the
+    malformed one is an error that says so."""
+    await _register_good_jobs(server_url, prefix)
+    keys = RegistryKeys.for_prefix(prefix)
+    direct.hset(keys.jobs, mapping=MALFORMED_DEFINITIONS)
+    async with Inspector(RedisBackend(redis=server_url, prefix=prefix)) as inspector:
+        assert [job.name for job in await inspector.jobs()] == ["good", "other"]
+        assert [job.name for job in await inspector.jobs(["good", "not-json"])] == ["good"]
+        assert [r.status for r in await inspector.history("good")] == ["ok"]
+        assert await inspector.leases() == [] and await inspector.leases("good") == []
+        assert set(await inspector.recent(5)) == {"good", "other"}
+        assert await inspector.pause("other") is True
+        for name in MALFORMED_DEFINITIONS:
+            with pytest.raises(InvalidJobError, match="malformed"):
+                await inspector.history(name)
+        quarantined = await inspector.quarantined()
+    met = {(entry.key, entry.field) for entry in quarantined}
+    assert met == {(keys.jobs, name) for name in MALFORMED_DEFINITIONS}
+    problems = {entry.field: entry.problem for entry in quarantined}
+    assert "Nope/Zone" in problems["bad-zone"] and "JSON" in problems["not-json"]
+
+
+async def test_a_malformed_result_costs_that_result_alone(
+    server_url: str, prefix: str, direct: redis.Redis
+) -> None:
+    """A results member that is no result, and a results key that is not a sorted set:
+    the job's other results (and the other jobs' results) are read; each bad entry is
+    quarantined."""
+    await _register_good_jobs(server_url, prefix)
+    good = JobKeys.for_job(prefix, "good").results
+    direct.zadd(good, {"garbage": 1, "1|x|ok|a|b|c|schedule|r|": 2})
+    direct.set(JobKeys.for_job(prefix, "other").results, "not a sorted set")
+    async with Inspector(RedisBackend(redis=server_url, prefix=prefix)) as inspector:
+        assert [r.status for r in await inspector.history("good")] == ["ok"]
+        jobs = {job.name: job for job in await inspector.jobs()}
+        assert jobs["good"].last is not None and jobs["good"].last.status == "ok"
+        assert jobs["other"].last is None
+        recent = await inspector.recent(5)
+        assert [r.status for r in recent["good"]] == ["ok"] and recent["other"] == []
+        assert await inspector.history("other") == []
+        met = {(entry.key, entry.field) for entry in await inspector.quarantined()}
+    assert {(good, "garbage"), (good, "1|x|ok|a|b|c|schedule|r|")} <= met
+    assert any(key == JobKeys.for_job(prefix, "other").results for key, _ in met)
+
+
+async def test_an_unknown_job_is_an_error_that_lists_no_stored_name_and_escapes_its_own(
+    server_url: str, prefix: str, direct: redis.Redis
+) -> None:
+    """The error of a job the store does not know is small whatever the store holds: it
+    lists none of the stored names (they are any number, and any text), and shows the
+    name asked for with its control characters escaped."""
+    await _register_good_jobs(server_url, prefix)
+    direct.hset(RegistryKeys.for_prefix(prefix).jobs, "evil\x1b]0;pwned\x07", "{}")
+    async with Inspector(RedisBackend(redis=server_url, prefix=prefix)) as inspector:
+        with pytest.raises(InvalidJobError) as refused:
+            await inspector.history("typo\x1b[2J")
+    message = str(refused.value)
+    assert "good" not in message and "evil" not in message, message
+    assert "\x1b" not in message and r"typo\x1b[2J" in message, message
+
+
+async def test_a_timer_kind_s_stored_buckets_are_checked_when_read(
+    server_url: str, prefix: str, direct: redis.Redis
+) -> None:
+    """A kind's number of buckets is read from the store: one out of the range anarchon
+    allows (a million would read a million buckets), not a whole number, or an entry
+    that is not a kind's record, is quarantined and that kind alone is not read."""
+    await _register_good_jobs(server_url, prefix)
+    bad = {
+        "huge": '{"buckets": 1000000, "max_attempts": 3}',
+        "zero": '{"buckets": 0}',
+        "words": '{"buckets": "many"}',
+        "fraction": '{"buckets": 1.5}',
+        "listed": "[1]",
+        "garbage": "{{",
+    }
+    direct.hset(RegistryKeys.for_prefix(prefix).timer_kinds, mapping=bad)
+    async with Inspector(RedisBackend(redis=server_url, prefix=prefix)) as inspector:
+        with anyio.fail_after(5):
+            timers = await inspector.timers()
+        met = {entry.field for entry in await inspector.quarantined()}
+    assert [(t.kind, t.buckets, t.pending, t.next_key) for t in timers] == [
+        ("remind", 1, 1, "user:1")
+    ]
+    assert met == set(bad)
+
+
+async def test_timers_reads_the_kinds_asked_for_and_at_most_a_bound_of_them(
+    server_url: str, prefix: str, direct: redis.Redis
+) -> None:
+    """``timers(kinds)`` reads those kinds alone; ``timers(limit=N)`` the first N by name,
+    whatever the number of kinds the store holds."""
+    direct.hset(
+        RegistryKeys.for_prefix(prefix).timer_kinds,
+        mapping={f"kind{index:03d}": '{"buckets": 1}' for index in range(300)},
+    )
+    async with Inspector(RedisBackend(redis=server_url, prefix=prefix)) as inspector:
+        assert [t.kind for t in await inspector.timers(["kind007", "nope"])] == ["kind007"]
+        assert [t.kind for t in await inspector.timers(limit=3)] == [
+            "kind000",
+            "kind001",
+            "kind002",
+        ]
+        assert await inspector.timer_kind_count() == 300
+
+
+async def test_instance_records_are_read_within_a_bound_and_a_malformed_one_alone_is_left_out(
+    server_url: str, prefix: str, direct: redis.Redis
+) -> None:
+    """An instance registered with 20,000 jobs: a read of the instances takes at most
+    ``INSTANCE_BYTES_MAX`` bytes of its record (the jobs that fit, and it says the list
+    was cut); a record that is not JSON is quarantined and the others are shown."""
+    from anarchon._ops import inspector as inspector_module
+
+    keys = RegistryKeys.for_prefix(prefix)
+    alive_until = int(time.time() * 1000) + 60_000
+    many = [f"job-number-{index:05d}" for index in range(20_000)]
+    records = {
+        "big": {"id": "big", "host": "h", "pid": 1, "version": "v", "started_ms": 1,
+                "strategy": "lease", "jobs": many, "timer_kinds": [], "running": 0},
+        "small": {"id": "small", "host": "h", "pid": 2, "version": "v", "started_ms": 1,
+                  "strategy": "lease", "jobs": ["a"], "timer_kinds": ["k"], "running": 3},
+    }  # fmt: skip
+    for instance_id, record in records.items():
+        direct.set(keys.instance(instance_id), json.dumps(record))
+    direct.set(keys.instance("broken"), "not json")
+    direct.zadd(keys.instances, {"big": alive_until, "small": alive_until, "broken": alive_until})
+    async with Inspector(RedisBackend(redis=server_url, prefix=prefix)) as inspector:
+        instances = {i.id: i for i in await inspector.instances()}
+        assert await inspector.instance_count() == 3
+        met = {(entry.key, entry.field) for entry in await inspector.quarantined()}
+    assert sorted(instances) == ["big", "small"]
+    small, big = instances["small"], instances["big"]
+    assert (small.jobs, small.timer_kinds, small.running) == (("a",), ("k",), 3)
+    assert 0 < len(big.jobs) < len(many) and big.jobs == tuple(many[: len(big.jobs)])
+    assert len(json.dumps(list(big.jobs))) <= inspector_module.INSTANCE_BYTES_MAX
+    assert inspector_module.jobs_cut(big) and not inspector_module.jobs_cut(small)
+    # A job beyond the part read may be run by "big": none is said to run on no instance.
+    assert inspector_module.may_run(many[-1], instances.values())
+    assert not inspector_module.may_run("unknown", [small])
+    assert (keys.instance("broken"), "") in met

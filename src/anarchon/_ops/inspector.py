@@ -5,14 +5,16 @@ resume, run now). ``anarchon inspect`` and its sibling commands print what this 
 
 from __future__ import annotations
 
-import json
+import math
 import secrets
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import datetime
+from functools import partial
 from types import TracebackType
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 import anyio
 
@@ -24,6 +26,7 @@ from .._errors import (
     reason,
 )
 from .._model.schedule import CronSchedule, IntervalSchedule, Schedule, SlotClock, from_epoch_ms
+from .._model.text import visible
 from .._model.values import (
     InstanceInfo,
     JobInfo,
@@ -32,21 +35,46 @@ from .._model.values import (
     TimerKindInfo,
 )
 from .._store.backend import RedisBackend
-from .._store.contract import fleet_slot_id, slot_ms_of
+from .._store.contract import fleet_slot_id, is_slot_id, slot_ms_of
 from .._store.keys import (
     ClaimOnlyKeys,
     JobKeys,
     RegistryKeys,
     RunRequested,
+    TimerKeys,
     hint_channel,
 )
 from .._store.lease import PAUSED_FIELD, set_paused
-from .._store.records import LeaseState, history_command, parse_history, parse_result, read_history
+from .._store.quarantine import (
+    MalformedEntry,
+    Quarantine,
+    Quarantined,
+    quarantine_of,
+    read_quarantine,
+)
+from .._store.records import (
+    LeaseState,
+    decode_definition,
+    decode_instance,
+    decode_instant,
+    decode_timer_kind,
+    history_command,
+    parse_history,
+)
 from .._store.scripts import ScriptCall, lease_script, run_scripts
-from .._store.timers import TimerStore
+from .._store.timers import TimerPeek, TimerStore
 from ..clients import Command, Connection, ServerReplyError, TransportError
 
-__all__ = ["Inspector", "newest_failures", "runners"]
+__all__ = [
+    "INSTANCE_BYTES_MAX",
+    "INSTANCES_READ_MAX",
+    "CutInstanceInfo",
+    "Inspector",
+    "jobs_cut",
+    "may_run",
+    "newest_failures",
+    "runners",
+]
 
 #: Each read is one or a few round trips, each with this deadline.
 _DEADLINE_SEC = 10.0
@@ -54,6 +82,15 @@ _DEADLINE_SEC = 10.0
 _COMMANDS_A_TRIP = 200
 #: The statuses of a recorded attempt that did not go well.
 _FAILED = ("failed", "interrupted", "cancelled")
+#: What a read of the instances takes of each one's registration at most (bytes): an
+#: instance registers its whole job list, and a read of the fleet stays bounded whatever
+#: it holds (a longer record is read up to here: its first jobs, ``CutInstanceInfo``).
+INSTANCE_BYTES_MAX = 64 * 1024
+#: Instances a read of them takes at most (the first to expire; ``instance_count``
+#: counts them all).
+INSTANCES_READ_MAX = 200
+#: How much of a name asked for an error message shows.
+_NAME_SHOWN = 200
 
 
 class Inspector:
@@ -80,7 +117,7 @@ class Inspector:
         self._conn: Connection | None = None
 
     async def __aenter__(self) -> Inspector:
-        self._conn = await self.backend.open_connection()
+        self._conn = await self.backend.open_connection(writes=False)
         return self
 
     async def __aexit__(
@@ -101,15 +138,18 @@ class Inspector:
         return sorted(str(name) for name in await self._execute(("HKEYS", self._keys.jobs)))
 
     async def jobs(self, names: Sequence[str] | None = None) -> list[JobInfo]:
-        """Every job the fleet registered (or those of ``names`` that it did), by name."""
-        definitions = await self._definitions(names)
+        """Every job the fleet registered (or those of ``names`` that it did), by name. A
+        job whose stored definition is malformed is left out (and ``quarantined``)."""
+        definitions, _ = await self._definitions(names)
         now_ms = int(time.time() * 1000)
-        names = sorted(definitions)  # those of ``names`` the store knows
+        names = sorted(definitions)  # those of ``names`` the store knows and can read
         if not names:
             return []
         seen_ms = await self._execute(("HMGET", self._keys.first_seen, *names))
         first_seen = {
-            name: str(seen) for name, seen in zip(names, seen_ms, strict=True) if seen is not None
+            name: self._instant(self._keys.first_seen, name, seen)
+            for name, seen in zip(names, seen_ms, strict=True)
+            if seen is not None
         }
         strategies = {name: _strategy(definitions[name]) for name in names}
         leased = [name for name in names if strategies[name] == "lease"]
@@ -120,16 +160,16 @@ class Inspector:
         commands += [
             ("HGET", JobKeys.for_job(self._prefix, name).state, PAUSED_FIELD) for name in leased
         ]
-        replies = await self._pipeline(commands)
+        replies = await self._read_each(commands)
         newest = dict(zip(names, replies[: len(names)], strict=True))
         paused = dict(zip(leased, replies[len(names) :], strict=True))
         found = []
         for name in names:
             definition = definitions[name]
             strategy = strategies[name]
-            paused_by = None if paused.get(name) is None else str(paused[name])
-            members = list(newest[name] or [])
-            last = parse_result(name, str(members[0])) if members else None
+            flag = paused.get(name)
+            paused_by = None if flag is None or isinstance(flag, MalformedEntry) else str(flag)
+            results = self._history_of(name, strategy, newest[name])
             seen = first_seen.get(name)
             found.append(
                 JobInfo(
@@ -142,8 +182,8 @@ class Inspector:
                     next_fire=_next_fire(definition, now_ms),
                     paused=paused_by is not None,
                     paused_by=paused_by,
-                    last=last,
-                    first_seen=None if seen is None else from_epoch_ms(int(seen)),
+                    last=results[0] if results else None,
+                    first_seen=None if seen is None else from_epoch_ms(seen),
                     options={
                         key: value
                         for key, value in definition.items()
@@ -159,69 +199,109 @@ class Inspector:
         """The runs in progress (holding a live lease, or waiting for their next attempt),
         of every lease-strategy job (or of ``job``, or of those of ``names``), oldest slot
         first."""
-        definitions = await self._definitions(None if job is not None else names)
-        names = [self._check_job(job, definitions)] if job is not None else sorted(definitions)
+        definitions, malformed = await self._definitions([job] if job is not None else names)
+        if job is not None:
+            names = [self._check_job(job, definitions, malformed)]
+        else:
+            names = sorted(definitions)
         leased = [name for name in names if _strategy(definitions[name]) == "lease"]
         keys = {name: JobKeys.for_job(self._prefix, name) for name in leased}
         now_ms = await self._server_now_ms()
         # Each job's slots in progress, then the state of each (only jobs that have any).
-        members = await self._pipeline([("SMEMBERS", keys[name].active) for name in leased])
-        active = {
-            name: sorted(str(slot) for slot in slots)
-            for name, slots in zip(leased, members, strict=True)
-            if slots
-        }
-        states = await self._pipeline(
+        members = await self._read_each([("SMEMBERS", keys[name].active) for name in leased])
+        active: dict[str, list[str]] = {}
+        for name, slots in zip(leased, members, strict=True):
+            if isinstance(slots, MalformedEntry):
+                self.quarantine.add(slots, f"the runs in progress of {name!r}")
+            elif slots:
+                active[name] = sorted(_text(slot) for slot in slots)
+        states = await self._read_each(
             [("HMGET", keys[name].state, *slots) for name, slots in active.items()]
         )
         found: list[LeaseInfo] = []
         for (name, slots), raws in zip(active.items(), states, strict=True):
+            if isinstance(raws, MalformedEntry):
+                self.quarantine.add(raws, f"the runs in progress of {name!r}")
+                continue
             for slot_id, raw in zip(slots, raws, strict=True):
-                lease = _lease(name, slot_id, raw, now_ms)
+                try:
+                    lease = _lease(name, keys[name], slot_id, raw, now_ms)
+                except MalformedEntry as entry:
+                    self.quarantine.add(entry, f"one run in progress of {name!r}")
+                    continue
                 if lease is not None:
                     found.append(lease)
         return sorted(found, key=lambda lease: (lease.slot_ms, lease.job))
 
-    async def instances(self) -> list[InstanceInfo]:
-        """The instances alive (registered, and renewing), by id."""
+    async def instances(self, limit: int = INSTANCES_READ_MAX) -> list[InstanceInfo]:
+        """The instances alive (registered, and renewing), by id: at most ``limit`` of
+        them (``instance_count`` counts them all), and of each registration at most
+        ``INSTANCE_BYTES_MAX`` bytes (a longer one is a ``CutInstanceInfo``, with the
+        jobs that came first). A registration that is malformed is left out (and
+        ``quarantined``)."""
         now_ms = await self._server_now_ms()
         scored = await self._execute(
-            ("ZRANGEBYSCORE", self._keys.instances, now_ms, "+inf", "WITHSCORES")
-        )
+            ("ZRANGEBYSCORE", self._keys.instances, now_ms, "+inf", "WITHSCORES",
+             "LIMIT", 0, max(limit, 1))
+        )  # fmt: skip
         pairs = _score_pairs(scored)
         if not pairs:
             return []
-        bodies = await self._execute(("MGET", *(self._keys.instance(i) for i, _ in pairs)))
-        found = []
-        for (instance_id, expires_ms), body in zip(pairs, bodies, strict=True):
-            if body is None:
-                continue  # it withdrew as this was read
-            data = json.loads(str(body))
+        commands: list[Command] = []
+        for instance_id, _ in pairs:
+            key = self._keys.instance(instance_id)
+            commands += [("STRLEN", key), ("GETRANGE", key, 0, INSTANCE_BYTES_MAX - 1)]
+        replies = await self._read_each(commands)
+        found: list[InstanceInfo] = []
+        for index, (instance_id, expires_ms) in enumerate(pairs):
+            key = self._keys.instance(instance_id)
+            length, body = replies[2 * index], replies[2 * index + 1]
+            try:
+                for reply in (length, body):
+                    if isinstance(reply, MalformedEntry):
+                        raise reply
+                if not length:
+                    continue  # it withdrew as this was read
+                cut = int(length) > INSTANCE_BYTES_MAX
+                record = decode_instance(key, body, cut=cut)
+            except MalformedEntry as entry:
+                self.quarantine.add(entry, f"the registration of instance {instance_id!r}")
+                continue
+            build = partial(CutInstanceInfo, record_bytes=int(length)) if cut else InstanceInfo
             found.append(
-                InstanceInfo(
+                build(
                     id=instance_id,
-                    host=str(data.get("host", "")),
-                    pid=int(data.get("pid", 0)),
-                    version=str(data.get("version", "")),
-                    started=from_epoch_ms(int(data.get("started_ms", 0))),
-                    strategy=str(data.get("strategy", "lease")),
-                    jobs=tuple(data.get("jobs", ())),
-                    timer_kinds=tuple(data.get("timer_kinds", ())),
-                    running=int(data.get("running", 0)),
-                    expires_in_ms=max(int(expires_ms) - now_ms, 0),
+                    host=record.host,
+                    pid=record.pid,
+                    version=record.version,
+                    started=from_epoch_ms(record.started_ms),
+                    strategy=record.strategy,
+                    jobs=record.jobs,
+                    timer_kinds=record.timer_kinds,
+                    running=record.running,
+                    expires_in_ms=int(min(max(expires_ms - now_ms, 0), 2**53)),
                 )
             )
         return sorted(found, key=lambda instance: instance.id)
+
+    async def instance_count(self) -> int:
+        """How many instances are alive (registered, and renewing): one command, whatever
+        they registered."""
+        now_ms = await self._server_now_ms()
+        return int(await self._execute(("ZCOUNT", self._keys.instances, now_ms, "+inf")))
 
     async def history(self, job: str, limit: int = 100) -> list[RunResult]:
         """The newest ``limit`` recorded attempts of ``job`` (and its skipped slots),
         newest first."""
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
             raise InvalidOptionError(f"limit must be a whole number, 1 or more, got {limit!r}")
-        definitions = await self._definitions()
-        name = self._check_job(job, definitions)
+        definitions, malformed = await self._definitions([job])
+        name = self._check_job(job, definitions, malformed)
         strategy = _strategy(definitions[name])
-        return await self._read_history(name, strategy, limit)
+        (reply,) = await self._read_each(
+            [history_command(self._results_key(name, strategy), limit)]
+        )
+        return self._history_of(name, strategy, reply)
 
     async def recent(
         self, limit: int = 100, names: Sequence[str] | None = None
@@ -230,19 +310,15 @@ class Inspector:
         first, by job name."""
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
             raise InvalidOptionError(f"limit must be a whole number, 1 or more, got {limit!r}")
-        definitions = await self._definitions(names)
-        names = sorted(definitions)  # those of ``names`` the store knows
-        replies = await self._pipeline(
-            [
-                history_command(
-                    self._results_key(name, _strategy(definitions[name])),
-                    limit,
-                )
-                for name in names
-            ]
+        definitions, _ = await self._definitions(names)
+        names = sorted(definitions)  # those of ``names`` the store knows and can read
+        strategies = {name: _strategy(definitions[name]) for name in names}
+        replies = await self._read_each(
+            [history_command(self._results_key(name, strategies[name]), limit) for name in names]
         )
         return {
-            name: parse_history(name, reply) for name, reply in zip(names, replies, strict=True)
+            name: self._history_of(name, strategies[name], reply)
+            for name, reply in zip(names, replies, strict=True)
         }
 
     async def failures(self, limit: int = 20) -> list[RunResult]:
@@ -250,16 +326,39 @@ class Inspector:
         (their runner vanished) or were cancelled."""
         return newest_failures(await self.recent(max(limit * 5, 100)), limit)
 
-    async def timers(self) -> list[TimerKindInfo]:
-        """Each kind of timer the fleet fires: how many keys have one pending, and the
-        first to fall due."""
-        kinds = _mapping(await self._execute(("HGETALL", self._keys.timer_kinds)))
+    async def timer_kind_names(self) -> list[str]:
+        """The names of the timer kinds the fleet registered, sorted (names alone)."""
+        names = await self._execute(("HKEYS", self._keys.timer_kinds))
+        return sorted(_text(name) for name in names)
+
+    async def timer_kind_count(self) -> int:
+        """How many timer kinds the fleet registered (one command)."""
+        return int(await self._execute(("HLEN", self._keys.timer_kinds)))
+
+    async def timers(
+        self, kinds: Sequence[str] | None = None, *, limit: int | None = None
+    ) -> list[TimerKindInfo]:
+        """Each kind of timer the fleet fires (or those of ``kinds`` it registered; the
+        first ``limit`` by name): how many keys have one pending, and the first to fall
+        due. A kind whose registration is malformed (its number of buckets out of what
+        anarchon allows, say) is left out, and ``quarantined``: it is never read."""
+        names = sorted(set(kinds)) if kinds is not None else await self.timer_kind_names()
+        names = names[:limit] if limit is not None else names
+        if not names:
+            return []
+        raws = await self._execute(("HMGET", self._keys.timer_kinds, *names))
         store = TimerStore(self._require(), prefix=self._prefix, runner="inspector")
         found = []
-        for kind in sorted(kinds):
-            buckets = int(json.loads(kinds[kind]).get("buckets", 1))
-            with _answered_in_time():
-                peek = await store.peek(kind, buckets, 1)
+        for kind, raw in zip(names, raws, strict=True):
+            if raw is None:
+                continue  # not registered
+            try:
+                buckets = decode_timer_kind(self._keys.timer_kinds, kind, raw)
+                with _answered_in_time():
+                    peek = await self._peek(store, kind, buckets)
+            except MalformedEntry as entry:
+                self.quarantine.add(entry, f"the view of timer kind {kind!r}")
+                continue
             first = peek.first[0] if peek.first else None
             found.append(
                 TimerKindInfo(
@@ -271,6 +370,24 @@ class Inspector:
                 )
             )
         return found
+
+    async def quarantined(self, limit: int = 100) -> list[Quarantined]:
+        """The malformed entries of the store: those this process met (newest first),
+        then those the fleet's instances reported (``{<prefix>}:quarantine``), each
+        once, at most ``limit``. Each text is shown as text (escaped, cut)."""
+        own = self.quarantine.entries()
+        stored = await read_quarantine(self._require(), self._prefix, limit)
+        seen = {(entry.key, entry.field, entry.problem) for entry in own}
+        found = own + [e for e in stored if (e.key, e.field, e.problem) not in seen]
+        return found[:limit]
+
+    def malformed_in(
+        self, entries: Iterable[Quarantined], record: Literal["jobs", "timer kinds"]
+    ) -> dict[str, Quarantined]:
+        """Of ``entries`` (``quarantined()``), those of the registry's job definitions (or
+        timer kinds), by the name as shown: the views mark these names malformed."""
+        key = self._keys.jobs if record == "jobs" else self._keys.timer_kinds
+        return {entry.field: entry for entry in entries if entry.key == visible(key)}
 
     # -------------------------------------------------------------- operating
 
@@ -295,10 +412,12 @@ class Inspector:
         attempt, recorded with trigger ``"manual"``; overlap rules apply. Returns the
         run's slot id (its history entries carry it)."""
         state = await self._lease_state_key(job, "run-now")
-        if not runners(job, await self.instances()):
+        instances = await self.instances()
+        unread = await self.instance_count() > len(instances)
+        if not unread and not may_run(job, instances):
             raise InvalidJobError(
-                f"no instance alive runs {job!r}: a run asked for now would wait until one "
-                "starts; start one, then ask again"
+                f"no instance alive runs '{visible(job, _NAME_SHOWN)}': a run asked for now "
+                "would wait until one starts; start one, then ask again"
             )
         keys = JobKeys.for_job(self._prefix, job)
         requested_ms = int(time.time() * 1000)
@@ -319,6 +438,12 @@ class Inspector:
     # ---------------------------------------------------------------- helpers
 
     @property
+    def quarantine(self) -> Quarantine:
+        """The malformed entries of this store that this process met (shared with any
+        scheduler of the process on the same prefix: each logged and counted once)."""
+        return quarantine_of(self._prefix)
+
+    @property
     def _prefix(self) -> str:
         return self.backend.prefix
 
@@ -331,64 +456,118 @@ class Inspector:
         with _answered_in_time():
             return await self._require().execute(command)
 
-    async def _pipeline(self, commands: list[Command]) -> list[Any]:
-        """The replies to ``commands``, ``_COMMANDS_A_TRIP`` a round trip, each within
-        its deadline (so that a store of many jobs is read in a few round trips, not one
-        a job); an error reply in a round trip is raised (a connection lost fails the
+    async def _read_each(self, commands: list[Command]) -> list[Any]:
+        """The replies to ``commands`` (each a read of one key), ``_COMMANDS_A_TRIP`` a
+        round trip, each within its deadline (so that a store of many jobs is read in a
+        few round trips, not one a job). A key that holds another type than the command
+        reads is a ``MalformedEntry`` in its reply's place (it costs that key alone);
+        any other error reply in a round trip is raised (a connection lost fails the
         round trip in the adapter)."""
         replies: list[Any] = []
         for first in range(0, len(commands), _COMMANDS_A_TRIP):
+            trip = commands[first : first + _COMMANDS_A_TRIP]
             with _answered_in_time():
-                chunk = await self._require().pipeline(commands[first : first + _COMMANDS_A_TRIP])
-                for reply in chunk:
-                    if isinstance(reply, ServerReplyError):
+                chunk = await self._require().pipeline(trip)
+            for command, reply in zip(trip, chunk, strict=True):
+                if isinstance(reply, ServerReplyError):
+                    if reply.kind != "WRONGTYPE":
                         raise reply
-            replies += chunk
+                    reply = MalformedEntry(
+                        str(command[1]), "", f"holds another type of value ({reply.message})"
+                    )
+                replies.append(reply)
         return replies
 
     async def _server_now_ms(self) -> int:
         seconds, micros = await self._execute(("TIME",))
         return int(seconds) * 1000 + int(micros) // 1000
 
-    async def _definitions(self, names: Sequence[str] | None = None) -> dict[str, dict[str, Any]]:
+    async def _definitions(
+        self, names: Sequence[str] | None = None
+    ) -> tuple[dict[str, dict[str, Any]], dict[str, MalformedEntry]]:
         """The jobs' stored definitions: every job's, or those of ``names`` the store
-        knows (read by name, so a page of jobs costs the same at any number of them)."""
+        knows (read by name, so a page of jobs costs the same at any number of them);
+        and apart, those that are malformed (each quarantined)."""
         if names is None:
-            raw = _mapping(await self._execute(("HGETALL", self._keys.jobs)))
-            return {name: json.loads(body) for name, body in raw.items()}
-        wanted = sorted(set(names))
-        if not wanted:
-            return {}
-        bodies = await self._execute(("HMGET", self._keys.jobs, *wanted))
-        return {
-            name: json.loads(str(body))
-            for name, body in zip(wanted, bodies, strict=True)
-            if body is not None
-        }
+            pairs = list(_mapping(await self._execute(("HGETALL", self._keys.jobs))).items())
+        else:
+            wanted = sorted(set(names))
+            if not wanted:
+                return {}, {}
+            bodies = await self._execute(("HMGET", self._keys.jobs, *wanted))
+            pairs = [(n, b) for n, b in zip(wanted, bodies, strict=True) if b is not None]
+        definitions: dict[str, dict[str, Any]] = {}
+        malformed: dict[str, MalformedEntry] = {}
+        for name, body in pairs:
+            try:
+                definitions[name] = decode_definition(self._keys.jobs, name, body)
+            except MalformedEntry as entry:
+                self.quarantine.add(entry, f"job {visible(name, _NAME_SHOWN)!r} in the views")
+                malformed[name] = entry
+        return definitions, malformed
 
-    def _check_job(self, job: str, definitions: dict[str, dict[str, Any]]) -> str:
-        if job not in definitions:
-            known = ", ".join(sorted(definitions)) or "none"
+    def _check_job(
+        self,
+        job: str,
+        definitions: dict[str, dict[str, Any]],
+        malformed: dict[str, MalformedEntry],
+    ) -> str:
+        """``job``, if the store holds its definition and it reads; else an error that
+        says which, and shows no other stored name (they are any number, any text)."""
+        shown = visible(job, _NAME_SHOWN)
+        if job in malformed:
             raise InvalidJobError(
-                f"no job named {job!r} in the store under prefix {self._prefix!r} (jobs: "
-                f"{known}); check the name and --prefix (a job appears once an instance "
-                "that runs it has started)"
+                f"job '{shown}': its definition in the store is malformed "
+                f"({malformed[job].problem}); it is quarantined: see 'anarchon inspect', "
+                "and the instances that run the job write it again when they renew"
+            )
+        if job not in definitions:
+            raise InvalidJobError(
+                f"no job named '{shown}' in the store under prefix {self._prefix!r}; check "
+                "the name and --prefix ('anarchon inspect' lists the jobs; a job appears "
+                "once an instance that runs it has started)"
             )
         return job
 
     async def _lease_state_key(self, job: str, what: str) -> str:
-        definitions = await self._definitions()
-        self._check_job(job, definitions)
+        definitions, malformed = await self._definitions([job])
+        self._check_job(job, definitions, malformed)
         strategy = _strategy(definitions[job])
         if strategy != "lease":
             raise InvalidOptionError(
-                f"{what} needs the 'lease' strategy; job {job!r} runs with {strategy!r}"
+                f"{what} needs the 'lease' strategy; job '{visible(job, _NAME_SHOWN)}' runs "
+                f"with {strategy!r}"
             )
         return JobKeys.for_job(self._prefix, job).state
 
-    async def _read_history(self, job: str, strategy: str, limit: int) -> list[RunResult]:
-        with _answered_in_time():
-            return await read_history(self._require(), self._results_key(job, strategy), job, limit)
+    def _history_of(self, job: str, strategy: str, reply: Any) -> list[RunResult]:
+        """A job's results from the reply of its ``history_command``: a results key of
+        another type is quarantined (no results), a member that does not read is left
+        out (``parse_history`` quarantines it)."""
+        if isinstance(reply, MalformedEntry):
+            self.quarantine.add(reply, f"the history of {visible(job, _NAME_SHOWN)!r}")
+            return []
+        return parse_history(job, reply, self._results_key(job, strategy), self._prefix)
+
+    def _instant(self, key: str, field: str, raw: Any) -> int | None:
+        """An instant stored in epoch ms, or None (quarantined) for one that is not."""
+        try:
+            return decode_instant(key, field, raw)
+        except MalformedEntry as entry:
+            self.quarantine.add(entry)
+            return None
+
+    async def _peek(self, store: TimerStore, kind: str, buckets: int) -> TimerPeek:
+        """``store.peek`` of a kind; a record it cannot read is a ``MalformedEntry``."""
+        try:
+            return await store.peek(kind, buckets, 1)
+        except MalformedEntry:
+            raise
+        except (ValueError, OverflowError) as exc:  # a due time that is not a number
+            due = TimerKeys.for_kind(self._prefix, kind, 0, buckets).due
+            raise MalformedEntry(
+                due, "", f"a due time or timer that does not read ({exc})"
+            ) from None
 
     def _results_key(self, job: str, strategy: str) -> str:
         if strategy == "lease":
@@ -427,14 +606,26 @@ def _mapping(reply: Any) -> dict[str, str]:
     return {str(items[i]): str(items[i + 1]) for i in range(0, len(items), 2)}
 
 
-def _score_pairs(reply: Any) -> list[tuple[str, int]]:
-    """A WITHSCORES reply as ``[(member, score)]``: flat (RESP2), pairs (RESP3) or a dict."""
+def _score_pairs(reply: Any) -> list[tuple[str, float]]:
+    """A WITHSCORES reply as ``[(member, score)]``: flat (RESP2), pairs (RESP3) or a dict
+    (a score that is no finite number, as ``+inf`` may be stored, is the largest)."""
     if isinstance(reply, dict):
-        return [(str(m), int(float(s))) for m, s in reply.items()]
-    items = list(reply or [])
-    if items and isinstance(items[0], list | tuple):
-        return [(str(m), int(float(s))) for m, s in items]
-    return [(str(items[i]), int(float(items[i + 1]))) for i in range(0, len(items), 2)]
+        pairs = list(reply.items())
+    else:
+        items = list(reply or [])
+        if items and isinstance(items[0], list | tuple):
+            pairs = [(m, s) for m, s in items]
+        else:
+            pairs = list(zip(items[::2], items[1::2], strict=True))
+    found = []
+    for member, score in pairs:
+        number = float(score)
+        found.append((_text(member), number if math.isfinite(number) else float(2**53)))
+    return found
+
+
+def _text(raw: Any) -> str:
+    return raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
 
 
 def _next_fire(definition: dict[str, Any], now_ms: int) -> datetime | None:
@@ -451,13 +642,16 @@ def _next_fire(definition: dict[str, Any], now_ms: int) -> datetime | None:
     if schedule is not None:
         slot_ms = SlotClock(schedule).next_slot_ms(now_ms)
         return None if slot_ms is None else from_epoch_ms(slot_ms)
-    seen = definition.get("next_slot_ms")
+    seen = definition.get("next_slot_ms")  # checked by decode_definition
     return None if seen is None else from_epoch_ms(int(seen))
 
 
-def _lease(job: str, slot_id: str, raw: Any, now_ms: int) -> LeaseInfo | None:
-    """A run's lease state (``LeaseState``), if it is in progress."""
-    state = LeaseState.decode(raw)
+def _lease(job: str, keys: JobKeys, slot_id: str, raw: Any, now_ms: int) -> LeaseInfo | None:
+    """A run's lease state (``LeaseState``), if it is in progress; ``MalformedEntry`` for
+    a slot id or a state that does not read."""
+    if not is_slot_id(slot_id):
+        raise MalformedEntry(keys.active, slot_id, "not a slot id")
+    state = LeaseState.decode(raw, keys.state, slot_id)
     if state is None or not state.in_progress:
         return None
     slot_ms = slot_ms_of(slot_id)
@@ -475,10 +669,31 @@ def _lease(job: str, slot_id: str, raw: Any, now_ms: int) -> LeaseInfo | None:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class CutInstanceInfo(InstanceInfo):
+    """An instance whose registration is longer than ``INSTANCE_BYTES_MAX``: read up to
+    there, its ``jobs`` are the first it registered (and its timer kinds and running
+    count, when they came before the cut; else none and 0). ``record_bytes``: the
+    registration's whole length."""
+
+    record_bytes: int = 0
+
+
+def jobs_cut(instance: InstanceInfo) -> bool:
+    """Whether ``instance``'s job list was read in part (``CutInstanceInfo``)."""
+    return isinstance(instance, CutInstanceInfo)
+
+
 def runners(job: str, instances: Iterable[InstanceInfo]) -> list[str]:
-    """The ids of ``instances`` that run ``job`` (as they registered), sorted; none: no
-    instance alive runs it, and its slots wait for one."""
+    """The ids of ``instances`` that run ``job`` (as they registered, in what was read
+    of their registrations), sorted."""
     return sorted(instance.id for instance in instances if job in instance.jobs)
+
+
+def may_run(job: str, instances: Iterable[InstanceInfo]) -> bool:
+    """Whether an instance of ``instances`` runs ``job``, or may (its job list was read
+    in part); False: no instance alive runs it, and its slots wait for one."""
+    return any(job in instance.jobs or jobs_cut(instance) for instance in instances)
 
 
 def _strategy(definition: dict[str, Any]) -> str:
