@@ -12,6 +12,7 @@ import redis.asyncio
 
 from anarchon import (
     ConnectionFailedError,
+    Inspector,
     RedisBackend,
     Run,
     Scheduler,
@@ -57,6 +58,52 @@ async def test_starting_on_a_read_only_replica_says_so_not_that_the_prefix_is_ta
     message = str(info.value)
     assert "READONLY" in message and "primary" in message, message
     assert "prefix" not in message, message
+
+
+@pytest.mark.parametrize("stored", ["-7", "0", "1.0", "+1", "inf", "1e0", "\x1b[31mred"])
+async def test_a_store_format_that_is_no_format_number_refuses_to_start(
+    server_url: str, prefix: str, direct: redis.Redis, stored: str
+) -> None:
+    """A format of ``-7`` was taken as an older format; anything but a whole number from
+    1 up is another program's data, shown escaped."""
+    direct.set(f"{prefix}format", stored)
+    scheduler = Scheduler(RedisBackend(redis=server_url, prefix=prefix))
+    scheduler.add_job(lambda: None, "* * * * * *", name="job")
+    with pytest.raises(StoreFormatError, match="not a format number") as info:
+        async with scheduler:
+            pass
+    assert "\x1b" not in str(info.value)
+    assert direct.get(f"{prefix}format") == stored
+
+
+async def test_a_scheduler_started_on_a_replica_is_refused_at_start_even_with_a_store(
+    server_url: str, prefix: str, direct: redis.Redis
+) -> None:
+    """With the format key already there, a scheduler started on a replica used to start,
+    and then have every claim refused (READONLY) and retried."""
+    direct.set(f"{prefix}format", 1)
+    scheduler = Scheduler(RedisBackend(redis=server_url, prefix=prefix))
+    scheduler.add_job(lambda: None, "* * * * * *", name="job")
+    with read_only(direct), pytest.raises(ConnectionFailedError) as info:
+        with anyio.fail_after(20):
+            async with scheduler:
+                pass
+    message = str(info.value)
+    assert "READONLY" in message and "primary" in message, message
+
+
+async def test_the_inspector_writes_nothing_to_read_a_store(
+    server_url: str, prefix: str, direct: redis.Redis
+) -> None:
+    """A reader needs no write: on a fresh prefix it leaves no key, and it reads a store
+    on a replica (a user the ACL lets read alone sees the same)."""
+    async with Inspector(RedisBackend(redis=server_url, prefix=prefix)) as inspector:
+        assert await inspector.jobs() == []
+    assert list(direct.scan_iter(match=f"*{prefix}*")) == []
+    direct.set(f"{prefix}format", 1)
+    with read_only(direct):
+        async with Inspector(RedisBackend(redis=server_url, prefix=prefix)) as inspector:
+            assert await inspector.jobs() == []
 
 
 async def test_the_store_format_is_written_when_absent(

@@ -17,6 +17,7 @@ from .._errors import (
     reason,
 )
 from .._model.job import Job
+from .._model.text import visible
 from ..clients import (
     Connection,
     ConnectionSpec,
@@ -32,6 +33,7 @@ from .claim_only import ClaimOnlyStore, IdmpSettings, ScriptSettings
 from .claim_only import StrategyName as ClaimOnlyStrategyName
 from .contract import Store
 from .keys import format_key
+from .quarantine import whole
 from .lease import LeaseStore
 
 __all__ = [
@@ -273,8 +275,8 @@ class RedisBackend(Generic[K]):
     def __repr__(self) -> str:
         return f"{type(self).__name__}(strategy={self.strategy!r}, prefix={self.prefix!r})"
 
-    async def _connect(self) -> tuple[Connection, ServerInfo]:
-        """Connect, and check the server and the store format."""
+    async def _connect(self, *, writes: bool = True) -> tuple[Connection, ServerInfo]:
+        """Connect, and check the server and the store format (``_check_store_format``)."""
         conn = open_connection(self._connection_spec)
         try:
             try:
@@ -287,7 +289,7 @@ class RedisBackend(Generic[K]):
                             f"{server.version[0]}.{server.version[1]}: use 'lease' (the "
                             "default), 'script' or 'stream-id'"
                         )
-                    await _check_store_format(conn, self.prefix)
+                    await _check_store_format(conn, self.prefix, writes=writes)
             except TimeoutError:
                 raise ConnectionFailedError(
                     f"the server behind {conn.description} did not answer within "
@@ -299,10 +301,11 @@ class RedisBackend(Generic[K]):
             raise
         return conn, server
 
-    async def open_connection(self) -> Connection:
+    async def open_connection(self, *, writes: bool = True) -> Connection:
         """A checked connection and nothing more (what setting a timer from a process
-        that runs no scheduler needs)."""
-        conn, _ = await self._connect()
+        that runs no scheduler needs); ``writes=False`` for a reader, which writes
+        nothing to check the store format."""
+        conn, _ = await self._connect(writes=writes)
         return conn
 
     async def open(self, options: StoreOptions) -> Store:
@@ -469,13 +472,19 @@ async def _check_server(conn: Connection) -> ServerInfo:
     return ServerInfo("redis", version)
 
 
-async def _check_store_format(conn: Connection, prefix: str) -> None:
+async def _check_store_format(conn: Connection, prefix: str, *, writes: bool) -> None:
+    """The prefix's store format is one this anarchon reads. A process that ``writes``
+    (a scheduler, a process that sets timers) writes it where it is absent, and always
+    sends that write (``SET NX``): a replica refuses it (READONLY), so a scheduler
+    started on a replica is refused at start instead of having every claim refused. A
+    reader (``Inspector``) only reads it: a user the ACL lets read alone can inspect."""
     key = format_key(prefix)
     try:
-        stored = await conn.execute(("GET", key))
-        if stored is None:
+        if writes:
             await conn.execute(("SET", key, STORE_FORMAT, "NX"))
-            stored = await conn.execute(("GET", key))
+        stored = await conn.execute(("GET", key))
+        if stored is None and not writes:
+            return  # nothing stored under the prefix yet: nothing to read either
     except ServerReplyError as exc:
         if is_transient(exc):
             # A replica, a server out of memory or still loading: not the prefix's fault.
@@ -498,13 +507,15 @@ async def _check_store_format(conn: Connection, prefix: str) -> None:
         raise ConnectionFailedError(
             f"lost the connection while checking {key!r}: {reason(exc)}"
         ) from exc
-    try:
-        found = int(stored)
-    except (TypeError, ValueError):
+    found = whole(stored)
+    if not found:
+        shown = visible(
+            stored.decode("utf-8", "replace") if isinstance(stored, bytes) else stored, 40
+        )
         raise StoreFormatError(
-            f"the store format key {key!r} holds {stored!r}, not a format number; another "
-            "program may use this prefix: choose another prefix"
-        ) from None
+            f"the store format key {key!r} holds {shown!r}, not a format number (1 or "
+            "more); another program may use this prefix: choose another prefix"
+        )
     if found > STORE_FORMAT:
         raise StoreFormatError(
             f"the store under prefix {prefix!r} has format {found}, newer than format "
