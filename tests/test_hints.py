@@ -318,3 +318,31 @@ async def test_a_run_given_back_is_taken_over_at_once_when_the_job_fires_more_of
     # Before the next slot, whose claim would have found the run given back anyway.
     next_slot_ms = first.slot_ms + 6000
     assert seen_ms < next_slot_ms - 1000, (seen_ms - first.slot_ms, "ms after the first slot")
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        "\u00b2 {p}remind}:timer-due",
+        "99999999999999999999999 x",
+        "run mXYZ-fleet1 report",
+        "run 12 ",
+        "release",
+        "release m1-x",
+        "",
+        "\x1b[2J run",
+    ],
+)
+def test_a_hint_that_does_not_read_is_ignored_not_raised(
+    message: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Anyone the ACL lets publish on the channel can send anything: ``² ...`` raised a
+    ValueError from the listener's callback and dropped the subscription (it came back
+    after a pause, with a WARNING). Now it is nothing to act on."""
+    remind = a_kind("remind")
+    hints, agenda = listening(remind)
+    before = claims_at(agenda)
+    with caplog.at_level(logging.WARNING, logger="anarchon"):
+        hints.on_hint(message)
+    assert claims_at(agenda) == before
+    assert all("\x1b" not in record.getMessage() for record in caplog.records)

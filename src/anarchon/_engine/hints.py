@@ -24,6 +24,7 @@ import logging
 
 import anyio
 
+from .._model.text import visible
 from .._store.keys import RunGivenBack, RunRequested, TimerDue, hint_channel, kind_keys, parse_hint
 from ._context import EngineContext
 from .agenda import Agenda
@@ -49,6 +50,7 @@ class Hints:
         self.listening = False
         self._stopped = False
         self._scope: anyio.CancelScope | None = None
+        self._told_of_bad_hint = False
 
     def stop(self) -> None:
         """End ``listen`` (the scheduler is stopping: its connection closes next)."""
@@ -111,6 +113,24 @@ class Hints:
         run the fleet was asked for is claimed now, if the job runs here."""
         if self._context.state != "running":
             return
+        try:
+            self._act_on(message)
+        except Exception as exc:
+            # Anyone the ACL lets publish here can send anything: a hint is never relied
+            # on, and one that cannot be acted on costs itself, never the subscription.
+            if not self._told_of_bad_hint:
+                self._told_of_bad_hint = True
+                log.warning(
+                    "a hint that cannot be acted on was ignored (%s: %s): %r; later ones "
+                    "are logged at DEBUG",
+                    type(exc).__name__,
+                    exc,
+                    visible(message, 200),
+                )
+            else:
+                log.debug("a hint that cannot be acted on was ignored: %r", visible(message, 200))
+
+    def _act_on(self, message: str) -> None:
         match parse_hint(message):
             case RunGivenBack(slot_id, job):
                 self._agenda.claim_given_back(job, slot_id)
