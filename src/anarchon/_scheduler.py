@@ -60,6 +60,10 @@ class Scheduler(Generic[K]):
     the instance knew of is seen by then, or at once through its published hint where
     the client can subscribe (one set through this scheduler always at once).
     ``max_timer_payload_bytes`` (1 MiB) caps a timer's payload as stored.
+    ``history_size`` (1000, at most 1,000,000) bounds each job's history, and
+    ``history_ttl_ms`` its age. Values the server cannot hold are refused here: a
+    duration is at most 100 years, ``lease_ms`` at most a day (the heartbeats keep a
+    long run's lease alive), ``max_attempts`` at most 1,000.
     The lease options (``lease_ms``, ``heartbeat_ms``, ``retry_delay_ms``,
     ``timer_poll_ms``; on jobs ``overlap``, ``max_attempts``, ``catch_up_ms``,
     ``retry_delay_ms``, ``retry_on``) exist only with the lease strategy: with a
