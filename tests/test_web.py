@@ -7,9 +7,12 @@ there (``docs/img`` holds the ones the docs show); otherwise in the test's direc
 
 from __future__ import annotations
 
+import html
 import http.client
+import json
 import os
 import re
+import resource
 import signal
 import socket
 import subprocess
@@ -24,13 +27,15 @@ from urllib.parse import quote
 
 import anyio
 import pytest
+import redis
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from anarchon import Inspector, JobInfo, LeaseInfo, RedisBackend, Scheduler, TimerRun
 from anarchon._ops.embedded import free_port
+from anarchon._store.keys import RegistryKeys
 from anarchon.web import PAGE_SEC
 from tests.faults import FaultProxy
-from tests.helpers import write_history
+from tests.helpers import CommandLog, write_history
 from tests.restartable_server import RestartableServer
 from tests.servers import ServerSpec
 from tests.test_run_command import ROOT, RunCommand, app_env, command_env, commands, wait_for
@@ -57,10 +62,11 @@ class WebCommand:
         *args: str,
         sigint_ignored: bool = False,
         app: str | None = None,
+        open_files: int | None = None,
     ) -> None:
         """``anarchon web`` with ``args``; or, with ``app``, uvicorn serving that
         application of the tests' (configured by ``APP_URL``, ``APP_PREFIX`` and
-        ``APP_TOKEN``)."""
+        ``APP_TOKEN``). ``open_files``: the process's limit of open files."""
         self.port = free_port()
         self.output = tmp_path / f"web-{self.port}.log"
         command = [
@@ -74,10 +80,17 @@ class WebCommand:
             ]  # fmt: skip
         env = command_env({"APP_URL": url, "APP_PREFIX": prefix, "APP_TOKEN": TOKEN})
         env.pop("ANARCHON_WEB_TOKEN", None)
+
+        def in_the_child() -> None:
+            if sigint_ignored:
+                _ignore_sigint()
+            if open_files is not None:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (open_files, open_files))
+
         with open(self.output, "w") as out:
             self.process = subprocess.Popen(
                 command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, text=True,
-                preexec_fn=_ignore_sigint if sigint_ignored else None,
+                preexec_fn=in_the_child,
             )  # fmt: skip
 
     def url(self, path: str) -> str:
@@ -399,9 +412,9 @@ def test_a_job_whose_name_has_slashes_has_its_page_and_its_actions(
     web.wait_serving()
     status, page = web.get("/jobs/reports/daily")
     assert status == 200 and "Job reports/daily" in page, page
-    assert 'action="/actions/pause/reports/daily"' in page
+    assert 'action="/actions/pause/reports%2Fdaily"' in page
     status, page = web.request(
-        "/actions/pause/reports/daily", f"token={TOKEN}&next=/jobs/reports/daily".encode()
+        "/actions/pause/reports%2Fdaily", f"token={TOKEN}&next=/jobs/reports%2Fdaily".encode()
     )
     assert status == 200 and "Done: reports/daily paused." in page, page
     jobs, _ = read_store(server_url, prefix)
@@ -464,7 +477,7 @@ def test_mounted_under_a_path_its_links_and_actions_stay_under_it(
     status, page = web.get("/ops/anarchon/")
     assert status == 200 and "cleanup" in page, page
     found = links(page)
-    assert "/ops/anarchon/jobs/reports/daily" in found, found
+    assert "/ops/anarchon/jobs/reports%2Fdaily" in found, found
     assert "/ops/anarchon/actions/pause/cleanup" in found, found
     assert all(link.startswith("/ops/anarchon/") for link in found), found
     for link in set(re.findall(r'\shref="([^"]*)"', page)):
@@ -743,3 +756,197 @@ def test_off_loopback_the_dashboard_needs_its_allowed_hosts(
     app = dashboard(RedisBackend(redis=server_url, prefix=prefix))
     hosts = [m for m in app.user_middleware if m.cls is TrustedHostMiddleware]
     assert len(hosts) == 1 and "dashboard.example" not in hosts[0].kwargs["allowed_hosts"]
+
+
+# ------------------------------------------- what the store holds, and the network
+
+
+def test_an_action_url_keeps_a_job_name_that_holds_dot_dot_and_slashes_in_its_segment(
+    server_url: str, prefix: str, tmp_path: Path, webs: list[WebCommand], browser: Any
+) -> None:
+    """A job named ``../run-now/billing``: its name is one segment of its links and of
+    its buttons' URLs (``/`` escaped too), so that a browser, which resolves ``..`` in a
+    path, pauses that job when its pause button is clicked, not runs 'billing' now."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    tricky = "../run-now/billing"
+    register_jobs(server_url, prefix, [tricky, "billing"])
+    web = WebCommand(tmp_path, server_url, prefix, "--allow-actions", "--token", TOKEN)
+    webs.append(web)
+    web.wait_serving()
+    _, page = web.get("/")
+    escaped = quote(tricky, safe="")
+    assert f'action="/actions/pause/{escaped}"' in page and f'href="/jobs/{escaped}"' in page
+    browser.get(web.url("/"))
+    field = browser.find_element(By.ID, "token")
+    field.send_keys(TOKEN)
+    pause = f"//button[@data-job={tricky!r}][@data-action='pause']"
+    assert on_each(browser, pause, lambda button: button.click(), first=True)
+    message = WebDriverWait(browser, 30).until(
+        lambda b: b.find_elements(By.CSS_SELECTOR, "p.message")
+    )
+    assert message[0].text == f"Done: {tricky} paused.", message[0].text
+    jobs, _ = read_store(server_url, prefix)
+    assert jobs[tricky].paused and not jobs["billing"].paused
+    # Its own page, and the way back to it after an action, keep the name whole.
+    status, page = web.get(f"/jobs/{escaped}")
+    assert status == 200 and f"Job {tricky}" in page, page
+    assert f'name="next" value="/jobs/{escaped}"' in page, page
+    assert web.end() == 0, web.log()
+
+
+def test_a_job_page_reads_its_own_job_by_name_and_an_unknown_one_is_a_small_404(
+    server_url: str, prefix: str, tmp_path: Path, webs: list[WebCommand]
+) -> None:
+    """2,000 jobs of long names: a job's page reads that job's definition, history and
+    runs in progress by name (no command reads every job's definition or name), and
+    the page of a job the store does not know is a small 404 that lists none of them."""
+    names = [f"job-{index:04d}-{'x' * 150}" for index in range(2000)]
+    register_jobs(server_url, prefix, names)
+    web = WebCommand(tmp_path, server_url, prefix)
+    webs.append(web)
+    web.wait_serving()
+    monitor = CommandLog(server_url)
+    try:
+        status, page = web.get(f"/jobs/{names[7]}")
+        assert status == 200 and f"Job {names[7]}" in page, page
+        status, missing = web.get("/jobs/no-such-job")
+    finally:
+        sent = {name for _, name in monitor.close()}
+    assert status == 404 and "no job named 'no-such-job'" in html.unescape(missing), missing
+    assert len(missing.encode()) < 20_000 and names[0] not in missing, len(missing)
+    assert not sent & {"HGETALL", "HKEYS", "HVALS", "KEYS", "SCAN"}, sent
+    assert web.end() == 0, web.log()
+
+
+def test_what_the_store_holds_malformed_costs_the_dashboard_that_entry_alone(
+    server_url: str, prefix: str, tmp_path: Path, webs: list[WebCommand], direct: redis.Redis
+) -> None:
+    """A job definition that is not JSON (its name a terminal escape), a timer kind of a
+    million buckets, an instance registered with 20,000 jobs and one whose record is
+    not JSON: the overview is made (each malformed entry marked as such, and listed,
+    escaped, among the malformed entries), the good job has its page, and an instance's
+    job list is read and drawn only in part."""
+    register_jobs(server_url, prefix, ["good"])
+    set_timers(server_url, prefix, ["user:1"])
+    keys = RegistryKeys.for_prefix(prefix)
+    direct.hset(keys.jobs, "bad\x1b[2Jjob", "{not json")
+    direct.hset(keys.timer_kinds, "huge", '{"buckets": 1000000}')
+    alive_until = int(time.time() * 1000) + 120_000
+    many = [f"registered-job-{index:05d}" for index in range(20_000)]
+    big = {"id": "big", "host": "h", "pid": 1, "version": "v", "started_ms": 1,
+           "strategy": "lease", "jobs": many, "timer_kinds": [], "running": 0}  # fmt: skip
+    direct.set(keys.instance("big"), json.dumps(big))
+    direct.set(keys.instance("broken"), "not json")
+    direct.zadd(keys.instances, {"big": alive_until, "broken": alive_until})
+    web = WebCommand(tmp_path, server_url, prefix)
+    webs.append(web)
+    web.wait_serving()
+    status, page = web.get("/")
+    assert status == 200, page
+    assert ">good</a>" in page and ">remind</td>" in page, page
+    assert r"bad\x1b[2Jjob" in page and "\x1b" not in page, page
+    assert "malformed" in page and "huge" in page, page
+    assert "Malformed store entries" in page and "not JSON" in page, page
+    assert len(page.encode()) < 250_000 and many[-1] not in page, len(page.encode())
+    assert web.get("/jobs/good")[0] == 200
+    status, page = web.get("/jobs/bad%1B%5B2Jjob")
+    assert status == 404 and "malformed" in page and "\x1b" not in page, page
+    assert web.end() == 0, web.log()
+
+
+def test_a_page_number_that_is_no_ascii_number_is_the_first_page_and_pages_are_not_stored(
+    server_url: str, prefix: str, tmp_path: Path, webs: list[WebCommand]
+) -> None:
+    """``?page=²`` (a digit to ``str.isdigit``, not to ``int``) is the first page, not a
+    500; every page says it is not to be stored by a cache (it shows the store now)."""
+    register_jobs(server_url, prefix, ["report"])
+    web = WebCommand(tmp_path, server_url, prefix)
+    webs.append(web)
+    web.wait_serving()
+    for query in ("²", "٣", "-1", "1e3", "9" * 40):
+        status, page = web.get(f"/?page={quote(query)}")
+        assert status == 200 and ">report</a>" in page, (query, page)
+    for path in ("/", "/jobs/report", "/jobs/unknown"):
+        request = urllib.request.Request(web.url(path))
+        try:
+            with urllib.request.urlopen(request, timeout=PAGE_SEC + 10) as reply:
+                headers = reply.headers
+        except urllib.error.HTTPError as refused:
+            headers = refused.headers
+        assert headers["Cache-Control"] == "no-store", (path, dict(headers))
+    assert web.end() == 0, web.log()
+
+
+def test_the_page_refreshing_itself_stays_on_its_page_of_jobs(
+    server_url: str, prefix: str, tmp_path: Path, webs: list[WebCommand], browser: Any
+) -> None:
+    """On the second page of jobs, each refresh reads the second page again (the
+    refresh keeps ``?page``)."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    names = [f"job{index:03d}" for index in range(60)]
+    register_jobs(server_url, prefix, names)
+    web = WebCommand(tmp_path, server_url, prefix, "--refresh", "0.5")
+    webs.append(web)
+    web.wait_serving()
+    browser.get(web.url("/?page=2"))
+    read_at = browser.find_element(By.ID, "updated").text
+    WebDriverWait(browser, 30).until(lambda b: b.find_element(By.ID, "updated").text != read_at)
+    shown = texts(browser, section("Jobs") + "//tbody/tr/td[1]")
+    assert shown == names[50:], shown
+    assert web.end() == 0, web.log()
+
+
+def open_unfinished_requests(port: int, count: int) -> list[socket.socket]:
+    """``count`` connections that each send the start of a request and never its end."""
+    opened = []
+    for _ in range(count):
+        sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+        sock.sendall(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")
+        opened.append(sock)
+    return opened
+
+
+def closed_by_the_server(sock: socket.socket, within_sec: float) -> bool:
+    """Whether the server closes ``sock`` (an end of file, or a reset) within the time."""
+    sock.settimeout(within_sec)
+    try:
+        while sock.recv(4096):
+            pass  # a 408 or 503 it may say before it closes
+    except TimeoutError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+def test_connections_that_never_finish_their_headers_neither_block_the_dashboard_nor_stay(
+    server_url: str, prefix: str, tmp_path: Path, webs: list[WebCommand]
+) -> None:
+    """400 connections that send the start of a request and stop (slowloris), against a
+    dashboard allowed 150 open files: it goes on answering, each of those connections
+    is closed within the header timeout, and nothing floods its output (the refused
+    connections are said once, not once each)."""
+    register_jobs(server_url, prefix, ["report"])
+    web = WebCommand(tmp_path, server_url, prefix, "--header-timeout", "3", open_files=150)
+    webs.append(web)
+    web.wait_serving()
+    idle = open_unfinished_requests(web.port, 400)
+    try:
+        began = time.monotonic()
+        status, page = web.get("/")
+        assert status == 200 and ">report</a>" in page, page
+        assert time.monotonic() - began < 5
+        late = [sock for sock in idle if not closed_by_the_server(sock, 8)]
+        assert late == [], f"{len(late)} unfinished requests still open"
+        assert time.monotonic() - began < 12
+    finally:
+        for sock in idle:
+            sock.close()
+    assert web.get("/")[0] == 200
+    assert web.end() == 0, web.log()
+    log = web.log()
+    assert len(log) < 4_000 and log.count("Too many open files") <= 1, log

@@ -34,6 +34,7 @@ import html
 import json
 import logging
 import math
+import re
 import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
@@ -51,10 +52,12 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ._errors import AnarchonError, ConnectionFailedError, InvalidOptionError
+from ._errors import AnarchonError, ConnectionFailedError, InvalidJobError, InvalidOptionError
+from ._model.text import visible
 from ._model.values import InstanceInfo, JobInfo, LeaseInfo, RunResult, TimerKindInfo
-from ._ops.inspector import Inspector, newest_failures, runners
+from ._ops.inspector import Inspector, jobs_cut, may_run, newest_failures, runners
 from ._store.backend import RedisBackend
+from ._store.quarantine import Quarantined
 from .clients import ServerReplyError
 
 __all__ = ["dashboard"]
@@ -72,6 +75,16 @@ PAGE_SEC = 20.0
 JOBS_PER_PAGE = 50
 #: Rows of the runs in progress and of the instances alive the overview shows at most.
 ROWS_MAX = 100
+#: Timer kinds the overview reads and shows at most (the first by name).
+KINDS_MAX = 20
+#: Malformed store entries the overview lists at most (the newest).
+MALFORMED_MAX = 20
+#: Job names an instance's row shows at most.
+INSTANCE_JOBS_SHOWN = 10
+#: How much of a stored name (a job's, a runner's) and of a stored error text a page
+#: shows (the rest is cut, with its length said).
+NAME_CHARS = 200
+ERROR_CHARS = 2000
 #: Dots of a lateness chart at most (the newest).
 CHART_POINTS = 500
 #: Pages made at the same time at most; more wait their turn (within PAGE_SEC).
@@ -212,17 +225,29 @@ class _Site:
             shown = names[(page - 1) * JOBS_PER_PAGE : page * JOBS_PER_PAGE]
             jobs = await inspector.jobs(shown)
             leases = await inspector.leases(names=shown)
-            instances = await inspector.instances()
-            timers = await inspector.timers()
+            instances = await inspector.instances(ROWS_MAX)
+            alive = await inspector.instance_count()
+            timers = await inspector.timers(limit=KINDS_MAX)
+            kinds = await inspector.timer_kind_count()
             recent = await inspector.recent(STRIP, shown)
             failures = newest_failures(recent, 10)
+            malformed = await inspector.quarantined(MALFORMED_MAX)
+            fleet = _Fleet(instances, every_read=alive <= len(instances))
             of = f" (jobs {shown[0]} to {shown[-1]})" if pages > 1 and shown else ""
             return "".join(
                 [
                     _done(request, shown),
                     _section(
                         "Jobs",
-                        _jobs_table(root, jobs, recent, instances, self.token is not None)
+                        _jobs_table(
+                            root,
+                            shown,
+                            jobs,
+                            recent,
+                            fleet,
+                            inspector.malformed_in(malformed, "jobs"),
+                            self.token is not None,
+                        )
                         + _pager(root, page, pages, len(names)),
                     ),
                     _section(
@@ -232,14 +257,21 @@ class _Site:
                     ),
                     _section(
                         "Instances alive",
-                        _instances_table(instances[:ROWS_MAX])
-                        + _more(len(instances) - ROWS_MAX, "instances"),
+                        _instances_table(instances) + _more(alive - len(instances), "instances"),
                     ),
-                    _section("Timers", _timers_table(timers)),
+                    _section(
+                        "Timers",
+                        _timers_table(timers, inspector.malformed_in(malformed, "timer kinds"))
+                        + _more(kinds - KINDS_MAX, "timer kinds"),
+                    ),
                     _section(f"Recent failures{of}", _results_table(root, failures, with_job=True)),
                     _section(
                         f"Fire lateness (slot to start){of}",
                         _lateness_chart(r for results in recent.values() for r in results),
+                    ),
+                    _section(
+                        "Malformed store entries",
+                        _malformed_table(malformed, inspector.quarantine.count),
                     ),
                 ]
             )
@@ -251,14 +283,19 @@ class _Site:
         name, root = request.path_params["job"], _root(request)
 
         async def read(inspector: Inspector) -> str:
+            # Each read by name: the page costs the same at any number of jobs.
             history = await inspector.history(name, HISTORY)
-            (job,) = [job for job in await inspector.jobs() if job.name == name]
+            found = await inspector.jobs([name])
+            if not found:  # gone as it was read
+                raise InvalidJobError(f"no job named '{visible(name, NAME_CHARS)}' any more")
+            (job,) = found
             leases = await inspector.leases(name)
-            instances = await inspector.instances()
+            instances = await inspector.instances(ROWS_MAX)
+            fleet = _Fleet(instances, every_read=await inspector.instance_count() <= ROWS_MAX)
             return "".join(
                 [
                     _done(request, [name]),
-                    _section(f"Job {name}", _job_details(job, history[:STRIP], instances)),
+                    _section(f"Job {_shown(name)}", _job_details(job, history[:STRIP], fleet)),
                     _actions(root, job, self.token is not None),
                     _section("Runs in progress", _leases_table(root, leases)),
                     _section("Fire lateness (slot to start)", _lateness_chart(history)),
@@ -267,7 +304,7 @@ class _Site:
             )
 
         body, status = await self._read(read)
-        return self._page(request, f"anarchon · {name}", body, status)
+        return self._page(request, f"anarchon · {_shown(name)}", body, status)
 
     async def act(self, request: Request) -> Response:
         name, action = request.path_params["job"], request.path_params["action"]
@@ -343,6 +380,7 @@ class _Site:
 <script>{_SCRIPT}</script>
 </body></html>""",
             status,
+            headers={"cache-control": "no-store"},  # each page is the store as it is now
         )
 
 
@@ -358,10 +396,14 @@ def _root(request: Request) -> str:
 
 
 def _page_number(request: Request, pages: int) -> int:
-    """The overview's page asked for (``?page=N``), within 1 to ``pages``."""
+    """The overview's page asked for (``?page=N``, N in ASCII digits: ``str.isdigit``
+    also takes '²', which ``int`` refuses), within 1 to ``pages``."""
     asked = request.query_params.get("page", "1")
-    number = int(asked) if asked.isdigit() and len(asked) < 10 else 1
+    number = int(asked) if _PAGE.fullmatch(asked) else 1
     return min(max(number, 1), pages)
+
+
+_PAGE = re.compile(r"[0-9]{1,9}")
 
 
 def _pager(root: str, page: int, pages: int, count: int) -> str:
@@ -400,7 +442,28 @@ def _done(request: Request, jobs: Iterable[str]) -> str:
     job = request.query_params.get("job", "")
     if action not in _ACTIONS or job not in set(jobs):
         return ""
-    return _message("done", f"Done: {job} {_ACTIONS[action]}.")
+    return _message("done", f"Done: {_shown(job)} {_ACTIONS[action]}.")
+
+
+def _shown(text: object, limit: int | None = NAME_CHARS) -> str:
+    """Stored text as a page shows it (before HTML's escaping): its control, zero-width
+    and bidi characters made visible (two names that differ by one look different), cut
+    to ``limit`` characters."""
+    return visible(text, limit)
+
+
+def _esc(text: object, limit: int | None = NAME_CHARS) -> str:
+    """Stored text in a page: ``_shown``, HTML-escaped."""
+    return html.escape(_shown(text, limit))
+
+
+def _segment(name: str) -> str | None:
+    """A job's name as one segment of a URL's path (every ``/`` escaped too, so that
+    ``../run-now/billing`` stays one segment); None for ``.`` and ``..``, which a browser
+    reads as a path's steps however they are escaped: such a job has no links."""
+    if name in (".", ".."):
+        return None
+    return quote(name, safe="")
 
 
 async def _capped_body(request: Request) -> bytes | None:
@@ -444,23 +507,50 @@ def _table(head: Iterable[str], rows: list[list[str]], empty: str) -> str:
     return f"<table><thead><tr>{cells}</tr></thead><tbody>{body}</tbody></table>"
 
 
+class _Fleet:
+    """The instances alive as a page read them: who runs a job, and whether that is
+    known (every instance's job list read whole) or only that it may be."""
+
+    def __init__(self, instances: list[InstanceInfo], *, every_read: bool) -> None:
+        self.instances = instances
+        self.every_read = every_read
+
+    def runners(self, job: str) -> list[str]:
+        return runners(job, self.instances)
+
+    def unrun(self, job: str) -> bool:
+        """No instance alive runs ``job`` (said only when every registration was read)."""
+        return self.every_read and not may_run(job, self.instances)
+
+
 def _jobs_table(
     root: str,
+    names: list[str],
     jobs: list[JobInfo],
     recent: dict[str, list[RunResult]],
-    instances: list[InstanceInfo],
+    fleet: _Fleet,
+    malformed: dict[str, Quarantined],
     actions: bool,
 ) -> str:
+    """The jobs of ``names``: those read (``jobs``), and a row that says so for each whose
+    stored definition is malformed."""
+    read = {job.name: job for job in jobs}
     rows = []
-    for job in jobs:
-        link = _job_link(root, job.name)
+    for name in names:
+        job = read.get(name)
+        if job is None:
+            entry = malformed.get(_shown(name, None))
+            if entry is not None:
+                why = f"its stored definition is malformed: {entry.problem}"
+                rows.append([_esc(name), f'<span class="badge unrun">malformed</span> {_esc(why)}'])
+            continue
         paused = '<span class="badge paused">paused</span>' if job.paused else ""
         row = [
-            link,
+            _job_link(root, job.name),
             _schedule(job),
-            html.escape(job.timezone),
+            _esc(job.timezone),
             _when(job.next_fire),
-            paused + _unrun(job, instances),
+            paused + (_UNRUN if fleet.unrun(job.name) else ""),
             _strip(recent.get(job.name, [])),
         ]
         if actions:
@@ -473,9 +563,9 @@ def _jobs_table(
 def _strip(results: list[RunResult]) -> str:
     cells = []
     for r in reversed(results[:STRIP]):
-        title = f"{_clock(r.slot)} attempt {r.attempt} {r.status} on {r.runner}"
+        title = f"{_clock(r.slot)} attempt {r.attempt} {r.status} on {_shown(r.runner)}"
         if r.error:
-            title += f": {r.error}"
+            title += f": {_shown(r.error, ERROR_CHARS)}"
         cells.append(
             f'<span class="cell {html.escape(r.status)}" title="{html.escape(title)}"></span>'
         )
@@ -483,16 +573,22 @@ def _strip(results: list[RunResult]) -> str:
 
 
 def _job_link(root: str, name: str) -> str:
-    return f'<a href="{root}/jobs/{quote(name)}">{html.escape(name)}</a>'
+    segment = _segment(name)
+    if segment is None:
+        return _esc(name)
+    return f'<a href="{root}/jobs/{segment}">{_esc(name)}</a>'
 
 
 def _buttons(root: str, job: JobInfo, back: str) -> str:
     """Its actions' forms; ``back``: the page they lead back to, within the dashboard."""
+    segment = _segment(job.name)
+    if segment is None:
+        return "-"
     forms = []
     where = f"{root}/actions"
     for action in ("resume" if job.paused else "pause", "run-now"):
         forms.append(
-            f'<form class="action" method="post" action="{where}/{action}/{quote(job.name)}">'
+            f'<form class="action" method="post" action="{where}/{action}/{segment}">'
             f'<input type="hidden" name="token"><input type="hidden" name="next" '
             f'value="{html.escape(back)}"><button type="submit" '
             f'data-job="{html.escape(job.name)}" data-action="{action}">{action}</button></form>'
@@ -501,9 +597,10 @@ def _buttons(root: str, job: JobInfo, back: str) -> str:
 
 
 def _actions(root: str, job: JobInfo, actions: bool) -> str:
-    if not actions:
+    segment = _segment(job.name)
+    if not actions or segment is None:
         return ""
-    return f'<div class="bar">{_buttons(root, job, f"/jobs/{quote(job.name)}")}</div>'
+    return f'<div class="bar">{_buttons(root, job, f"/jobs/{segment}")}</div>'
 
 
 _UNRUN = (
@@ -513,26 +610,25 @@ _UNRUN = (
 )
 
 
-def _unrun(job: JobInfo, instances: list[InstanceInfo]) -> str:
-    """A mark on a job that no instance alive runs (what the instances registered)."""
-    return "" if runners(job.name, instances) else _UNRUN
-
-
-def _job_details(job: JobInfo, recent: list[RunResult], instances: list[InstanceInfo]) -> str:
+def _job_details(job: JobInfo, recent: list[RunResult], fleet: _Fleet) -> str:
     options = ", ".join(f"{k}={json.dumps(v)}" for k, v in sorted(job.options.items()))
-    run_by = runners(job.name, instances)
+    run_by = fleet.runners(job.name)
+    if run_by:
+        by = _esc(", ".join(run_by[:INSTANCE_JOBS_SHOWN]), None)
+    else:
+        by = _UNRUN if fleet.unrun(job.name) else "unknown (an instance's job list was cut)"
     rows = [
         ("schedule", _schedule(job)),
-        ("zone", html.escape(job.timezone)),
-        ("strategy", html.escape(job.strategy)),
+        ("zone", _esc(job.timezone)),
+        ("strategy", _esc(job.strategy)),
         ("next fire", _when(job.next_fire)),
         (
             "paused",
-            f"yes, by {html.escape(job.paused_by or '?')}" if job.paused else "no",
+            f"yes, by {_esc(job.paused_by or '?')}" if job.paused else "no",
         ),
         ("first seen", _when(job.first_seen)),
-        ("run by", html.escape(", ".join(run_by)) if run_by else _UNRUN),
-        ("options", html.escape(options) or "-"),
+        ("run by", by),
+        ("options", _esc(options, ERROR_CHARS) or "-"),
         ("last attempts", _strip(recent)),
     ]
     body = "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in rows)
@@ -546,7 +642,7 @@ def _leases_table(root: str, leases: list[LeaseInfo]) -> str:
             _clock(lease.slot) + (" manual" if lease.slot_id.startswith("m") else ""),
             html.escape(lease.status),
             str(lease.attempt),
-            html.escape(lease.runner),
+            _esc(lease.runner),
             f"{lease.left_ms / 1000:.1f} s",
             str(lease.fence),
             html.escape(lease.trigger),
@@ -557,16 +653,27 @@ def _leases_table(root: str, leases: list[LeaseInfo]) -> str:
     return _table(head, rows, "No run in progress.")
 
 
+def _names(names: tuple[str, ...], cut: bool = False) -> str:
+    """A registered list of names, the first ``INSTANCE_JOBS_SHOWN`` of them."""
+    shown = ", ".join(_shown(name) for name in names[:INSTANCE_JOBS_SHOWN]) or "-"
+    more = len(names) - INSTANCE_JOBS_SHOWN
+    if cut:
+        shown += f" and more ({len(names):,} read; its registration was read in part)"
+    elif more > 0:
+        shown += f" and {more:,} more"
+    return html.escape(shown)
+
+
 def _instances_table(instances: list[InstanceInfo]) -> str:
     rows = [
         [
-            html.escape(i.id),
-            html.escape(f"{i.host} pid {i.pid}"),
-            html.escape(i.version),
+            _esc(i.id),
+            _esc(f"{i.host} pid {i.pid}"),
+            _esc(i.version),
             _when(i.started),
-            html.escape(", ".join(i.jobs) or "-"),
-            html.escape(", ".join(i.timer_kinds) or "-"),
-            str(i.running),
+            _names(i.jobs, jobs_cut(i)),
+            _names(i.timer_kinds),
+            "-" if jobs_cut(i) else str(i.running),
         ]
         for i in instances
     ]
@@ -582,18 +689,43 @@ def _instances_table(instances: list[InstanceInfo]) -> str:
     return _table(head, rows, "No instance alive.")
 
 
-def _timers_table(timers: list[TimerKindInfo]) -> str:
+def _timers_table(timers: list[TimerKindInfo], malformed: dict[str, Quarantined]) -> str:
     rows = [
         [
-            html.escape(t.kind),
+            _esc(t.kind),
             str(t.pending),
             _when(t.next_due),
-            html.escape(t.next_key or "-"),
+            _esc(t.next_key or "-"),
             str(t.buckets),
         ]
         for t in timers
     ]
+    for kind, entry in sorted(malformed.items()):
+        why = f"its registration is malformed (not read): {entry.problem}"
+        rows.append([html.escape(kind), f'<span class="badge unrun">malformed</span> {_esc(why)}'])
     return _table(["kind", "pending", "next due", "next key", "buckets"], rows, "No timer kind.")
+
+
+def _malformed_table(entries: list[Quarantined], met_here: int) -> str:
+    """The store's malformed entries (met here, and reported by the fleet), as text."""
+    rows = [
+        [
+            html.escape(entry.key),
+            html.escape(entry.field or "(the whole value)"),
+            html.escape(entry.problem),
+            f"<code>{html.escape(entry.excerpt)}</code>",
+            "here" if entry.seen_at is None else _when(entry.seen_at),
+        ]
+        for entry in entries
+    ]
+    note = (
+        f'<p class="empty">This dashboard met {met_here:,} (each logged once). An entry is '
+        "left as it is and skipped: it costs itself alone. See the operations guide.</p>"
+        if met_here
+        else ""
+    )
+    head = ["key", "field", "what is wrong", "it held", "last met"]
+    return _table(head, rows, "None met.") + note
 
 
 def _results_table(root: str, results: list[RunResult], *, with_job: bool) -> str:
@@ -604,11 +736,11 @@ def _results_table(root: str, results: list[RunResult], *, with_job: bool) -> st
             _clock(r.slot),
             str(r.attempt),
             html.escape(r.trigger),
-            html.escape(r.runner),
+            _esc(r.runner),
             f'<span class="badge {html.escape(r.status)}">{html.escape(r.status)}</span>',
             _clock(r.started_at),
             "-" if r.status == "skipped" else f"{took:.3f} s",
-            f'<span class="error">{html.escape(r.error or "")}</span>',
+            f'<span class="error">{_esc(r.error or "", ERROR_CHARS)}</span>',
         ]
         if with_job:
             row.insert(0, _job_link(root, r.job))
@@ -644,7 +776,7 @@ def _lateness_chart(results: Iterable[RunResult]) -> str:
     for job, at, late in points:
         x = left + (at - first) / span * (width - left - 8)
         y = height - bottom - late / top * (height - bottom - 8)
-        label = html.escape(f"{job}: {late * 1000:.0f} ms late at {_clock_epoch(at)}")
+        label = html.escape(f"{_shown(job)}: {late * 1000:.0f} ms late at {_clock_epoch(at)}")
         dots.append(
             f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3" fill="{colour[job]}">'
             f"<title>{label}</title></circle>"
@@ -660,7 +792,7 @@ def _lateness_chart(results: Iterable[RunResult]) -> str:
     )
     legend = " ".join(
         f'<span class="key"><span class="dot" style="background:{colour[job]}"></span>'
-        f"{html.escape(job)}</span>"
+        f"{_esc(job)}</span>"
         for job in jobs
     )
     return (
@@ -672,10 +804,10 @@ def _lateness_chart(results: Iterable[RunResult]) -> str:
 
 def _schedule(job: JobInfo) -> str:
     if job.cron is not None:
-        return f"<code>{html.escape(job.cron)}</code>"
+        return f"<code>{_esc(job.cron)}</code>"
     if job.every_ms is not None:
         return f"every {_seconds(job.every_ms / 1000)}"
-    return html.escape(job.schedule)
+    return _esc(job.schedule)
 
 
 def _seconds(value: float) -> str:
@@ -745,12 +877,15 @@ _SCRIPT = """
     const giveUp = new AbortController();
     const timer = setTimeout(() => giveUp.abort(), 30000);
     try {
-      const reply = await fetch(location.pathname, {cache: 'no-store', signal: giveUp.signal});
-      const page = new DOMParser().parseFromString(await reply.text(), 'text/html');
-      const main = page.getElementById('main');
+      // The same page of jobs (?page), without an action's notice (?done).
+      const page = new URLSearchParams(location.search).get('page');
+      const url = location.pathname + (page ? '?page=' + encodeURIComponent(page) : '');
+      const reply = await fetch(url, {cache: 'no-store', signal: giveUp.signal});
+      const read = new DOMParser().parseFromString(await reply.text(), 'text/html');
+      const main = read.getElementById('main');
       if (main) {
         document.getElementById('main').replaceWith(main);
-        updated.textContent = page.getElementById('updated').textContent;
+        updated.textContent = read.getElementById('updated').textContent;
       } else {
         updated.textContent = 'the dashboard answered ' + reply.status + '; trying again';
       }
