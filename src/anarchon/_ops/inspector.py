@@ -6,7 +6,6 @@ resume, run now). ``anarchon inspect`` and its sibling commands print what this 
 from __future__ import annotations
 
 import math
-import secrets
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -35,7 +34,7 @@ from .._model.values import (
     TimerKindInfo,
 )
 from .._store.backend import RedisBackend
-from .._store.contract import fleet_slot_id, is_slot_id, slot_ms_of
+from .._store.contract import is_slot_id, slot_ms_of
 from .._store.keys import (
     ClaimOnlyKeys,
     JobKeys,
@@ -44,7 +43,7 @@ from .._store.keys import (
     TimerKeys,
     hint_channel,
 )
-from .._store.lease import PAUSED_FIELD, set_paused
+from .._store.lease import PAUSED_FIELD, request_run, set_paused
 from .._store.quarantine import (
     MalformedEntry,
     Quarantine,
@@ -61,7 +60,6 @@ from .._store.records import (
     history_command,
     parse_history,
 )
-from .._store.scripts import ScriptCall, lease_script, run_scripts
 from .._store.timers import TimerPeek, TimerStore
 from ..clients import Command, Connection, ServerReplyError, TransportError
 
@@ -410,8 +408,9 @@ class Inspector:
         instances that run the job hear of it on the hint channel (any one of them takes
         it; without hints, the first to claim the job's next slot does). It is one
         attempt, recorded with trigger ``"manual"``; overlap rules apply. Returns the
-        run's slot id (its history entries carry it)."""
-        state = await self._lease_state_key(job, "run-now")
+        run's slot id (its history entries carry it): the run asked for before, if
+        that one still waits for its first attempt (asking again adds nothing)."""
+        await self._lease_state_key(job, "run-now")
         instances = await self.instances()
         unread = await self.instance_count() > len(instances)
         if not unread and not may_run(job, instances):
@@ -419,18 +418,9 @@ class Inspector:
                 f"no instance alive runs '{visible(job, _NAME_SHOWN)}': a run asked for now "
                 "would wait until one starts; start one, then ask again"
             )
-        keys = JobKeys.for_job(self._prefix, job)
-        requested_ms = int(time.time() * 1000)
-        slot_id = fleet_slot_id(requested_ms, secrets.token_hex(4))
-        call = ScriptCall(
-            lease_script("request_run"),
-            (state, keys.active, keys.slots),
-            (slot_id, slot_ms_of(slot_id), self._who()),
-        )
         with _answered_in_time():
-            (reply,) = await run_scripts(self._require(), [call])
-        if isinstance(reply, ServerReplyError):
-            raise reply
+            # A request that still waits for its first attempt is the one request.
+            slot_id, _ = await request_run(self._require(), self._prefix, job, self._who())
         hint = RunRequested(slot_id, job).message()
         await self._execute(("PUBLISH", hint_channel(self._prefix), hint))
         return slot_id
