@@ -26,7 +26,7 @@ from anarchon import ConnectionFailedError, RedisBackend, Scheduler, serve
 from anarchon._ops.embedded import free_port
 from anarchon._store.keys import RegistryKeys
 from tests.faults import FaultProxy
-from tests.helpers import hand_over_slot
+from tests.helpers import hand_over_slot, wait_until
 from tests.restartable_server import RestartableServer
 from tests.servers import ServerSpec
 from tests.test_takeover import wait_for
@@ -401,3 +401,75 @@ def test_a_health_or_metrics_port_that_is_taken_fails_before_the_start_in_one_li
     direct = redis.Redis.from_url(server_url, decode_responses=True, protocol=2)
     assert direct.zcard(registered) == 0  # it never started
     direct.close()
+
+
+# ------------------------------------------------------------------ the health file
+
+
+async def serve_until_the_health_file_is_written(
+    server_url: str, prefix: str, health: Path, written: Any
+) -> None:
+    """``serve`` with a health file at ``health``, until ``written()`` holds; then a stop."""
+    scheduler: Scheduler[Any] = Scheduler(RedisBackend(redis=server_url, prefix=prefix))
+    scheduler.add_job(lambda: None, "0 0 1 1 *", name="rare")
+    async with anyio.create_task_group() as group:
+
+        async def run() -> None:
+            await serve(scheduler, health_file=health, stop_signals=())
+
+        group.start_soon(run)
+        await wait_until(written, 20, "the health file to be written")
+        await scheduler.stop()
+
+
+@pytest.mark.anyio
+async def test_the_health_file_is_never_written_through_a_planted_symbolic_link(
+    server_url: str, prefix: str, tmp_path: Path
+) -> None:
+    """Symbolic links planted where the health file goes and where its temporary file
+    went (its old predictable name, ``.<name>.<pid>``): the files they point to are left
+    as they were, and the health file is a file of its own, the running user's alone."""
+    health = tmp_path / "app.health"
+    victims = [tmp_path / "victim-of-temp", tmp_path / "victim-of-target"]
+    for victim in victims:
+        victim.write_text("precious\n")
+    (tmp_path / f".{health.name}.{os.getpid()}").symlink_to(victims[0])
+    health.symlink_to(victims[1])
+    seen: list[dict[str, Any]] = []
+
+    def written() -> bool:
+        if any(victim.read_text() != "precious\n" for victim in victims):
+            return True
+        if health.is_symlink() or not health.exists():
+            return False
+        seen.append(json.loads(health.read_text()))
+        assert health.stat().st_mode & 0o777 == 0o600
+        return True
+
+    await serve_until_the_health_file_is_written(server_url, prefix, health, written)
+    assert [victim.read_text() for victim in victims] == ["precious\n", "precious\n"]
+    assert seen and seen[0]["live"] is True
+
+
+@pytest.mark.anyio
+async def test_a_temporary_file_left_with_another_mode_does_not_lend_it_to_the_health_file(
+    server_url: str, prefix: str, tmp_path: Path
+) -> None:
+    """A file already at the temporary file's old name, mode 0666, is not reused: the
+    health file is created anew, mode 0600."""
+    health = tmp_path / "app.health"
+    planted = tmp_path / f".{health.name}.{os.getpid()}"
+    planted.write_text("planted\n")
+    planted.chmod(0o666)
+    modes: list[int] = []
+
+    def written() -> bool:
+        if health.exists():
+            modes.append(health.stat().st_mode & 0o777)
+            return True
+        return False
+
+    await serve_until_the_health_file_is_written(server_url, prefix, health, written)
+    assert modes == [0o600]
+    assert planted.read_text() == "planted\n"
+    assert not health.exists()  # removed at the stop

@@ -9,6 +9,7 @@ import json
 import logging
 import math
 import os
+import secrets
 import signal
 import time
 from collections.abc import Sequence
@@ -295,21 +296,35 @@ async def _keep_health_file(scheduler: Scheduler[Any], path: Path) -> None:
     try:
         while True:
             body = json.dumps(health_of(scheduler))
-            spare = path.with_name(f".{path.name}.{os.getpid()}")
-            await anyio.to_thread.run_sync(_replace_file, spare, path, body)
+            await anyio.to_thread.run_sync(_replace_file, path, body)
             await anyio.sleep(_health_interval_sec(scheduler))
     finally:
         with anyio.CancelScope(shield=True):
             await anyio.Path(path).unlink(missing_ok=True)
 
 
-def _replace_file(spare: Path, path: Path, body: str) -> None:
+#: How a health file's temporary file is opened: created anew (never a file that is
+#: there already, whose mode and owner would stay), never through a symbolic link.
+_NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _replace_file(path: Path, body: str) -> None:
     """Write ``body`` to ``path`` so that a reader sees the old file or the new one; the
-    file is the running user's alone (mode 0600: it names the jobs and the instance)."""
-    descriptor = os.open(spare, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(descriptor, "w") as out:
-        out.write(body + "\n")
-    spare.replace(path)
+    file is the running user's alone (mode 0600: it names the jobs and the instance).
+
+    The body goes to a temporary file of a name no one can guess, beside ``path``, and
+    is renamed over it: a rename replaces whatever is at ``path`` (a symbolic link
+    planted there too), never a file a link points to. Not synced to disk: a health
+    file outlives no crash of the machine that would need it."""
+    spare = path.with_name(f".{path.name}.{secrets.token_hex(8)}")
+    descriptor = os.open(spare, _NEW_FILE, 0o600)
+    try:
+        with os.fdopen(descriptor, "w") as out:
+            out.write(body + "\n")
+        os.replace(spare, path)
+    except BaseException:
+        spare.unlink(missing_ok=True)
+        raise
 
 
 def check_health_file(path: Path, *, max_age_sec: float, ready: bool) -> str | None:
