@@ -204,3 +204,88 @@ async def test_stored_text_is_shown_as_text_never_as_markup_or_terminal_control(
         assert "boom [/bad]" in shown.stdout, shown.stdout
         assert r"\x1b]0;pwned\x07" in shown.stdout, shown.stdout
         assert not any(char in shown.stdout for char in "\x1b\x07\x9b"), shown.stdout
+
+
+def register(url: str, prefix: str, names: list[str]) -> None:
+    """Register ``names`` (an instance that starts, runs the first once, and stops)."""
+
+    async def run() -> None:
+        scheduler = Scheduler(RedisBackend(redis=url, prefix=prefix), instance_id="once")
+        for name in names:
+            scheduler.add_job(lambda: None, NEVER, name=name)
+        async with scheduler:
+            await scheduler.run_now(names[0])
+
+    anyio.run(run)
+
+
+#: Registry entries no anarchon wrote, by what is wrong with them.
+MALFORMED = {
+    "not-json": "{not json",
+    "a-list": "[1, 2]",
+    "no-zone": '{"schedule": "x", "cron": "0 0 * * *", "timezone": "Nope/Zone"}',
+}
+
+
+def test_malformed_registry_entries_cost_only_themselves_in_every_store_command(
+    server_url: str, prefix: str, direct: redis.Redis
+) -> None:
+    """A definition that is not JSON, one that is a JSON list, one whose zone does not
+    exist, and a results member that is no result: ``inspect``, ``history``, ``leases``
+    and ``pause`` of the other jobs work as usual, ``inspect`` lists the malformed
+    entries in a section of their own (as JSON too), and asking for a malformed job
+    by name is an error that says it is malformed."""
+    register(server_url, prefix, ["good", "other"])
+    direct.hset("{" + prefix + "}:jobs", mapping=MALFORMED)
+    direct.zadd("{" + prefix + "good}:results", {"garbage": 1})
+    table = anarchon(server_url, prefix, "inspect")
+    assert table.returncode == 0, table
+    assert "good" in table.stdout and "other" in table.stdout, table.stdout
+    assert "Malformed store entries" in table.stdout, table.stdout
+    for name in [*MALFORMED, "garbage"]:
+        assert name in table.stdout, (name, table.stdout)
+    shown = as_json(anarchon(server_url, prefix, "inspect", "--json"))
+    assert isinstance(shown, dict)
+    assert {entry["field"] for entry in shown["malformed"]} >= {*MALFORMED, "garbage"}
+    assert [job["name"] for job in shown["jobs"]] == ["good", "other"]
+    history = as_json(anarchon(server_url, prefix, "history", "good", "--json"))
+    assert isinstance(history, list) and [r["status"] for r in history] == ["ok"]
+    assert as_json(anarchon(server_url, prefix, "leases", "--json")) == []
+    assert as_json(anarchon(server_url, prefix, "leases", "other", "--json")) == []
+    assert anarchon(server_url, prefix, "pause", "other").returncode == 0
+    # The entry is logged once as it is met (a warning), then the command's error.
+    done = anarchon(server_url, prefix, "history", "not-json")
+    assert done.returncode == 1 and done.stdout == "", done
+    warning, error = done.stderr.strip().splitlines()
+    assert "malformed store entry" in warning and "not-json" in warning, warning
+    assert "job 'not-json': its definition in the store is malformed" in error, error
+
+
+def test_an_unknown_job_error_shows_the_name_escaped_and_no_stored_name(
+    server_url: str, prefix: str, direct: redis.Redis
+) -> None:
+    """The names the store holds are not listed in the error (any number of them, any
+    text: one is a terminal escape here), and the name asked for is shown escaped."""
+    register(server_url, prefix, ["good"])
+    direct.hset("{" + prefix + "}:jobs", "evil\x1b]0;pwned\x07", "{}")
+    done = anarchon(server_url, prefix, "history", "typo\x1b[2J")
+    assert done.returncode == 1, done
+    assert "\x1b" not in done.stderr and r"typo\x1b[2J" in done.stderr, done.stderr
+    assert "good" not in done.stderr and "evil" not in done.stderr, done.stderr
+
+
+def test_names_that_differ_by_an_invisible_character_look_different(
+    server_url: str, prefix: str, direct: redis.Redis
+) -> None:
+    """Two jobs, 'payroll' and 'pay\\u200broll' (a zero-width space), and one with a
+    right-to-left override, in a store written before such names were refused: the
+    tables show the invisible characters escaped."""
+    register(server_url, prefix, ["payroll"])
+    jobs = "{" + prefix + "}:jobs"
+    definition = direct.hget(jobs, "payroll")
+    assert definition is not None
+    direct.hset(jobs, mapping={"pay\u200broll": definition, "report\u202egpj.exe": definition})
+    table = anarchon(server_url, prefix, "inspect")
+    assert table.returncode == 0, table
+    assert r"pay\u200broll" in table.stdout and r"report\u202egpj.exe" in table.stdout
+    assert "\u200b" not in table.stdout and "\u202e" not in table.stdout, table.stdout

@@ -8,27 +8,31 @@ import argparse
 import dataclasses
 import json
 import os
-import re
 import sys
 import time
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Any, TypeVar
-from zoneinfo import ZoneInfo
 
 import anyio
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from .._errors import InvalidScheduleError
+from .._model.schedule import load_timezone
+from .._model.text import visible
 from .._model.values import InstanceInfo, JobInfo, LeaseInfo, RunResult, TimerKindInfo
-from .._ops.inspector import Inspector, runners
+from .._ops.inspector import Inspector, jobs_cut, may_run, runners
 from .._store.backend import RedisBackend
+from .._store.quarantine import Quarantined
 
 __all__ = ["add_store_commands", "run_store_command"]
 
 #: The commands this module runs.
 COMMANDS = ("inspect", "history", "leases", "pause", "resume", "run-now")
+#: Malformed store entries ``inspect`` lists at most (the newest).
+MALFORMED_SHOWN = 50
 
 T = TypeVar("T")
 
@@ -71,7 +75,8 @@ def add_store_commands(commands: Any) -> None:
         description="Reads the store (no scheduler needs to run here): each job with its "
         "schedule, next fire time (UTC and the job's zone), pause flag and last result; the "
         "runs in progress with their runner, attempt, fence and time left; the instances "
-        "alive; the timer kinds; the recent failures.",
+        "alive; the timer kinds; the recent failures; the store's malformed entries (met "
+        "here, and reported by the instances), which are left out of the rest.",
     )
     inspect.add_argument("--failures", type=int, default=10, metavar="N", help="default: 10")
     history = commands.add_parser(
@@ -120,8 +125,10 @@ async def _inspect(inspector: Inspector, args: argparse.Namespace, out: Console)
     jobs = await inspector.jobs()
     leases = await inspector.leases()
     instances = await inspector.instances()
+    every_read = await inspector.instance_count() <= len(instances)
     timers = await inspector.timers()
     failures = await inspector.failures(args.failures) if args.failures > 0 else []
+    malformed = await inspector.quarantined(MALFORMED_SHOWN)
     if args.json:
         _print_json(
             {
@@ -130,17 +137,20 @@ async def _inspect(inspector: Inspector, args: argparse.Namespace, out: Console)
                 "instances": instances,
                 "timers": timers,
                 "failures": failures,
+                "malformed": malformed,
             }
         )
         return 0
     out.print(cell(f"store {inspector.backend.where()} prefix {args.prefix!r}"))
-    out.print(_jobs_table(jobs, instances))
+    out.print(_jobs_table(jobs, instances, every_read))
     out.print(_leases_table(leases))
     out.print(_instances_table(instances))
     if timers:
         out.print(_timers_table(timers))
     if failures:
         out.print(_results_table(failures, "Recent failures", with_job=True))
+    if malformed:
+        out.print(_malformed_table(malformed, inspector.quarantine.count))
     return 0
 
 
@@ -185,15 +195,12 @@ async def _operate(inspector: Inspector, args: argparse.Namespace, out: Console)
 
 # ------------------------------------------------------------------ tables
 
-#: C0 and C1 control characters (and DEL): shown escaped, never sent to the terminal.
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
-
 
 def cell(value: object) -> Text:
     """Stored text (a job's name, a handler's error, a timer's key) as the terminal shows
-    it: plain text, never markup, with control characters escaped (``\\x1b``)."""
-    text = "" if value is None else str(value)
-    return Text(_CONTROL.sub(lambda char: char.group().encode("unicode_escape").decode(), text))
+    it: plain text, never markup, with control characters and the invisible ones that
+    make two names look alike (zero-width, bidi) escaped (``\\x1b``, ``\\u200b``)."""
+    return Text(visible(value))
 
 
 def _table(title: str) -> Table:
@@ -205,7 +212,7 @@ def _add_row(table: Table, *values: str | Text | None) -> None:
     table.add_row(*(value if isinstance(value, Text) else cell(value) for value in values))
 
 
-def _jobs_table(jobs: list[JobInfo], instances: list[InstanceInfo]) -> Table:
+def _jobs_table(jobs: list[JobInfo], instances: list[InstanceInfo], every_read: bool) -> Table:
     table = _table("Jobs")
     columns = (
         "job",
@@ -221,11 +228,12 @@ def _jobs_table(jobs: list[JobInfo], instances: list[InstanceInfo]) -> Table:
     for job in jobs:
         count = len(runners(job.name, instances))
         run_by = f"{count} instance{'s' if count > 1 else ''}" if count else None
+        if not run_by and (not every_read or may_run(job.name, instances)):
+            run_by = "unknown (a registration was read in part)"
         schedule = job.cron or (f"every {job.every_ms} ms" if job.every_ms else job.schedule)
         zone = ""
         if job.next_fire is not None and job.timezone != "UTC":
-            local = job.next_fire.astimezone(ZoneInfo(job.timezone))
-            zone = f"{local:%Y-%m-%d %H:%M:%S} {job.timezone}"
+            zone = _in_zone(job.next_fire, job.timezone)
         last = "-"
         if job.last is not None:
             last = f"{job.last.status} ({_when(job.last.slot)}, attempt {job.last.attempt})"
@@ -242,6 +250,15 @@ def _jobs_table(jobs: list[JobInfo], instances: list[InstanceInfo]) -> Table:
     if not jobs:
         _add_row(table, "(none: no instance has registered a job under this prefix)")
     return table
+
+
+def _in_zone(moment: datetime, timezone: str) -> str:
+    """``moment`` in ``timezone`` (a stored zone this machine may not know: said so)."""
+    try:
+        local = moment.astimezone(load_timezone(timezone))
+    except InvalidScheduleError:
+        return f"(zone {timezone} unknown here)"
+    return f"{local:%Y-%m-%d %H:%M:%S} {timezone}"
 
 
 def _leases_table(leases: list[LeaseInfo]) -> Table:
@@ -276,8 +293,9 @@ def _instances_table(instances: list[InstanceInfo]) -> Table:
             str(instance.pid),
             instance.version,
             _when(instance.started),
-            ", ".join(instance.jobs) or "-",
-            str(instance.running),
+            ", ".join(instance.jobs) + (" and more (read in part)" if jobs_cut(instance) else "")
+            or "-",
+            "-" if jobs_cut(instance) else str(instance.running),
         )
     if not instances:
         _add_row(table, "(none)")
@@ -296,6 +314,26 @@ def _timers_table(timers: list[TimerKindInfo]) -> Table:
             str(kind.pending),
             _when(kind.next_due),
             kind.next_key or "-",
+        )
+    return table
+
+
+def _malformed_table(entries: list[Quarantined], met_here: int) -> Table:
+    """The store's malformed entries: each left as it is and skipped (it costs itself
+    alone); met here (this command's reads) or reported by an instance."""
+    title = "Malformed store entries (left as they are, and skipped"
+    title += f"; {met_here} met by this command)" if met_here else ")"
+    table = _table(title)
+    for column in ("key", "field", "what is wrong", "it held", "last met"):
+        table.add_column(column)
+    for entry in entries:
+        _add_row(
+            table,
+            entry.key,
+            entry.field or "(the whole value)",
+            entry.problem,
+            entry.excerpt,
+            "here" if entry.seen_at is None else _when(entry.seen_at),
         )
     return table
 
