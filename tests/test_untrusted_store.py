@@ -8,14 +8,23 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import anyio
 import pytest
 import redis
 
-from anarchon import IntervalSchedule, RedisBackend, Run, Scheduler, TimerRun
+from anarchon import (
+    Inspector,
+    IntervalSchedule,
+    RedisBackend,
+    Run,
+    Scheduler,
+    TimerRun,
+    TimerSetting,
+)
 from anarchon._ops.serve import health_of
-from anarchon._store.keys import JobKeys, RegistryKeys, TimerKeys
+from anarchon._store.keys import JobKeys, RegistryKeys, TimerKeys, hint_channel
 from anarchon._store.lease import request_run
 from anarchon._store.quarantine import MAX_WHOLE, quarantine_of
 from tests.helpers import wait_until
@@ -235,3 +244,167 @@ async def test_a_storm_of_queued_run_requests_does_not_starve_the_other_jobs(
     # Twelve slots of 250 ms are 3 s; on a loaded machine, well under the 12 s of before.
     assert took_sec < 9, took_sec
     assert ran["storm"] > 0
+
+
+# ------------------------------------------------------------------ the poison test
+
+#: A malformed value for each field of a run state
+#: (status|attempt|token|until_ms|fence|trigger|started_ms|runner).
+_STATE_FIELDS = ["status", "attempt", "token", "until_ms", "fence", "trigger", "started", "runner"]
+_GOOD_STATE = ["running", "1", "tok", "0", "5", "schedule", "0", "r"]
+_BAD_VALUE = {
+    "status": "exploded",
+    "attempt": "inf",
+    "token": "",  # any text is a token: the run is an orphan, taken over and settled
+    "until_ms": "nan",
+    "fence": "1e300",
+    "trigger": "\x1b[31m",
+    "started": "-5",
+    "runner": "",
+}
+#: ... of a results member (slot|attempt|status|started_ms|finished_ms|fence|trigger|runner|error).
+_GOOD_RESULT = ["1000", "1", "ok", "1", "2", "5", "schedule", "r", ""]
+_BAD_RESULT = ["garbage", "x", "exploded", "inf", "-1", "nan", "\x1b[2J", "", ""]
+#: ... of a timer (gen|due|status|attempt|token|until|fence|fire_gen|fire_due|trigger|
+#: runner|schedule|payload).
+_GOOD_TIMER = ["1", "1", "p", "0", "", "0", "0", "0", "0", "", "", "", ""]
+_BAD_TIMER = ["x", "inf", "z", "nan", "", "-1", "1e400", "?", "\u00b2", "", "", "zz", "j{"]
+
+
+def poison(direct: redis.Redis, prefix: str) -> None:
+    """A malformed value in every field of every record type the store keeps, beside the
+    healthy job ``good`` and timer kind ``remind``'s healthy keys."""
+    keys = JobKeys.for_job(prefix, "alpha")
+    pipe = direct.pipeline(transaction=False)
+    now_ms = int(direct.time()[0]) * 1000
+    # state and active: each field of a run state, malformed in its own slot
+    for n, name in enumerate(_STATE_FIELDS):
+        slot = str(now_ms - 60_000 + n)
+        value = list(_GOOD_STATE)
+        value[_STATE_FIELDS.index(name)] = _BAD_VALUE[name]
+        pipe.hset(keys.state, slot, "|".join(value))
+        pipe.sadd(keys.active, slot)
+        pipe.zadd(keys.slots, {slot: now_ms - 60_000 + n})
+    pipe.hset(keys.state, "not-a-state", "|")
+    pipe.sadd(keys.active, "garbage", "../x", "m-1", "\x1b]0;owned\x07")
+    pipe.hset(keys.state, "requested", "\x00\xff")
+    pipe.zadd(keys.slots, {"junk": 1, "fence": 2, "paused": 3})
+    pipe.hset(keys.state, "fence", "nan")
+    # runs: a foreign entry
+    pipe.xadd(keys.runs, {"slot": "\x1b[0m", "attempt": "inf", "fence": "-1"})
+    # results: each field of a result malformed
+    for n in range(len(_GOOD_RESULT)):
+        member = list(_GOOD_RESULT)
+        member[n] = _BAD_RESULT[n]
+        pipe.zadd(keys.results, {"|".join(member) + f"#{n}": now_ms - 1000})
+    pipe.zadd(keys.results, {"no bars at all": now_ms})
+    # timers, their due index and counters (the healthy keys share the bucket)
+    timers = TimerKeys.for_kind(prefix, "remind")
+    for n in range(len(_GOOD_TIMER)):
+        record = list(_GOOD_TIMER)
+        record[n] = _BAD_TIMER[n]
+        pipe.hset(timers.timers, f"bad{n}", "|".join(record))
+        pipe.zadd(timers.due, {f"bad{n}": 1})
+    pipe.hset(timers.timers, "short", "xx")
+    pipe.zadd(timers.due, {"short": 1, "nothing-stored": 2, "forever": float("inf")})
+    pipe.hset(timers.meta, mapping={"gen": "1.5", "fence": "nan"})
+    pipe.set(TimerKeys.buckets_key(prefix, "remind"), "one")
+    # the registry
+    registry = RegistryKeys.for_prefix(prefix)
+    pipe.hset(
+        registry.jobs,
+        mapping={
+            "not-json": "{",
+            "a-list": "[1, 2]",
+            "bad-zone": '{"schedule": "x", "timezone": "Nope/Zone", "strategy": "lease"}',
+            "bad-numbers": '{"schedule": "x", "every_ms": "soon", "next_slot_ms": 1e400}',
+        },
+    )
+    pipe.hset(registry.first_seen, mapping={"alpha": "yesterday", "good": "-1"})
+    pipe.hset(registry.timer_kinds, mapping={"remind": "[]", "other": '{"buckets": 1000000}'})
+    pipe.zadd(registry.instances, {"ghost": now_ms + 60_000, "\x1b[2Jwipe": now_ms + 60_000})
+    pipe.set(registry.instance("ghost"), "{not json", px=60_000)
+    pipe.set(registry.instance("\x1b[2Jwipe"), '{"jobs": 5, "pid": "x"}', px=60_000)
+    # the quarantine report itself
+    pipe.zadd(registry.quarantine, {"not json": now_ms, '{"key": 1}': now_ms})
+    pipe.execute()
+
+
+@pytest.mark.slow("runs a fleet of two beside a store poisoned in every field, and reads it")
+async def test_a_store_poisoned_in_every_field_costs_only_the_poisoned_entries(
+    server_url: str, direct: redis.Redis, prefix: str
+) -> None:
+    """Every record type the store keeps (state, active, slots, runs, results, timers,
+    timer-due, timer-meta, timer-buckets, the registry's jobs, first-seen, timer kinds,
+    instances and instance records, the quarantine report, hints) with a malformed value
+    in each field: two instances run beside it, their healthy job and the poisoned job
+    keep their cadence, the healthy timers of the poisoned bucket fire once each, and
+    the read side (inspect's views, history, leases, timers, instances, the quarantine)
+    reads the rest and shows what is malformed."""
+    poison(direct, prefix)
+    ran: dict[str, list[int]] = {"good": [], "alpha": []}
+    fired: list[str] = []
+
+    def fleet_member() -> Scheduler[Any]:
+        scheduler = Scheduler(RedisBackend(redis=server_url, prefix=prefix), lease_ms=3000)
+
+        def counter(name: str) -> Callable[[Run], Awaitable[None]]:
+            async def handler(run: Run) -> None:
+                assert 0 < run.fence <= MAX_WHOLE
+                ran[name].append(run.fence)
+
+            return handler
+
+        for name in ran:
+            scheduler.add_job(counter(name), IntervalSchedule(300), name=name)
+
+        async def remind(fire: TimerRun) -> None:
+            assert 0 < fire.fence <= MAX_WHOLE
+            fired.append(fire.key)
+
+        scheduler.add_timer(remind, "remind")
+        return scheduler
+
+    first, second = fleet_member(), fleet_member()
+    async with first, second:
+        direct.publish(hint_channel(prefix), "\u00b2 junk")
+        direct.publish(hint_channel(prefix), "run mXYZ alpha")
+        await first.set_timers("remind", [TimerSetting(f"ok{n}", delay_ms=100) for n in range(5)])
+        await wait_until(
+            lambda: len(ran["good"]) >= 6 and len(ran["alpha"]) >= 6 and len(fired) >= 5,
+            30,
+            "both jobs' cadence and the healthy timers",
+        )
+        assert health_of(first)["ready"] and health_of(second)["ready"]
+        async with Inspector(RedisBackend(redis=server_url, prefix=prefix)) as inspector:
+            names = [job.name for job in await inspector.jobs()]
+            assert {"good", "alpha"} <= set(names)
+            for name in ("good", "alpha"):
+                history = await inspector.history(name)
+                assert all(0 <= r.fence <= MAX_WHOLE for r in history)
+            assert await inspector.history("good")
+            await inspector.leases()
+            await inspector.instances()
+            await inspector.timers()
+            await inspector.failures()
+            shown = await inspector.quarantined(limit=1000)
+    # Text fields hold any text: those records read, and fire (a schedule or payload that
+    # does not read fails its attempts); the healthy keys fired once each.
+    assert sorted(key for key in fired if key.startswith("ok")) == [f"ok{n}" for n in range(5)]
+    assert len(ran["good"]) == len(set(ran["good"]))
+    met = {(entry.key, entry.field) for entry in shown}
+    keys = JobKeys.for_job(prefix, "alpha")
+    timers = TimerKeys.for_kind(prefix, "remind")
+    registry = RegistryKeys.for_prefix(prefix)
+    expected = {
+        (keys.active, "garbage"),
+        (keys.state, "fence"),
+        (timers.timers, "short"),
+        *((timers.timers, f"bad{n}") for n in (0, 1, 2, 3, 5, 6, 7, 8)),
+        (registry.jobs, "not-json"),
+        (registry.jobs, "a-list"),
+        (registry.first_seen, "alpha"),
+    }
+    assert expected <= met, sorted(expected - met)
+    for entry in shown:
+        assert "\x1b" not in entry.key + entry.field + entry.problem + entry.excerpt

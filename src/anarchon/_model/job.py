@@ -11,9 +11,9 @@ from typing import Any
 
 import anyio.to_thread
 
-from .text import visible
 from .._errors import InvalidJobError, InvalidOptionError, InvalidScheduleError
 from .schedule import CronSchedule, IntervalSchedule, Schedule, SlotClock
+from .text import visible
 from .values import OverlapPolicy, Run
 
 __all__ = [

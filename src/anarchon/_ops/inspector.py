@@ -375,8 +375,8 @@ class Inspector:
         once, at most ``limit``. Each text is shown as text (escaped, cut)."""
         own = self.quarantine.entries()
         stored = await read_quarantine(self._require(), self._prefix, limit)
-        seen = {(entry.key, entry.field, entry.problem) for entry in own}
-        found = own + [e for e in stored if (e.key, e.field, e.problem) not in seen]
+        seen = {(entry.key, entry.field) for entry in own}
+        found = own + [e for e in stored if (e.key, e.field) not in seen]
         return found[:limit]
 
     def malformed_in(

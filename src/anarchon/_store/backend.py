@@ -33,8 +33,8 @@ from .claim_only import ClaimOnlyStore, IdmpSettings, ScriptSettings
 from .claim_only import StrategyName as ClaimOnlyStrategyName
 from .contract import Store
 from .keys import format_key
-from .quarantine import whole
 from .lease import LeaseStore
+from .quarantine import whole
 
 __all__ = [
     "ClaimOnly",

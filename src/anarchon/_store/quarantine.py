@@ -132,7 +132,7 @@ class Quarantine:
     newest ``KEEP``) until it is reported to the store."""
 
     def __init__(self) -> None:
-        self._met: OrderedDict[tuple[str, str, str], Quarantined] = OrderedDict()
+        self._met: OrderedDict[tuple[str, str], Quarantined] = OrderedDict()
         self._unreported: dict[str, Quarantined] = {}
         #: Malformed entries met, each counted once (while it is among the newest KEEP).
         self.count = 0
@@ -140,7 +140,8 @@ class Quarantine:
     def add(self, entry: MalformedEntry, what: str = "") -> None:
         """Quarantine ``entry`` (``what``: the part it cost, e.g. ``job 'report'``)."""
         shown = Quarantined.of(entry)
-        identity = (shown.key, shown.field, shown.problem)
+        # One entry is one, whoever described it (a script, a decoder, a view).
+        identity = (shown.key, shown.field)
         if identity in self._met:
             self._met.move_to_end(identity)
             return
@@ -150,14 +151,15 @@ class Quarantine:
         self.count += 1
         if len(self._unreported) < STORED:
             self._unreported[shown.member()] = shown
+        held = f" (held {shown.excerpt!r})" if shown.excerpt else ""
         cost = f"; it costs {what} alone" if what else ""
         log.warning(
-            "malformed store entry: %s %s: %s (held %r)%s; it is skipped and left as it "
-            "is: see 'anarchon inspect' and the operations guide",
+            "malformed store entry: %s %s: %s%s%s: see 'anarchon inspect' and the "
+            "operations guide",
             shown.key,
             repr(shown.field) if shown.field else "(the whole value)",
             shown.problem,
-            shown.excerpt,
+            held,
             cost,
         )
 

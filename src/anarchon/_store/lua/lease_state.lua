@@ -118,8 +118,9 @@ local function decode_state(raw)
   local status, attempt, token, until_ms, fence, trigger, started_ms, runner = string.match(
     raw, '^([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|(.*)$')
   if not status then return false, 'not a run state (8 fields separated by |)' end
-  if not STATUSES[status] then return false, 'an unknown status' end
-  if not TRIGGERS[trigger] then return false, 'an unknown trigger' end
+  if not STATUSES[status] or not TRIGGERS[trigger] then
+    return false, 'an unknown status or trigger'
+  end
   local s = {
     status = status, attempt = whole(attempt), token = token,
     until_ms = whole(until_ms), fence = whole(fence), trigger = trigger,
