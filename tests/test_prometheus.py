@@ -13,6 +13,7 @@ from typing import Any
 
 import anyio
 import pytest
+import redis
 from prometheus_client import CollectorRegistry, generate_latest
 
 import anarchon._ops.inspector
@@ -30,6 +31,8 @@ from anarchon import (
 )
 from anarchon._engine.instance import Instance
 from anarchon._ops.embedded import free_port
+from anarchon._store.keys import RegistryKeys
+from anarchon._store.quarantine import MalformedEntry, quarantine_of
 from anarchon.prometheus import instrument
 from tests.faults import FaultProxy
 from tests.helpers import (
@@ -383,3 +386,62 @@ def test_an_event_that_cannot_be_counted_is_logged_once_and_the_others_are_count
 
 class _Unhashable:
     __hash__ = None  # type: ignore[assignment]
+
+
+async def test_timers_pending_has_a_bounded_number_of_series_and_drops_a_kind_gone(
+    server_url: str, prefix: str, monkeypatch: pytest.MonkeyPatch, direct: redis.Redis
+) -> None:
+    """The store holds 3,000 timer kinds (another program's, or a bad migration's): the
+    scheduler's pending-timers gauge has a series for each kind it runs, and for at most
+    ``PENDING_OTHER_KINDS`` others; a kind that leaves the store leaves the gauge; a
+    kind of a million buckets is not read."""
+    monkeypatch.setattr(anarchon.prometheus, "STORE_READ_SEC", 0.2)
+    registry = CollectorRegistry()
+    kinds_key = RegistryKeys.for_prefix(prefix).timer_kinds
+    direct.hset(kinds_key, mapping={f"other{index:04d}": '{"buckets": 1}' for index in range(3000)})
+    direct.hset(kinds_key, "zzz-huge", '{"buckets": 1000000}')
+    scheduler = Scheduler(RedisBackend(redis=server_url, prefix=prefix), instance_id="one")
+
+    @scheduler.timer("remind")
+    async def remind(fire: TimerRun) -> None:
+        pass
+
+    instrument(scheduler, registry)
+
+    def series() -> dict[str, float]:
+        return {
+            sample.labels["kind"]: sample.value
+            for metric in registry.collect()
+            if metric.name == "anarchon_timers_pending"
+            for sample in metric.samples
+        }
+
+    async with scheduler:
+        await scheduler.set_timer("remind", "user:1", delay_ms=600_000)
+        await wait_until(lambda: series().get("remind") == 1, 30, "remind's pending timer")
+        shown = series()
+        assert len(shown) <= 1 + anarchon.prometheus.PENDING_OTHER_KINDS, len(shown)
+        assert "zzz-huge" not in shown
+        gone = sorted(kind for kind in shown if kind != "remind")[0]
+        direct.hdel(kinds_key, gone)
+        await wait_until(lambda: gone not in series(), 30, "the kind gone from the gauge")
+
+
+def test_the_malformed_store_entries_the_process_met_are_counted_by_prefix() -> None:
+    """Each malformed entry the process met under the scheduler's prefix (its engine's,
+    an inspector's, a dashboard's) is counted once."""
+    registry = CollectorRegistry()
+    prefix = "counted-malformed:"
+    scheduler = Scheduler(RedisBackend(redis="redis://127.0.0.1:6379/0", prefix=prefix))
+    instrument(scheduler, registry)
+
+    def counted() -> float | None:
+        return registry.get_sample_value(
+            "anarchon_store_malformed_entries_total", {"prefix": prefix}
+        )
+
+    assert counted() == 0
+    for _ in range(2):  # the same entry, met twice, is one
+        quarantine_of(prefix).add(MalformedEntry("{counted-malformed:}:jobs", "x", "not JSON"))
+    quarantine_of(prefix).add(MalformedEntry("{counted-malformed:}:jobs", "y", "not JSON"))
+    assert counted() == 2

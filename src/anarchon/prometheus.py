@@ -12,7 +12,10 @@ scrape). Several schedulers instrumented into one registry add up.
 
 Gauges: the leases this instance holds, read from the engine at each scrape; the
 instances alive and the timers pending, read from the store by the scheduler beside
-its work, at most every ``STORE_READ_SEC`` and only while someone scrapes.
+its work, at most every ``STORE_READ_SEC`` and only while someone scrapes: the timers
+of the kinds the scheduler runs, and of at most ``PENDING_OTHER_KINDS`` others (a
+store of thousands of kinds is not thousands of series; a kind gone is a series gone).
+The malformed store entries the process met (``anarchon_store_malformed_entries``).
 """
 
 from __future__ import annotations
@@ -51,14 +54,18 @@ from ._observe.events import (
 )
 from ._ops.inspector import Inspector, inspector_over
 from ._scheduler import Scheduler
+from ._store.quarantine import quarantine_of
 from .clients import Connection
 
-__all__ = ["STORE_READ_SEC", "SchedulerMetrics", "instrument"]
+__all__ = ["PENDING_OTHER_KINDS", "STORE_READ_SEC", "SchedulerMetrics", "instrument"]
 
 log = logging.getLogger("anarchon")
 
 #: The store's gauges are read again at most this often (seconds), while scraped.
 STORE_READ_SEC = 10.0
+#: Timer kinds that the scheduler does not run whose pending timers are shown at most
+#: (the first by name), beside the kinds it runs.
+PENDING_OTHER_KINDS = 20
 #: How often a scheduler looks whether a scrape asked for the store's gauges.
 _LOOK_SEC = 0.5
 #: How often a scheduler counts the events its hook gathered (and each scrape does).
@@ -344,9 +351,19 @@ class SchedulerMetrics(Collector):
             "Keys with a timer pending, by kind (fleet-wide, from the store).",
             labels=["prefix", "kind"],
         )
+        malformed = CounterMetricFamily(
+            "anarchon_store_malformed_entries",
+            "Malformed store entries this process met (each logged once, left as it is, "
+            "and skipped).",
+            labels=["prefix"],
+        )
+        counted: set[str] = set()
         seen: set[str] = set()
         for source in sources:
             prefix = source.scheduler.backend.prefix
+            if prefix not in counted:
+                counted.add(prefix)
+                malformed.add_metric([prefix], quarantine_of(prefix).count)
             if source.instances is None or prefix in seen:
                 continue
             seen.add(prefix)
@@ -355,6 +372,7 @@ class SchedulerMetrics(Collector):
                 pending.add_metric([prefix, kind], count)
         yield alive
         yield pending
+        yield malformed
 
 
 #: The metrics of each registry instrumented so far.
@@ -416,12 +434,19 @@ class _Source:
             self.instances, self.timers = None, {}
 
     async def _read(self, inspector: Inspector) -> None:
+        """The instances alive (counted, not read), and the timers pending of the kinds
+        this scheduler runs and of at most ``PENDING_OTHER_KINDS`` others."""
+        own = self.scheduler.timer_kinds
         try:
-            instances = await inspector.instances()
-            timers = await inspector.timers()
+            instances = await inspector.instance_count()
+            timers = await inspector.timers(own) if own else []
+            others = await inspector.timers(limit=PENDING_OTHER_KINDS + len(own))
         except Exception as exc:
             log.debug("reading the store's gauges failed (read again later): %s", exc)
             self.instances, self.timers = None, {}
             return
-        self.instances = len(instances)
+        self.instances = instances
         self.timers = {kind.kind: kind.pending for kind in timers}
+        for kind in others:
+            if len(self.timers) < len(own) + PENDING_OTHER_KINDS:
+                self.timers.setdefault(kind.kind, kind.pending)

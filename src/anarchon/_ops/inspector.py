@@ -87,6 +87,8 @@ INSTANCE_BYTES_MAX = 64 * 1024
 #: Instances a read of them takes at most (the first to expire; ``instance_count``
 #: counts them all).
 INSTANCES_READ_MAX = 200
+#: Up to this many timer kinds, a bounded read of their names takes the first by name.
+_NAMES_SORTED_MAX = 1000
 #: How much of a name asked for an error message shows.
 _NAME_SHOWN = 200
 
@@ -324,10 +326,18 @@ class Inspector:
         (their runner vanished) or were cancelled."""
         return newest_failures(await self.recent(max(limit * 5, 100)), limit)
 
-    async def timer_kind_names(self) -> list[str]:
-        """The names of the timer kinds the fleet registered, sorted (names alone)."""
-        names = await self._execute(("HKEYS", self._keys.timer_kinds))
-        return sorted(_text(name) for name in names)
+    async def timer_kind_names(self, limit: int | None = None) -> list[str]:
+        """The names of the timer kinds the fleet registered, sorted: all of them, or
+        ``limit`` of them, the first by name while there are at most
+        ``_NAMES_SORTED_MAX`` kinds, else those one step of a scan finds (what is read
+        stays bounded whatever the store holds)."""
+        key = self._keys.timer_kinds
+        if limit is not None and await self.timer_kind_count() > _NAMES_SORTED_MAX:
+            _, found = await self._execute(("HSCAN", key, 0, "COUNT", max(limit, 1)))
+            names = [_text(name) for name in _mapping(found)]
+        else:
+            names = [_text(name) for name in await self._execute(("HKEYS", key))]
+        return sorted(names)[:limit]
 
     async def timer_kind_count(self) -> int:
         """How many timer kinds the fleet registered (one command)."""
@@ -340,8 +350,10 @@ class Inspector:
         first ``limit`` by name): how many keys have one pending, and the first to fall
         due. A kind whose registration is malformed (its number of buckets out of what
         anarchon allows, say) is left out, and ``quarantined``: it is never read."""
-        names = sorted(set(kinds)) if kinds is not None else await self.timer_kind_names()
-        names = names[:limit] if limit is not None else names
+        if kinds is not None:
+            names = sorted(set(kinds))[:limit]
+        else:
+            names = await self.timer_kind_names(limit)
         if not names:
             return []
         raws = await self._execute(("HMGET", self._keys.timer_kinds, *names))
