@@ -27,7 +27,7 @@ from anarchon import (
 from anarchon._store.keys import JobKeys, RegistryKeys
 from anarchon._store.registry import REGISTRATION_TTL_MS
 from tests.faults import FaultProxy
-from tests.helpers import NEVER, OneShot, long_job_fleet, wait_until
+from tests.helpers import NEVER, CommandLog, OneShot, long_job_fleet, wait_until
 
 pytestmark = [pytest.mark.anyio, pytest.mark.engine_tier]
 
@@ -509,3 +509,21 @@ async def test_instance_records_are_read_within_a_bound_and_a_malformed_one_alon
     assert inspector_module.may_run(many[-1], instances.values())
     assert not inspector_module.may_run("unknown", [small])
     assert (keys.instance("broken"), "") in met
+
+
+async def test_a_bounded_read_of_many_timer_kinds_reads_one_scan_step_not_every_name(
+    server_url: str, prefix: str, direct: redis.Redis
+) -> None:
+    """Past 1,000 kinds, ``timers(limit=N)`` reads one step of a scan of their names (no
+    HKEYS of them all), and still at most N kinds."""
+    direct.hset(
+        RegistryKeys.for_prefix(prefix).timer_kinds,
+        mapping={f"kind{index:04d}": '{"buckets": 1}' for index in range(1500)},
+    )
+    monitor = CommandLog(server_url)
+    try:
+        async with Inspector(RedisBackend(redis=server_url, prefix=prefix)) as inspector:
+            timers = await inspector.timers(limit=5)
+    finally:
+        sent = [name for _, name in monitor.close()]
+    assert 0 < len(timers) <= 5 and "HKEYS" not in sent and "HSCAN" in sent, sent
