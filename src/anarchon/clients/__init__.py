@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import urllib.parse
 from collections.abc import Mapping
 from typing import Any
 
@@ -19,6 +20,7 @@ from ._protocol import (
     refused_certificate,
     stream_entries,
 )
+from .redact import redact_url, scrub, user_info_end
 from .redis_py import RedisAsyncConnection, RedisSyncConnection
 from .sentinel import SentinelSpec, is_sentinel_url, open_sentinel
 
@@ -36,6 +38,7 @@ __all__ = [
     "open_connection",
     "running_under_asyncio",
     "stream_entries",
+    "url_for_redis_py",
 ]
 
 #: What a backend's ``redis=`` / ``valkey=`` option accepts.
@@ -118,11 +121,42 @@ def _open_through_sentinels(spec: SentinelSpec) -> Connection:
     return connection
 
 
+#: The schemes redis-py does not know, and the ones it reads them as: Valkey speaks the
+#: same protocol.
+_REDIS_PY_SCHEMES = {"valkey": "redis", "valkeys": "rediss"}
+
+
+def url_for_redis_py(url: str) -> str:
+    """``url`` as redis-py reads it as meant (``valkey://`` as ``redis://``, ``valkeys://``
+    as ``rediss://``), or ``InvalidOptionError``, with the URL redacted: a password that
+    holds ``/``, ``?`` or ``#`` (which end a URL's user info: redis-py would take part of
+    the password for the host, the port or the query), a port that is not a number."""
+    shown = redact_url(url)
+    scheme, separator, rest = url.partition("://")
+    scheme = _REDIS_PY_SCHEMES.get(scheme.lower(), scheme)
+    end = user_info_end(rest)
+    if end is not None and any(char in rest[:end] for char in "/?#"):
+        raise InvalidOptionError(
+            f"cannot read the connection URL {shown!r}: its user info holds '/', '?' or "
+            "'#', which end it in a URL; percent-encode the password "
+            "(urllib.parse.quote(password, safe=''): '/' is %2F, '?' %3F, '#' %23, '@' %40)"
+        )
+    try:
+        urllib.parse.urlsplit(url).port  # noqa: B018 - raises on a port that is no number
+    except ValueError as exc:
+        raise InvalidOptionError(
+            f"cannot read the connection URL {shown!r}: {scrub(str(exc))}; write "
+            "redis://[user:password@]host[:port][/db]"
+        ) from None
+    return f"{scheme}{separator}{rest}"
+
+
 def _open_from_url(url: str) -> Connection:
     if is_sentinel_url(url):
         return _open_through_sentinels(SentinelSpec.from_url(url))
+    url = url_for_redis_py(url)
     kwargs = _own_connection()
-    if url.lower().startswith(("rediss://", "valkeys://")):
+    if url.lower().startswith("rediss://"):
         # The server's certificate must name the host, whatever the client library's
         # default (redis-py 5.0 checks no name); ssl_check_hostname=false in the URL,
         # which wins over these, turns it off.

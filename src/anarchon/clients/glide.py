@@ -18,8 +18,9 @@ from ._protocol import (
     normalize_reply,
     whole_round_trip,
 )
+from .redact import scrub_error
 
-__all__ = ["GlideAsyncConnection", "GlideSyncConnection"]
+__all__ = ["GlideAsyncConnection", "GlideSyncConnection", "convert_error"]
 
 # GLIDE words an error reply in one of two ways: a code it has no name for as
 # "OOM: command not allowed ..." (also BUSY, WRONGTYPE), and one it names as
@@ -92,9 +93,10 @@ def _args(command: Command) -> list[str | bytes]:
     return [a if isinstance(a, bytes | str) else str(a) for a in command]
 
 
-def _convert(exc: BaseException) -> Exception:
+def convert_error(exc: BaseException) -> Exception:
+    """The one mapping of GLIDE's errors, their text scrubbed of secrets first."""
     name = type(exc).__name__
-    text = str(exc)
+    text = scrub_error(exc)
     if name == "RequestError":
         return _reply_error(text)
     return TransportError(f"{name}: {text}")
@@ -102,7 +104,7 @@ def _convert(exc: BaseException) -> Exception:
 
 def _batch_reply(item: Any) -> Any:
     if isinstance(item, BaseException):
-        return _convert(item)
+        return convert_error(item)
     return normalize_reply(item)
 
 
@@ -132,7 +134,7 @@ class GlideAsyncConnection(Connection):
         try:
             reply = await self.client.custom_command(_args(command))
         except Exception as exc:
-            raise _convert(exc) from exc
+            raise convert_error(exc) from exc
         return normalize_reply(reply)
 
     async def pipeline(self, commands: Sequence[Command]) -> list[Any]:
@@ -144,7 +146,7 @@ class GlideAsyncConnection(Connection):
         try:
             replies = await self.client.exec(batch, raise_on_error=False)
         except Exception as exc:
-            raise _convert(exc) from exc
+            raise convert_error(exc) from exc
         return whole_round_trip(replies or [], _batch_reply)
 
 
@@ -167,7 +169,7 @@ class GlideSyncConnection(Connection):
                 abandon_on_cancel=True,
             )
         except Exception as exc:
-            raise _convert(exc) from exc
+            raise convert_error(exc) from exc
         return normalize_reply(reply)
 
     async def pipeline(self, commands: Sequence[Command]) -> list[Any]:
@@ -183,5 +185,5 @@ class GlideSyncConnection(Connection):
                 abandon_on_cancel=True,
             )
         except Exception as exc:
-            raise _convert(exc) from exc
+            raise convert_error(exc) from exc
         return whole_round_trip(replies or [], _batch_reply)

@@ -23,6 +23,7 @@ from ._protocol import (
     normalize_reply,
     whole_round_trip,
 )
+from .redact import scrub_error
 
 __all__ = ["ClientErrors", "RedisAsyncConnection", "RedisSyncConnection", "redis_errors"]
 
@@ -62,18 +63,22 @@ class ClientErrors:
         )
 
     def convert(self, exc: BaseException) -> Exception:
+        """The one mapping of the library's errors: its text scrubbed of secrets (a
+        connection's repr, redis-py's before 7.4 with its password) before anything
+        shows or logs it."""
+        text = scrub_error(exc)
         for cls, code in self.reply_codes:
             if isinstance(exc, cls):
                 # The code as the server sent it, where the library kept it.
                 code = getattr(exc, "status_code", None) or code
-                return ServerReplyError(f"{code} {exc}", code)
+                return ServerReplyError(f"{code} {text}", code)
         if isinstance(exc, self.transport):
-            return TransportError(f"{type(exc).__name__}: {exc}")
+            return TransportError(f"{type(exc).__name__}: {text}")
         if isinstance(exc, self.response | self.base):
-            return ServerReplyError(str(exc))
+            return ServerReplyError(text)
         # Anything else (a cluster client's SlotNotCoveredError, a pool's exhaustion)
         # is a failure to get an answer, not an answer.
-        return TransportError(f"{type(exc).__name__}: {exc}")
+        return TransportError(f"{type(exc).__name__}: {text}")
 
     def batch_reply(self, item: Any) -> Any:
         if isinstance(item, BaseException):

@@ -17,8 +17,9 @@ from ._protocol import (
     TransportError,
     normalize_reply,
 )
+from .redact import scrub_error
 
-__all__ = ["SendConnection"]
+__all__ = ["SendConnection", "convert_error"]
 
 # Error replies start with an upper-case code word (ERR, NOSCRIPT, WRONGTYPE, ...).
 # A client that raises with such a message, or with an exception class named for
@@ -27,8 +28,10 @@ __all__ = ["SendConnection"]
 _REPLY_CODE_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZ_-")
 
 
-def _as_reply_error(exc: Exception) -> Exception:
-    text = str(exc)
+def convert_error(exc: BaseException) -> Exception:
+    """The one mapping of a ``send()`` client's errors, their text scrubbed of secrets
+    first (a client may name the URL it was made with)."""
+    text = scrub_error(exc)
     name = type(exc).__name__
     # A library that drops the code from the message names it in the class (or a
     # base class: a user's own subclass of redis-py's OutOfMemoryError).
@@ -70,7 +73,7 @@ class SendConnection(Connection):
         except (ServerReplyError, TransportError):
             raise
         except Exception as exc:
-            raise _as_reply_error(exc) from exc
+            raise convert_error(exc) from exc
 
     async def pipeline(self, commands: Sequence[Command]) -> list[Any]:
         replies: list[Any] = [None] * len(commands)

@@ -26,8 +26,9 @@ from .redact import redact_url
 
 __all__ = ["SentinelSpec", "is_sentinel_url", "open_sentinel"]
 
+# The user info runs to the last '@' before the hosts: a password may hold '@', '/', '?'.
 _URL = re.compile(
-    r"^(redis|valkey)\+sentinel://(?:(?P<auth>[^@/]*)@)?(?P<hosts>[^/?]+)"
+    r"^(redis|valkey)\+sentinel://(?:(?P<auth>.*)@)?(?P<hosts>[^/?#@]+)"
     r"/(?P<master>[^/?]+)(?:/(?P<db>\d+))?/?(?:\?(?P<query>.*))?$"
 )
 _DEFAULT_PORT = 26379
