@@ -719,3 +719,28 @@ def test_a_kinds_buckets_spread_evenly_over_the_primaries_of_an_evenly_split_clu
         node.close()
     per_primary = sorted(owners.count(port) for _, _, port in ranges)
     assert per_primary == [buckets // 3] * 3, (owners, ranges)
+
+
+# ------------------------------------------------------------------ URL schemes
+
+
+@pytest.mark.engine_tier
+async def test_a_valkey_url_connects_as_a_redis_url(server_url: str, prefix: str) -> None:
+    """redis-py knows no valkey:// (it raised ValueError at the first connection): a
+    URL anarchon opens reads it as redis://, for Valkey and Redis alike."""
+    url = "valkey://" + server_url.removeprefix("redis://")
+    assert [r.job for r in await run_one(RedisBackend(redis=url, prefix=prefix))] == ["once"]
+
+
+async def test_a_valkeys_url_connects_over_tls_as_a_rediss_url(
+    tls_server: tuple[int, Path, Path], prefix: str
+) -> None:
+    port, ca, _ = tls_server
+    url = f"valkeys://127.0.0.1:{port}/0?ssl_ca_certs={ca}"
+    conn = open_connection(url)
+    try:
+        pool = conn.client.connection_pool  # type: ignore[attr-defined]
+        assert pool.connection_kwargs.get("ssl_check_hostname") is True
+    finally:
+        await conn.aclose()
+    assert [r.job for r in await run_one(RedisBackend(redis=url, prefix=prefix))] == ["once"]
