@@ -218,12 +218,20 @@ async def test_each_client_library_connects_as_the_least_acl_user(
     user = url.split("//", 1)[1].split(":", 1)[0]
     host, port = url.rsplit("@", 1)[1].split("/", 1)[0].split(":")
     in_db_1 = url.rsplit("/", 1)[0] + "/1"
+    redis_py: dict[str, Any] = {"client_name": "app"}
+    if server.family == "redis" and server.version[:2] == (6, 2):
+        # redis-py 8 over RESP3 also sends CLIENT MAINT_NOTIFICATIONS, which every server
+        # but Redis 6.2 answers as unknown before its ACL looks, and which no other takes
+        # as a rule: Redis 6.2 refuses it (redis-py goes on without), as the docs say.
+        from redis.maint_notifications import MaintNotificationsConfig
+
+        redis_py["maint_notifications_config"] = MaintNotificationsConfig(enabled=False)
     clients: list[Any] = [
-        redis.Redis.from_url(in_db_1, client_name="app", health_check_interval=1),
+        redis.Redis.from_url(in_db_1, health_check_interval=1, **redis_py),
         valkey.Valkey.from_url(in_db_1, client_name="app", protocol=3),
     ]
     if anyio_backend == "asyncio":
-        clients.append(redis.asyncio.Redis.from_url(in_db_1, client_name="app"))
+        clients.append(redis.asyncio.Redis.from_url(in_db_1, **redis_py))
     configuration = glide.GlideClientConfiguration(
         [glide.NodeAddress(host, int(port))],
         credentials=glide.ServerCredentials("pw", user),
@@ -355,7 +363,9 @@ def test_the_least_acl_refuses_the_keys_and_the_channel_of_another_prefix(
                 with pytest.raises(redis.exceptions.NoPermissionError):
                     client.execute_command(*command)
             # A key a script names without declaring it is refused inside the script.
-            with pytest.raises(redis.exceptions.ResponseError, match=r"(?i)no permission"):
+            with pytest.raises(
+                redis.exceptions.ResponseError, match=r"(?i)no permission|can't access"
+            ):
                 client.execute_command("EVAL", f"return redis.call('GET', '{key}')", "0")
         for channel in ("o" + prefix + "timer-hints", prefix + "eu:timer-hints"):
             with pytest.raises(redis.exceptions.NoPermissionError):

@@ -49,6 +49,7 @@ COMMANDS = (
     "+hgetall",
     "+hkeys",
     "+hlen",
+    "+hscan",
     "+hmget",
     "+hset",
     "+hsetnx",
