@@ -203,16 +203,17 @@ class LeaseMachine(RuleBasedStateMachine):
 
     @staticmethod
     def _reply(raw: list[Any]) -> Reply:
-        kind = raw[0]
+        """A claim's reply: ``{kind, attempt, fence, ms, text, orphans, malformed}`` (the
+        store here holds nothing malformed: the last list is empty)."""
+        kind, attempt, fence, ms, text, orphans, malformed = raw
+        assert malformed == [], malformed
         if kind == "won":
-            return Reply(
-                "won", int(raw[1]), int(raw[2]), int(raw[3]), raw[4], orphans=frozenset(raw[5])
-            )
+            return Reply("won", int(attempt), int(fence), int(ms), text, orphans=frozenset(orphans))
         if kind == "overlap":
-            return Reply("overlap", wait_ms=int(raw[1]), orphans=frozenset(raw[2]))
+            return Reply("overlap", wait_ms=int(ms), orphans=frozenset(orphans))
         if kind == "running":
-            return Reply("running", wait_ms=int(raw[1]))
-        return Reply("done", status=raw[1], orphans=frozenset(raw[2] if len(raw) > 2 else []))
+            return Reply("running", wait_ms=int(ms))
+        return Reply("done", status=text, orphans=frozenset(orphans))
 
     def attempts(self, slot: str) -> int:
         """What the scheduler sends: one attempt for a manual run, the job's otherwise."""

@@ -71,3 +71,18 @@ def test_probes_and_metrics_listen_on_this_machine_only_unless_told() -> None:
     args = build_parser().parse_args(["run", "app:scheduler"])
     assert (args.health_host, args.metrics_host) == ("127.0.0.1", "127.0.0.1")
     assert inspect.signature(serve).parameters["health_host"].default == "127.0.0.1"
+
+
+def test_acl_prints_the_line_without_client_setinfo_for_redis_7_0(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Redis 7.0 refuses a rule that names CLIENT SETINFO: ``--no-setinfo`` leaves it out,
+    and nothing else."""
+    from anarchon._cli.main import main
+
+    assert main(["acl", "--prefix", "cron:"]) == 0
+    full = capsys.readouterr().out.split()
+    assert main(["acl", "--prefix", "cron:", "--no-setinfo"]) == 0
+    without = capsys.readouterr().out.split()
+    assert "+client|setinfo" in full
+    assert [rule for rule in full if rule != "+client|setinfo"] == without

@@ -61,6 +61,8 @@ def test_a_second_job_with_the_same_name_is_refused() -> None:
         "bidi\u202eroll",
         "bom\ufeff",
         "soft\u00adhyphen",
+        ".",
+        "..",
     ],
 )
 def test_a_name_that_would_break_a_key_is_refused(name: str) -> None:
@@ -357,3 +359,13 @@ def test_the_largest_options_the_server_holds_are_accepted() -> None:
         RedisBackend(), lease_ms=24 * 3600 * 1000, history_size=1_000_000, history_ttl_ms=10**12
     )
     s.add_job(handler, "* * * * *", name="x", max_attempts=1000, catch_up_ms=10**12)
+
+
+@pytest.mark.parametrize("url", ["redis://user:se?cret@host:6379/0", "rediss://:se#cret@host/1"])
+def test_a_url_whose_password_the_client_would_misread_is_refused_when_the_backend_is_made(
+    url: str,
+) -> None:
+    """Not at the first connection, and with the password never shown."""
+    with pytest.raises(InvalidOptionError, match="percent-encode") as info:
+        RedisBackend(redis=url)
+    assert "cret" not in str(info.value)

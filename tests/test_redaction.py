@@ -83,7 +83,11 @@ def test_where_shows_the_server_without_its_password() -> None:
         f"redis+sentinel://u:p?{SECRET}@s1:26379/mymaster",
         f"redis+sentinel://u:p/{SECRET}@s1:26379/mymaster",
     ):
-        assert SECRET not in RedisBackend(redis=url).where(), url
+        try:
+            shown = RedisBackend(redis=url).where()
+        except InvalidOptionError as refused:  # a password the client would misread
+            shown = str(refused)
+        assert SECRET not in shown, url
 
 
 def test_a_sentinel_password_holding_an_at_sign_is_the_password() -> None:

@@ -40,7 +40,8 @@ def warnings_about(caplog: pytest.LogCaptureFixture, text: str) -> list[str]:
     return [
         r.getMessage()
         for r in caplog.records
-        if r.levelno == logging.WARNING and "malformed store entry" in r.getMessage()
+        if r.levelno == logging.WARNING
+        and "malformed store entry" in r.getMessage()
         and text in r.getMessage()
     ]
 

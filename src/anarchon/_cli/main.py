@@ -16,6 +16,7 @@ from typing import Any
 import anyio
 
 from .._errors import InvalidOptionError
+from .._model.text import visible
 from .._ops.serve import WAIT_FOR_SERVER_SEC
 from .store import COMMANDS as STORE_COMMANDS
 from .store import add_prefix_option, add_store_commands, run_store_command
@@ -167,6 +168,12 @@ def _run_parser(commands: Any) -> None:
     acl.add_argument(
         "--idmp", action="store_true", help="also what the idmp strategy needs (Redis 8.6+)"
     )
+    acl.add_argument(
+        "--no-setinfo",
+        action="store_true",
+        help="leave out CLIENT SETINFO, which Redis 7.0 refuses in a rule (its clients "
+        "send it and carry on when it is refused)",
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -217,7 +224,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         args.user,
                         "on",
                         ">PASSWORD",
-                        *acl_rules(prefix, idmp=args.idmp),
+                        *acl_rules(prefix, idmp=args.idmp, setinfo=not args.no_setinfo),
                     ]
                 )
             )
@@ -228,10 +235,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(completion_script(args.shell, parser), end="")
             return 0
     except UsageError as exc:
-        print(f"anarchon {args.command}: {exc}", file=sys.stderr)
+        print(f"anarchon {args.command}: {visible(exc)}", file=sys.stderr)
         return 2
     except MissingExtra as exc:
-        print(f"anarchon {args.command}: {exc}", file=sys.stderr)
+        print(f"anarchon {args.command}: {visible(exc)}", file=sys.stderr)
         return 1
     except AnarchonError as exc:
         hint = ""
@@ -246,7 +253,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 " (the server refused a command: check the --prefix: its keys are anarchon's "
                 "alone; check the server's state and the user's permissions)"
             )
-        print(f"anarchon: {exc}{hint}", file=sys.stderr)
+        # An error may quote stored text (a name, a value): shown as text, escaped.
+        print(f"anarchon: {visible(exc)}{hint}", file=sys.stderr)
         return 1
     except BaseException as exc:
         if _only_interrupts(exc):
@@ -371,7 +379,7 @@ def _health(args: argparse.Namespace) -> int:
 
     problem = check_health_file(Path(args.path), max_age_sec=args.max_age, ready=args.ready)
     if problem is not None:
-        print(f"anarchon health: {problem}", file=sys.stderr)
+        print(f"anarchon health: {visible(problem)}", file=sys.stderr)
         return 1
     print("ok")
     return 0

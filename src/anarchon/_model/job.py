@@ -52,6 +52,11 @@ def validate_job_name(name: object) -> str:
             "prefix 'billing:eu:' with 'x'); use '.' or '-' instead, or move the part before "
             "the ':' into the prefix"
         )
+    if name in (".", ".."):
+        raise InvalidJobError(
+            f"job name {name!r} is a path step: a browser reads it so in the dashboard's "
+            "links, however it is escaped; use another name"
+        )
     if _HIDDEN.search(name):
         raise InvalidJobError(
             f"job name {visible(name)!r} holds a character that is not seen, or that "

@@ -25,6 +25,7 @@ from ..clients import (
     TransportError,
     is_transient,
     open_connection,
+    url_for_redis_py,
 )
 from ..clients import validate_options as validate_connection_options
 from ..clients.redact import redact_url
@@ -399,10 +400,12 @@ def _validate_connection_spec(spec: ConnectionSpec) -> ConnectionSpec:
         ):
             raise InvalidOptionError(
                 f"connection URL {redact_url(spec)!r} must start with redis://, rediss:// "
-                "(TLS), unix:// or redis+sentinel://"
+                "(TLS), valkey://, valkeys:// (TLS), unix:// or redis+sentinel://"
             )
         if is_sentinel_url(spec):
             SentinelSpec.from_url(spec)  # raises on a bad one
+        else:
+            url_for_redis_py(spec)  # raises on one the client would misread
     elif isinstance(spec, Mapping):
         validate_connection_options(spec)
     return spec

@@ -154,8 +154,7 @@ class Quarantine:
         held = f" (held {shown.excerpt!r})" if shown.excerpt else ""
         cost = f"; it costs {what} alone" if what else ""
         log.warning(
-            "malformed store entry: %s %s: %s%s%s: see 'anarchon inspect' and the "
-            "operations guide",
+            "malformed store entry: %s %s: %s%s%s: see 'anarchon inspect' and the operations guide",
             shown.key,
             repr(shown.field) if shown.field else "(the whole value)",
             shown.problem,

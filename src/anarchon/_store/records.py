@@ -224,9 +224,9 @@ class TimerState:
         parts = raw.split("|", 12)
         if len(parts) != 13:
             raise MalformedEntry(timers_key, key, "not a timer (13 fields separated by |)", raw)
-        (gen, due, status, attempt, token, until_ms, fence, fire_gen, fire_due, trigger) = (
-            parts[:10]
-        )
+        (gen, due, status, attempt, token, until_ms, fence, fire_gen, fire_due, trigger) = parts[
+            :10
+        ]
         runner, schedule, payload = parts[10:]
         numbers = [whole(part) for part in (gen, attempt, until_ms, fence, fire_gen, fire_due)]
         due_ms = whole(due) if due else None

@@ -93,9 +93,11 @@ class Registry:
             "version": __version__,
             "started_ms": self.started_ms,
             "strategy": self.strategy,
-            "jobs": list(jobs),
             "timer_kinds": list(kinds),
             "running": running,
+            # Last: a reader that takes a bounded part of a long registration (thousands
+            # of jobs) still has every other field.
+            "jobs": list(jobs),
         }
         args: list[str | int] = [
             self.instance_id,
