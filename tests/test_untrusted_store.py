@@ -7,12 +7,15 @@ own reading of each record is what is under test."""
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
 import redis
+from prometheus_client import CollectorRegistry, generate_latest
 
 from anarchon import (
     Inspector,
@@ -27,7 +30,10 @@ from anarchon._ops.serve import health_of
 from anarchon._store.keys import JobKeys, RegistryKeys, TimerKeys, hint_channel
 from anarchon._store.lease import request_run
 from anarchon._store.quarantine import MAX_WHOLE, quarantine_of
+from anarchon.prometheus import instrument
 from tests.helpers import wait_until
+from tests.test_store_commands import anarchon
+from tests.test_web import WebCommand, webs  # noqa: F401 - the fixture
 
 pytestmark = [pytest.mark.anyio, pytest.mark.server_tier]
 
@@ -331,20 +337,12 @@ def poison(direct: redis.Redis, prefix: str) -> None:
     pipe.execute()
 
 
-@pytest.mark.slow("runs a fleet of two beside a store poisoned in every field, and reads it")
-async def test_a_store_poisoned_in_every_field_costs_only_the_poisoned_entries(
-    server_url: str, direct: redis.Redis, prefix: str
-) -> None:
-    """Every record type the store keeps (state, active, slots, runs, results, timers,
-    timer-due, timer-meta, timer-buckets, the registry's jobs, first-seen, timer kinds,
-    instances and instance records, the quarantine report, hints) with a malformed value
-    in each field: two instances run beside it, their healthy job and the poisoned job
-    keep their cadence, the healthy timers of the poisoned bucket fire once each, and
-    the read side (inspect's views, history, leases, timers, instances, the quarantine)
-    reads the rest and shows what is malformed."""
-    poison(direct, prefix)
-    ran: dict[str, list[int]] = {"good": [], "alpha": []}
-    fired: list[str] = []
+def poisoned_fleet(
+    server_url: str, prefix: str, ran: dict[str, list[int]], fired: list[str]
+) -> tuple[Scheduler[Any], Scheduler[Any]]:
+    """Two instances, each with the healthy job ``good``, the poisoned job ``alpha`` and
+    the timer kind ``remind`` (whose bucket is poisoned): every fence handed to a handler
+    is a whole number."""
 
     def fleet_member() -> Scheduler[Any]:
         scheduler = Scheduler(RedisBackend(redis=server_url, prefix=prefix), lease_ms=3000)
@@ -366,16 +364,45 @@ async def test_a_store_poisoned_in_every_field_costs_only_the_poisoned_entries(
         scheduler.add_timer(remind, "remind")
         return scheduler
 
-    first, second = fleet_member(), fleet_member()
+    return fleet_member(), fleet_member()
+
+
+async def keep_cadence(
+    first: Scheduler[Any], direct: redis.Redis, prefix: str, ran: dict[str, list[int]],
+    fired: list[str],
+) -> None:  # fmt: skip
+    """Hints that do not read, healthy timers set in the poisoned bucket, and the wait for
+    both jobs' cadence and those timers."""
+    direct.publish(hint_channel(prefix), "\u00b2 junk")
+    direct.publish(hint_channel(prefix), "run mXYZ alpha")
+    await first.set_timers("remind", [TimerSetting(f"ok{n}", delay_ms=100) for n in range(5)])
+    await wait_until(
+        lambda: len(ran["good"]) >= 6 and len(ran["alpha"]) >= 6 and len(fired) >= 5,
+        30,
+        "both jobs' cadence and the healthy timers",
+    )
+
+
+@pytest.mark.slow("runs a fleet of two beside a store poisoned in every field, and reads it")
+async def test_a_store_poisoned_in_every_field_costs_only_the_poisoned_entries(
+    server_url: str, direct: redis.Redis, prefix: str
+) -> None:
+    """Every record type the store keeps (state, active, slots, runs, results, timers,
+    timer-due, timer-meta, timer-buckets, the registry's jobs, first-seen, timer kinds,
+    instances and instance records, the quarantine report, hints) with a malformed value
+    in each field: two instances run beside it, their healthy job and the poisoned job
+    keep their cadence, the healthy timers of the poisoned bucket fire once each, the
+    read side (the inspector's views, history, leases, timers, instances, the
+    quarantine) reads the rest and shows what is malformed, and the metrics count it.
+    (The dashboard and the command line beside the same poison: the next test.)"""
+    poison(direct, prefix)
+    ran: dict[str, list[int]] = {"good": [], "alpha": []}
+    fired: list[str] = []
+    first, second = poisoned_fleet(server_url, prefix, ran, fired)
+    metrics = CollectorRegistry()
+    instrument(first, metrics)
     async with first, second:
-        direct.publish(hint_channel(prefix), "\u00b2 junk")
-        direct.publish(hint_channel(prefix), "run mXYZ alpha")
-        await first.set_timers("remind", [TimerSetting(f"ok{n}", delay_ms=100) for n in range(5)])
-        await wait_until(
-            lambda: len(ran["good"]) >= 6 and len(ran["alpha"]) >= 6 and len(fired) >= 5,
-            30,
-            "both jobs' cadence and the healthy timers",
-        )
+        await keep_cadence(first, direct, prefix, ran, fired)
         assert health_of(first)["ready"] and health_of(second)["ready"]
         async with Inspector(RedisBackend(redis=server_url, prefix=prefix)) as inspector:
             names = [job.name for job in await inspector.jobs()]
@@ -389,6 +416,7 @@ async def test_a_store_poisoned_in_every_field_costs_only_the_poisoned_entries(
             await inspector.timers()
             await inspector.failures()
             shown = await inspector.quarantined(limit=1000)
+        exposed = generate_latest(metrics).decode()
     # Text fields hold any text: those records read, and fire (a schedule or payload that
     # does not read fails its attempts); the healthy keys fired once each.
     assert sorted(key for key in fired if key.startswith("ok")) == [f"ok{n}" for n in range(5)]
@@ -409,3 +437,51 @@ async def test_a_store_poisoned_in_every_field_costs_only_the_poisoned_entries(
     assert expected <= met, sorted(expected - met)
     for entry in shown:
         assert "\x1b" not in entry.key + entry.field + entry.problem + entry.excerpt
+    counted = re.search(
+        rf'anarchon_store_malformed_entries_total{{prefix="{re.escape(prefix)}"}} (\S+)', exposed
+    )
+    assert counted is not None and float(counted.group(1)) >= len(expected), exposed
+
+
+@pytest.mark.engine_tier
+@pytest.mark.slow("runs a fleet beside a poisoned store, the dashboard and three commands")
+async def test_the_dashboard_and_the_command_line_show_a_poisoned_store_and_the_rest(
+    server_url: str,
+    direct: redis.Redis,
+    prefix: str,
+    tmp_path: Path,
+    webs: list[WebCommand],  # noqa: F811 - the fixture of that name
+) -> None:
+    """Beside the same poison and a fleet that keeps its cadence: the dashboard's
+    overview and job pages answer, with the malformed entries listed and no stored
+    escape sequence reaching the page; ``anarchon inspect``, ``history`` and ``leases``
+    exit 0 and print no escape sequence."""
+    poison(direct, prefix)
+    ran: dict[str, list[int]] = {"good": [], "alpha": []}
+    fired: list[str] = []
+    first, second = poisoned_fleet(server_url, prefix, ran, fired)
+    web = WebCommand(tmp_path, server_url, prefix)
+    webs.append(web)
+    async with first, second:
+        await keep_cadence(first, direct, prefix, ran, fired)
+        await anyio.to_thread.run_sync(web.wait_serving)
+        pages = {
+            path: await anyio.to_thread.run_sync(web.get, path)
+            for path in ("/", "/jobs/good", "/jobs/alpha", "/jobs/not-json")
+        }
+        said = {
+            command: await anyio.to_thread.run_sync(
+                lambda command=command: anarchon(server_url, prefix, *command.split())
+            )
+            for command in ("inspect", "history alpha", "leases")
+        }
+    for path, (status, page) in pages.items():
+        assert status == (404 if path == "/jobs/not-json" else 200), (path, page)
+        assert "\x1b" not in page and "\x07" not in page, path
+    overview = pages["/"][1]
+    assert "Malformed store entries" in overview and "not JSON" in overview, overview
+    for command, done in said.items():
+        assert done.returncode == 0, (command, done.stdout, done.stderr)
+        assert "\x1b" not in done.stdout + done.stderr, command
+    assert "malformed" in said["inspect"].stdout.lower(), said["inspect"].stdout
+    assert web.end() == 0, web.log()
