@@ -290,11 +290,7 @@ async def test_a_real_connection_error_that_names_the_url_shows_no_password() ->
     with pytest.raises(Exception) as failed:
         async with Timers(RedisBackend(redis=client)):
             pass
-    chain, seen = [], failed.value
-    while seen is not None:
-        chain.append(str(seen))
-        seen = seen.__cause__ or seen.__context__
-    assert all(SECRET not in text for text in chain), chain
+    assert_no_secret_in_chain(failed.value)
 
 
 @pytest.mark.engine_tier
@@ -309,8 +305,14 @@ async def test_a_real_sentinel_connection_error_shows_no_password(server_url: st
             with anyio_fail_after(20):
                 async with Timers(RedisBackend(redis=url)):
                     pass
-        chain, seen = [], failed.value
-        while seen is not None:
-            chain.append(str(seen))
-            seen = seen.__cause__ or seen.__context__
-        assert all(SECRET not in text for text in chain), chain
+        assert_no_secret_in_chain(failed.value)
+
+
+def assert_no_secret_in_chain(error: BaseException) -> None:
+    """No error of ``error``'s chain (its causes and contexts) says the secret."""
+    chain: list[str] = []
+    seen: BaseException | None = error
+    while seen is not None:
+        chain.append(str(seen))
+        seen = seen.__cause__ or seen.__context__
+    assert all(SECRET not in text for text in chain), chain

@@ -52,6 +52,26 @@ def warnings_about(caplog: pytest.LogCaptureFixture, text: str) -> list[str]:
     ]
 
 
+def jobs_every_300_ms(
+    server_url: str, prefix: str, *names: str
+) -> tuple[Scheduler[Any], dict[str, list[int]]]:
+    """A scheduler with a job of each name every 300 ms, and the fences of each job's
+    runs, in the order they ran."""
+    scheduler = Scheduler(RedisBackend(redis=server_url, prefix=prefix), lease_ms=3000)
+    ran: dict[str, list[int]] = {name: [] for name in names}
+
+    def recorder(name: str) -> Callable[[Run], Awaitable[None]]:
+        async def handler(run: Run) -> None:
+            assert 0 < run.fence <= MAX_WHOLE
+            ran[name].append(run.fence)
+
+        return handler
+
+    for name in names:
+        scheduler.add_job(recorder(name), IntervalSchedule(300), name=name)
+    return scheduler, ran
+
+
 async def test_a_foreign_active_entry_costs_itself_not_the_job_nor_the_instance(
     server_url: str, direct: redis.Redis, prefix: str, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -62,15 +82,7 @@ async def test_a_foreign_active_entry_costs_itself_not_the_job_nor_the_instance(
     keys = JobKeys.for_job(prefix, "alpha")
     direct.hset(keys.state, "garbage", "running|1|tok|0|5|schedule|0|x")
     direct.sadd(keys.active, "garbage")
-    ran: dict[str, list[int]] = {"alpha": [], "beta": []}
-    scheduler = Scheduler(RedisBackend(redis=server_url, prefix=prefix), lease_ms=3000)
-
-    for name in ran:
-
-        async def handler(run: Run, name: str = name) -> None:
-            ran[name].append(run.fence)
-
-        scheduler.add_job(handler, IntervalSchedule(300), name=name)
+    scheduler, ran = jobs_every_300_ms(server_url, prefix, "alpha", "beta")
 
     with caplog.at_level(logging.WARNING, logger="anarchon"):
         async with scheduler:
@@ -136,15 +148,7 @@ async def test_a_fence_beyond_exact_numbers_stops_its_job_alone_until_mended(
     neighbour runs on, and once an operator sets a whole fence it runs again above it."""
     keys = JobKeys.for_job(prefix, "alpha")
     direct.hset(keys.state, "fence", fence)
-    ran: dict[str, list[int]] = {"alpha": [], "beta": []}
-    scheduler = Scheduler(RedisBackend(redis=server_url, prefix=prefix), lease_ms=3000)
-
-    for name in ran:
-
-        async def handler(run: Run, name: str = name) -> None:
-            ran[name].append(run.fence)
-
-        scheduler.add_job(handler, IntervalSchedule(300), name=name)
+    scheduler, ran = jobs_every_300_ms(server_url, prefix, "alpha", "beta")
 
     async with scheduler:
         await wait_until(lambda: len(ran["beta"]) >= 3, 20, "the other job to run")
