@@ -100,7 +100,7 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "retry-blocking",
         "claim.lua",
-        "if blocked_ms then return {'running', blocked_ms} end",
+        "if blocked_ms then return {'running', 0, 0, blocked_ms, '', {}, bad} end",
         "",
         "a due retry starts even while another run of the job holds a live lease",
         (MACHINE, OVERLAP_FLAGS_DISAGREE),
@@ -164,7 +164,7 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "may-start",
         "claim.lua",
-        "if not s and not may_start then return {'done', 'forgotten'} end",
+        "if not s and not may_start then return {'done', 0, 0, 0, 'forgotten', {}, bad} end",
         "",
         "a later claim (may_start=0) of a forgotten slot starts it",
         # The machine forgets a run only after a first claim's trim, and a backup
@@ -207,9 +207,9 @@ MUTANTS: list[Mutant] = [
         "running-wait",
         "claim.lua",
         "if s.status == 'running' then\n"
-        "  if s.until_ms > now then return {'running', s.until_ms - now} end",
+        "  if s.until_ms > now then return {'running', 0, 0, s.until_ms - now, '', {}, bad} end",
         "if s.status == 'running' then\n"
-        "  if s.until_ms > now then return {'running', lease_ms} end",
+        "  if s.until_ms > now then return {'running', 0, 0, lease_ms, '', {}, bad} end",
         "a backup of a live lease is told to wait a whole lease, not the time left on it",
         (MACHINE,),
     ),
@@ -217,8 +217,9 @@ MUTANTS: list[Mutant] = [
         "retry-wait",
         "claim.lua",
         "if s.status == 'retry' then\n"
-        "  if s.until_ms > now then return {'running', s.until_ms - now} end",
-        "if s.status == 'retry' then\n  if s.until_ms > now then return {'running', lease_ms} end",
+        "  if s.until_ms > now then return {'running', 0, 0, s.until_ms - now, '', {}, bad} end",
+        "if s.status == 'retry' then\n"
+        "  if s.until_ms > now then return {'running', 0, 0, lease_ms, '', {}, bad} end",
         "a claim of a run waiting for its retry is told to wait a whole lease, not the delay left",
         (MACHINE,),
     ),
@@ -359,7 +360,7 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "timer-rearm-same-generation",
         "timer_finish.lua",
-        "t = pending_timer(redis.call('HINCRBY', meta_key, 'gen', 1), due_ms,",
+        "t = pending_timer(next_gen(meta_key), due_ms,",
         "t = pending_timer(t.gen, due_ms,",
         "a rearm or recurrence keeps the generation that fired",
         (TIMER_MACHINE,),
