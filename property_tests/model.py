@@ -70,6 +70,8 @@ class JobModel:
     allow_overlap: bool
     runs: dict[str, RunState] = field(default_factory=dict)
     fence: int = 0
+    # The slot of the last run that took a lease: a win, or a lease a heartbeat revived.
+    holder: str | None = None
     # Results recorded per (slot, attempt): the status each attempt ended with.
     results: dict[tuple[str, int], str] = field(default_factory=dict)
 
@@ -111,6 +113,7 @@ class JobModel:
     ) -> Reply:
         # Fences follow the clock in microseconds, one up within a millisecond.
         self.fence = max(self.fence + 1, now * 1000)
+        self.holder = slot
         self.runs[slot] = RunState(
             "running", attempt, token, now + self.lease_ms, self.fence, trigger, slot_ms
         )
@@ -179,6 +182,8 @@ class JobModel:
             for other, other_run in self.runs.items():
                 if other != slot and other_run.status == "running" and other_run.until_ms > now:
                     return False
+        if run.until_ms <= now:
+            self.holder = slot  # a revived lease is taken again
         run.until_ms = now + self.lease_ms
         return True
 

@@ -441,7 +441,9 @@ class LeaseMachine(RuleBasedStateMachine):
     def state_matches_the_model(self) -> None:
         state = self.client.hgetall(self.keys[0])
         fence = state.pop("fence", "0")
-        assert int(fence) == self.model.fence  # invariant 7: nothing but runs and the fence
+        assert int(fence) == self.model.fence  # invariant 7: nothing but runs, the fence
+        # and the holder: the slot of the last run that took a lease
+        assert state.pop("holder", None) == self.model.holder
         assert set(state) <= set(self.model.runs)
         # Invariant 5: every run a claim could still ask about is remembered.
         assert self.model.must_remember(self.now, KEEP_MS) <= set(state)

@@ -24,14 +24,16 @@ from anarchon import (
     Run,
     Scheduler,
     TimerRun,
+    Timers,
     TimerSetting,
 )
 from anarchon._ops.serve import health_of
+from anarchon._store.contract import ClaimRequest, HeartbeatRequest
 from anarchon._store.keys import JobKeys, RegistryKeys, TimerKeys, hint_channel
 from anarchon._store.lease import request_run
 from anarchon._store.quarantine import MAX_WHOLE, quarantine_of
 from anarchon.prometheus import instrument
-from tests.helpers import wait_until
+from tests.helpers import CommandLog, wait_until
 from tests.test_store_commands import anarchon
 from tests.test_web import WebCommand, webs  # noqa: F401 - the fixture
 
@@ -92,8 +94,10 @@ async def test_a_foreign_active_entry_costs_itself_not_the_job_nor_the_instance(
             assert health_of(scheduler)["live"]
     assert (keys.active, "garbage") in quarantined(prefix)
     assert len(warnings_about(caplog, "garbage")) == 1
-    # Left as it is: the store's data is the operator's to mend.
-    assert direct.sismember(keys.active, "garbage")
+    # The member leaves the set of unsettled runs (it would block the job); its state
+    # field, the data another client wrote, is left for the operator.
+    assert not direct.sismember(keys.active, "garbage")
+    assert direct.hget(keys.state, "garbage") is not None
     reported = direct.zrange(RegistryKeys.for_prefix(prefix).quarantine, 0, -1)
     assert any("garbage" in member for member in reported), reported
 
@@ -489,3 +493,171 @@ async def test_the_dashboard_and_the_command_line_show_a_poisoned_store_and_the_
         assert "\x1b" not in done.stdout + done.stderr, command
     assert "malformed" in said["inspect"].stdout.lower(), said["inspect"].stdout
     assert web.end() == 0, web.log()
+
+
+# ------------------------------------------------ what a fresh review of the above found
+
+
+async def test_a_slot_past_the_year_9999_costs_itself_not_the_claim_loop(
+    server_url: str, direct: redis.Redis, prefix: str
+) -> None:
+    """A slot id of 9e15 ms read as an instant by both checks, then Python's dates ended
+    at it (OverflowError, out of the claim loop); so did a lapsed timer due then."""
+    keys = JobKeys.for_job(prefix, "alpha")
+    direct.hset(keys.state, "9000000000000000", "running|1|tok|0|5|schedule|0|x")
+    direct.sadd(keys.active, "9000000000000000", "m9000000000000000-fleet1")
+    direct.hset(keys.state, "m9000000000000000-fleet1", "retry|0||0|0|manual|0|x")
+    timers = TimerKeys.for_kind(prefix, "remind")
+    lapsed = "5|9000000000000000|f|3|tok|1|5|5|9000000000000000|due|r|every:1000|"
+    direct.hset(timers.timers, "far", lapsed)
+    direct.zadd(timers.due, {"far": 1})
+    scheduler, ran = jobs_every_300_ms(server_url, prefix, "alpha", "beta")
+    fired: list[str] = []
+
+    async def remind(fire: TimerRun) -> None:
+        fired.append(fire.key)
+
+    scheduler.add_timer(remind, "remind")
+    async with scheduler:
+        await scheduler.set_timer("remind", "near", delay_ms=50)
+        await wait_until(
+            lambda: len(ran["alpha"]) >= 3 and len(ran["beta"]) >= 3 and "near" in fired,
+            20,
+            "both jobs and the near timer",
+        )
+        assert health_of(scheduler)["live"]
+    assert (keys.active, "9000000000000000") in quarantined(prefix)
+    assert "far" not in fired
+
+
+async def test_a_retry_never_starts_beside_a_live_lease_the_sample_of_a_large_set_missed(
+    server_url: str, direct: redis.Redis, prefix: str
+) -> None:
+    """With more than 256 unsettled runs a claim reads a sample of them: a due retry and a
+    heartbeat's revival of an expired lease could miss the one live lease (two live
+    leases of a job that does not allow overlap). The last run to take a lease is held
+    in the state hash and always looked at."""
+    backend = RedisBackend(redis=server_url, prefix=prefix)
+    store = await backend.open({"runner": "r", "history_size": 100, "history_ttl_ms": None})
+    try:
+        now_ms = int(direct.time()[0]) * 1000
+        live = await claim_one(store, now_ms - 5000, "live")
+        assert live.kind == "won"
+        keys = JobKeys.for_job(prefix, "job")
+        pipe = direct.pipeline(transaction=False)
+        for n in range(400):  # waiting run requests: unsettled runs, not malformed ones
+            slot = f"m{now_ms - 10_000}-fleet{n:04x}"
+            pipe.hset(keys.state, slot, f"retry|0||{now_ms + 60_000}|0|manual|0|x")
+            pipe.sadd(keys.active, slot)
+        # A run whose retry is due, and one whose lease has expired (its runner stalled).
+        pipe.hset(keys.state, str(now_ms - 9000), f"retry|1||{now_ms - 1}|1|schedule|0|x")
+        pipe.sadd(keys.active, str(now_ms - 9000))
+        pipe.hset(keys.state, str(now_ms - 8000), f"running|1|stale|{now_ms - 1}|2|schedule|0|x")
+        pipe.sadd(keys.active, str(now_ms - 8000))
+        pipe.execute()
+        for _ in range(20):  # the sample misses the live lease most times
+            retry = await claim_one(store, now_ms - 9000, "retrier", may_start=False)
+            assert retry.kind == "running", retry
+            (revived,) = await store.heartbeat_many(  # type: ignore[attr-defined]
+                [HeartbeatRequest("job", str(now_ms - 8000), "stale", 3000, False)]
+            )
+            assert revived is False
+    finally:
+        await store.conn.aclose()
+
+
+async def claim_one(store: Any, slot_ms: int, token: str, *, may_start: bool = True) -> Any:
+    (reply,) = await store.claim_many(
+        [
+            ClaimRequest(
+                "job", str(slot_ms), slot_ms, token, "schedule", 30_000, 3, False, 600_000,
+                may_start=may_start,
+            )
+        ]
+    )  # fmt: skip
+    return reply
+
+
+async def test_members_of_the_active_set_that_are_no_unsettled_run_leave_it(
+    server_url: str, direct: redis.Redis, prefix: str
+) -> None:
+    """A settled state left in the active set blocked the job's every first claim for
+    ever, as did 257 members that are no slot ids; they leave the set (the entries that
+    do not read are reported), and the job runs."""
+    keys = JobKeys.for_job(prefix, "alpha")
+    direct.hset(keys.state, "1000", "ok|1||1000|5|schedule|900|x")
+    direct.sadd(keys.active, "1000", "2000", *(f"junk{n}" for n in range(300)))
+    scheduler, ran = jobs_every_300_ms(server_url, prefix, "alpha")
+    async with scheduler:
+        await wait_until(lambda: len(ran["alpha"]) >= 3, 20, "three runs of the job")
+    assert not direct.sismember(keys.active, "1000")
+    assert not direct.sismember(keys.active, "junk0")
+    assert (keys.active, "junk0") in quarantined(prefix)
+
+
+@pytest.mark.parametrize("fence", ["1900000000000000.5", " 1900000000000000"])
+async def test_a_malformed_fence_above_the_clock_is_repaired_above_itself(
+    server_url: str, direct: redis.Redis, prefix: str, fence: str
+) -> None:
+    keys = JobKeys.for_job(prefix, "alpha")
+    direct.hset(keys.state, "fence", fence)
+    scheduler, ran = jobs_every_300_ms(server_url, prefix, "alpha")
+    async with scheduler:
+        await wait_until(lambda: len(ran["alpha"]) >= 1, 20, "a run of the job")
+    assert ran["alpha"][0] > 1_900_000_000_000_000
+
+
+async def test_a_timer_kind_whose_fence_stops_it_waits_for_its_poll_not_at_once(
+    server_url: str, direct: redis.Redis, prefix: str
+) -> None:
+    """A kind that wins nothing said its earliest due time (in the past), and its
+    instance claimed again at once, without end."""
+    timers = TimerKeys.for_kind(prefix, "remind")
+    direct.hset(timers.meta, "fence", "inf")
+    direct.hset(timers.timers, "k", "1|1|p|0||0|0|0|0||||")
+    direct.zadd(timers.due, {"k": 1})
+    scheduler = Scheduler(
+        RedisBackend(redis=server_url, prefix=prefix), lease_ms=3000, timer_poll_ms=1000
+    )
+
+    @scheduler.timer("remind")
+    async def remind(fire: TimerRun) -> None:
+        raise AssertionError("a kind whose fence stops it fires nothing")
+
+    monitor = CommandLog(server_url)
+    try:
+        async with scheduler:
+            await anyio.sleep(2)
+    finally:
+        monitor.close()
+    claims = [
+        line
+        for line in monitor.lines
+        if '"EVALSHA"' in line.upper() and timers.due in line and "timer-claimed" in line
+    ]
+    # About one claim a poll (1 s), not one after another.
+    assert 1 <= len(claims) <= 6, len(claims)
+    assert (timers.meta, "fence") in quarantined(prefix)
+
+
+async def test_a_runs_stream_that_refuses_entries_costs_the_log_not_the_run(
+    server_url: str, direct: redis.Redis, prefix: str
+) -> None:
+    """A stream whose last id another client put at the end of time refuses every entry:
+    the claim failed after it had written the run's lease, and the job was disabled."""
+    keys = JobKeys.for_job(prefix, "alpha")
+    direct.xadd(keys.runs, {"f": "v"}, id="18446744073709551615-18446744073709551615")
+    scheduler, ran = jobs_every_300_ms(server_url, prefix, "alpha")
+    async with scheduler:
+        await wait_until(lambda: len(ran["alpha"]) >= 2, 20, "two runs of the job")
+    assert (keys.runs, "") in quarantined(prefix)
+
+
+async def test_reading_a_timer_whose_payload_does_not_read_gives_none_not_an_error(
+    server_url: str, direct: redis.Redis, prefix: str
+) -> None:
+    timers = TimerKeys.for_kind(prefix, "remind")
+    direct.hset(timers.timers, "k", "1|4102444800000|p|0||0|0|0|0||||j{")
+    async with Timers(RedisBackend(redis=server_url, prefix=prefix)) as client:
+        assert await client.get("remind", "k") is None
+    assert (timers.timers, "k") in quarantined(prefix)

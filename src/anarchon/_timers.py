@@ -29,6 +29,7 @@ from ._model.values import TimerInfo, TimerSetting
 from ._observe.events import TimerCancelled, TimerSet
 from ._store.backend import RedisBackend
 from ._store.keys import TimerKeys
+from ._store.quarantine import MalformedEntry, quarantine_of
 from ._store.timers import TimerStore, decode_payload, encode_payload
 from .clients import Connection
 
@@ -179,7 +180,8 @@ class Timers:
         return found
 
     async def get(self, kind: str, key: str, *, buckets: int | None = None) -> TimerInfo | None:
-        """``key``'s timer of ``kind`` as the store holds it, or None."""
+        """``key``'s timer of ``kind`` as the store holds it, or None: none, or a record
+        that does not read (quarantined: a set replaces it)."""
         name = validate_kind(kind)
         timer_key = validate_timer_key(key)
         async with self._store() as store:
@@ -188,14 +190,23 @@ class Timers:
                 state = await store.get(name, timer_key, bucket_count)
         if state is None:
             return None
-        recurrence = Recurrence.decode(state.schedule)
+        try:
+            recurrence = Recurrence.decode(state.schedule)
+            payload = decode_payload(state.payload)
+        except Exception as exc:
+            timers_key = store.keys(name, timer_key, bucket_count).timers
+            problem = f"its recurrence or payload does not read ({type(exc).__name__})"
+            quarantine_of(store.prefix).add(
+                MalformedEntry(timers_key, timer_key, problem), "that timer"
+            )
+            return None
         return TimerInfo(
             kind=name,
             key=timer_key,
             generation=state.gen,
             due=None if state.due_ms is None else from_epoch_ms(state.due_ms),
             due_ms=state.due_ms,
-            payload=decode_payload(state.payload),
+            payload=payload,
             status=state.status,
             attempt=state.attempt,
             recurs=None if recurrence is None else recurrence.describe(),

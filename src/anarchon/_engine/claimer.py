@@ -244,7 +244,17 @@ class Claimer:
                         "connection's user may run scripts",
                     )
                 continue
-            self._on_claim_reply(due, reply, now_ms, sent, skipped=request.skip_if_blocked)
+            try:
+                self._on_claim_reply(due, reply, now_ms, sent, skipped=request.skip_if_blocked)
+            except Exception:
+                # What the store answered is input: an answer that cannot be acted on
+                # costs its slot, never the claim loop (and with it every job here).
+                log.exception(
+                    "%s: the answer to the claim of slot %s could not be acted on; that "
+                    "slot alone is passed over",
+                    due.job,
+                    visible(due.slot_id, 120),
+                )
         if again:
             self._retry_claims(again)
 

@@ -25,6 +25,7 @@ import logging
 import anyio
 
 from .._model.text import visible
+from .._store.contract import is_slot_id
 from .._store.keys import RunGivenBack, RunRequested, TimerDue, hint_channel, kind_keys, parse_hint
 from ._context import EngineContext
 from .agenda import Agenda
@@ -131,7 +132,10 @@ class Hints:
                 log.debug("a hint that cannot be acted on was ignored: %r", visible(message, 200))
 
     def _act_on(self, message: str) -> None:
-        match parse_hint(message):
+        hint = parse_hint(message)
+        if isinstance(hint, RunGivenBack | RunRequested) and not is_slot_id(hint.slot_id):
+            raise ValueError("its slot is no slot id anarchon writes")
+        match hint:
             case RunGivenBack(slot_id, job):
                 self._agenda.claim_given_back(job, slot_id)
             case RunRequested(slot_id, job):

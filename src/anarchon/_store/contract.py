@@ -10,6 +10,7 @@ from typing import Literal, Protocol, runtime_checkable
 from .._model.schedule import iso_ms
 from .._model.values import RunResult, Trigger
 from ..clients import Connection, ServerReplyError
+from .quarantine import instant_ms
 
 __all__ = [
     "AttemptEnd",
@@ -172,13 +173,18 @@ def is_manual(slot_id: str) -> bool:
     return not slot_id.isdigit()
 
 
-_SLOT_ID = re.compile(r"[0-9]{1,16}|m[0-9]{1,16}-[A-Za-z0-9-]{0,100}")
+_SLOT_ID = re.compile(r"([0-9]{1,16})|m([0-9]{1,16})-[A-Za-z0-9-]{0,100}")
 
 
 def is_slot_id(text: object) -> bool:
-    """Whether ``text`` is a slot id as anarchon writes them (as the scripts' ``is_slot_id``
-    checks): what the store holds is input, and a member that is none is malformed."""
-    return isinstance(text, str) and _SLOT_ID.fullmatch(text) is not None
+    """Whether ``text`` is a slot id as anarchon writes them, by the rule the scripts'
+    ``is_slot_id`` keeps (lua/lease_state.lua): an instant (epoch ms, at most the end of
+    the year 9999), or ``m<instant>-<nonce>`` with a nonce of at most 100 letters, digits
+    and '-'. What the store holds is input, and a member that is none is malformed."""
+    if not isinstance(text, str) or len(text) > 120:
+        return False
+    matched = _SLOT_ID.fullmatch(text)
+    return matched is not None and instant_ms(matched.group(1) or matched.group(2)) is not None
 
 
 def slot_ms_of(slot_id: str) -> int:

@@ -21,7 +21,7 @@ from .contract import (
     slot_ms_of,
 )
 from .keys import JobKeys
-from .quarantine import MalformedEntry, quarantine_of, whole
+from .quarantine import MalformedEntry, quarantine_malformed, quarantine_of, whole
 from .records import read_history, read_result
 from .scripts import ScriptCall, lease_script, run_scripts
 
@@ -69,10 +69,7 @@ def _claim_reply(raw: list[Any], keys: JobKeys, prefix: str) -> ClaimReply:
     store holds is input, the script's reply included): a handler is never handed a
     fence that is not one."""
     quarantine = quarantine_of(prefix)
-    for entry in _list(raw[6]):
-        if isinstance(entry, list) and len(entry) == 4:
-            key, field, problem, excerpt = (_text(part) for part in entry)
-            quarantine.add(MalformedEntry(key, field, problem, excerpt or None), "itself")
+    quarantine_malformed(raw[6], prefix, "itself")
     orphans = []
     for orphan in map(_text, _list(raw[5])):
         if is_slot_id(orphan):
@@ -217,6 +214,7 @@ class LeaseStore:
             raise reply
         if reply[0] == "lost":
             return FinishReply(held=False, status=str(reply[1]))
+        quarantine_malformed(reply[3] if len(reply) > 3 else [], self.prefix, "its result")
         return FinishReply(held=True, status=str(reply[1]), retry_in_ms=int(reply[2]))
 
     async def result_of(self, job: str, slot_id: str, attempt: int) -> RunResult:

@@ -34,12 +34,15 @@ from .keys import RegistryKeys
 
 __all__ = [
     "KEEP",
+    "MAX_INSTANT_MS",
     "MAX_WHOLE",
     "STORED",
     "STORED_MS",
     "MalformedEntry",
     "Quarantine",
     "Quarantined",
+    "instant_ms",
+    "quarantine_malformed",
     "quarantine_of",
     "read_quarantine",
     "whole",
@@ -60,6 +63,9 @@ _PROBLEM_CHARS = 300
 
 #: The largest whole number a record holds: 2^53 - 1, exact in the scripts' Lua numbers.
 MAX_WHOLE = 2**53 - 1
+#: The last millisecond of the year 9999: an instant beyond it is none anarchon writes,
+#: and no date Python can show (the scripts' ``MAX_INSTANT``).
+MAX_INSTANT_MS = 253_402_300_799_999
 _WHOLE = re.compile(r"[0-9]{1,16}")
 
 
@@ -74,6 +80,12 @@ def whole(text: object) -> int | None:
         return None
     number = int(text)
     return number if number <= MAX_WHOLE else None
+
+
+def instant_ms(text: object) -> int | None:
+    """A stored instant (epoch ms) read strictly: ``whole`` and at most ``MAX_INSTANT_MS``."""
+    number = whole(text)
+    return number if number is not None and number <= MAX_INSTANT_MS else None
 
 
 class MalformedEntry(ValueError):
@@ -201,6 +213,16 @@ def quarantine_of(prefix: str) -> Quarantine:
             _BY_PREFIX.popitem(last=False)
     _BY_PREFIX.move_to_end(prefix)
     return found
+
+
+def quarantine_malformed(reported: object, prefix: str, what: str) -> None:
+    """Quarantine the malformed entries a script reported (``{key, field, problem,
+    excerpt}`` each: lua/lease_state.lua); ``what``: what each cost."""
+    quarantine = quarantine_of(prefix)
+    for entry in reported if isinstance(reported, list) else ():
+        if isinstance(entry, list | tuple) and len(entry) == 4:
+            key, field, problem, excerpt = (_text(part) for part in entry)
+            quarantine.add(MalformedEntry(key, field, problem, excerpt or None), what)
 
 
 async def read_quarantine(conn: Connection, prefix: str, limit: int = 100) -> list[Quarantined]:

@@ -20,7 +20,7 @@ from .._model.schedule import from_epoch_ms, load_timezone
 from .._model.values import RunResult, RunStatus, TimerStatus, Trigger
 from ..clients import Command, Connection
 from .contract import AttemptEnd, is_slot_id, slot_ms_of
-from .quarantine import MalformedEntry, quarantine_of, whole
+from .quarantine import MAX_INSTANT_MS, MalformedEntry, instant_ms, quarantine_of, whole
 
 __all__ = [
     "InstanceRecord",
@@ -72,14 +72,16 @@ def parse_result(job: str, member: str, key: str = "") -> RunResult:
         raise MalformedEntry(key, member, "not a result (9 fields separated by |)")
     slot, attempt, status, started_ms, finished_ms, fence, trigger, rest = parts
     runner, _, error = rest.partition("|")  # runner ids never hold "|"
-    numbers = [whole(text) for text in (attempt, started_ms, finished_ms, fence)]
+    numbers = [whole(attempt), instant_ms(started_ms), instant_ms(finished_ms), whole(fence)]
     if not is_slot_id(slot):
         raise MalformedEntry(key, member, "its slot is not a slot id")
     if status not in _RUN_STATUSES or trigger not in _TRIGGERS:
         raise MalformedEntry(key, member, "an unknown status or trigger")
     if None in numbers:
         raise MalformedEntry(
-            key, member, "attempt, started_ms, finished_ms or fence is not a whole number"
+            key,
+            member,
+            "attempt, started_ms, finished_ms or fence is not a whole number (or an instant)",
         )
     attempt_n, started, finished, fence_n = cast(list[int], numbers)
     slot_ms = slot_ms_of(slot)
@@ -175,10 +177,13 @@ class LeaseState:
         status, attempt, token, until_ms, fence, trigger, started_ms, runner = parts
         if status not in _LEASE_STATUSES or trigger not in _TRIGGERS:
             raise MalformedEntry(key, slot_id, "an unknown status or trigger", raw)
-        numbers = [whole(part) for part in (attempt, until_ms, fence, started_ms)]
+        numbers = [whole(attempt), instant_ms(until_ms), whole(fence), instant_ms(started_ms)]
         if None in numbers:
             raise MalformedEntry(
-                key, slot_id, "attempt, until_ms, fence or started_ms is not a whole number", raw
+                key,
+                slot_id,
+                "attempt, until_ms, fence or started_ms is not a whole number (or an instant)",
+                raw,
             )
         attempt_n, until, fence_n, started = cast(list[int], numbers)
         return cls(
@@ -228,9 +233,18 @@ class TimerState:
             :10
         ]
         runner, schedule, payload = parts[10:]
-        numbers = [whole(part) for part in (gen, attempt, until_ms, fence, fire_gen, fire_due)]
-        due_ms = whole(due) if due else None
-        if None in numbers or (due and due_ms is None) or status not in _STATUS:
+        numbers = [
+            whole(gen),
+            whole(attempt),
+            instant_ms(until_ms),
+            whole(fence),
+            whole(fire_gen),
+            instant_ms(fire_due),
+        ]
+        due_ms = instant_ms(due) if due else None
+        # As lua/timer_state.lua reads it: a pending timer has a due time.
+        wrong_due = (due and due_ms is None) or (status == "p" and due_ms is None)
+        if None in numbers or wrong_due or status not in _STATUS:
             raise MalformedEntry(
                 timers_key, key, "an unknown status, or a number that is not a whole number", raw
             )
@@ -257,9 +271,6 @@ class TimerState:
 
 #: The strategies a job's definition may name (``backend.parse_strategy``'s names).
 _STRATEGIES = frozenset(("lease", "stream-id", "idmp", "script"))
-#: The epoch milliseconds a stored instant may be: 1970 to the end of 9999 (a datetime
-#: holds no later one).
-_EPOCH_MS_MAX = 253_402_300_799_999
 _JSON = json.JSONDecoder()
 
 
@@ -364,7 +375,7 @@ def decode_instant(key: str, field: str, raw: Any) -> int:
     """An instant the registry keeps in epoch ms (a job's first-seen time: text in the
     ``key`` hash's field ``field``), or ``MalformedEntry``."""
     number = whole(_text(raw))
-    if number is None or number > _EPOCH_MS_MAX:
+    if number is None or number > MAX_INSTANT_MS:
         raise MalformedEntry(key, field, "not an instant in epoch ms", raw)
     return number
 
@@ -376,7 +387,7 @@ def _number(value: object) -> int | None:
 
 def _instant(value: object) -> bool:
     number = _number(value)
-    return number is not None and number <= _EPOCH_MS_MAX
+    return number is not None and number <= MAX_INSTANT_MS
 
 
 def _json_object(key: str, field: str, raw: Any) -> dict[str, Any]:

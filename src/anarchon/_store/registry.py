@@ -28,7 +28,7 @@ from .._version import __version__
 from ..clients import Command, Connection, ServerReplyError
 from .coalesce import pipeline
 from .keys import ClaimOnlyKeys, JobKeys, RegistryKeys
-from .quarantine import MalformedEntry, quarantine_of
+from .quarantine import quarantine_malformed, quarantine_of
 from .scripts import ScriptCall, lease_script, run_scripts
 from .timers import score_ms
 
@@ -125,9 +125,7 @@ class Registry:
         (reply,) = await run_scripts(conn, [call])
         if isinstance(reply, ServerReplyError):
             raise reply
-        quarantine = quarantine_of(self.prefix)
-        for key, field, problem, excerpt in reply[-1] or []:
-            quarantine.add(MalformedEntry(str(key), str(field), str(problem), excerpt), "itself")
+        quarantine_malformed(reply[-1], self.prefix, "itself")
         first_seen = {name: int(reply[1 + index]) for index, name in enumerate(jobs)}
         self._seen.update(first_seen)
         return first_seen

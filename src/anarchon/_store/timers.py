@@ -13,7 +13,14 @@ from typing import Any, Literal, cast
 from ..clients import Command, Connection, ServerReplyError
 from .coalesce import pipeline
 from .keys import TimerKeys, bucket_of, hint_channel
-from .quarantine import MalformedEntry, quarantine_of, whole
+from .quarantine import (
+    MAX_INSTANT_MS,
+    MalformedEntry,
+    instant_ms,
+    quarantine_malformed,
+    quarantine_of,
+    whole,
+)
 from .records import TimerState
 from .scripts import ScriptCall, run_scripts, timer_script
 
@@ -143,7 +150,8 @@ def _win(raw: list[Any], keys: TimerKeys) -> TimerWin:
     """One won firing of a claim's reply; ``MalformedEntry`` if its numbers do not read
     (never a fence that is not a whole number handed to a handler)."""
     key, gen, due_ms, attempt, fence, token, trigger, schedule, payload, left_ms = raw
-    numbers = [whole(_text(n)) for n in (gen, due_ms, attempt, fence, left_ms)]
+    numbers = [whole(_text(gen)), instant_ms(_text(due_ms)), whole(_text(attempt))]
+    numbers += [whole(_text(fence)), whole(_text(left_ms))]
     if None in numbers or not numbers[3]:
         raise MalformedEntry(keys.timers, _text(key), "a won firing whose numbers do not read")
     gen_n, due_n, attempt_n, fence_n, left_n = cast(list[int], numbers)
@@ -166,13 +174,14 @@ def _text(raw: object) -> str:
 
 
 def score_ms(score: object) -> int | None:
-    """A sorted set's score as whole milliseconds; None for one that is not a finite
-    number anarchon writes (``+inf`` from another client)."""
+    """A sorted set's score as an instant in whole milliseconds; None for one that is no
+    instant anarchon writes (``+inf`` or ``-5`` from another client, or past the year
+    9999)."""
     try:
         value = float(_text(score))
     except ValueError:
         return None
-    return int(value) if abs(value) <= 2**53 else None
+    return int(value) if 0 <= value <= MAX_INSTANT_MS else None
 
 
 def _pairs(reply: Any) -> list[tuple[Any, Any]]:
@@ -308,10 +317,8 @@ class TimerStore:
         if isinstance(reply, ServerReplyError):
             raise reply
         wins, next_ms, more, server_now_ms, spent, malformed = reply
+        quarantine_malformed(malformed, self.prefix, "that timer")
         quarantine = quarantine_of(self.prefix)
-        for entry in malformed or []:
-            key, field, problem, excerpt = (_text(part) for part in entry)
-            quarantine.add(MalformedEntry(key, field, problem, excerpt or None), "that timer")
         won = []
         for win in wins or []:
             try:

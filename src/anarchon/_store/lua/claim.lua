@@ -52,6 +52,8 @@ local now = server_now_ms()
 -- leases and retry delays (nil if nothing blocks; 0 if only orphans do), and the
 -- orphans: runs whose lease expired, or whose retry is due.
 local bad = {}
+-- When a job's active set is read in part: the soonest its first claims ask again.
+local SAMPLED_WAIT_MS = 1000
 
 local function scan_active(first_claim)
   local blocked_ms = nil
@@ -59,18 +61,29 @@ local function scan_active(first_claim)
   local members, sampled = members_to_scan(active_key)
   if sampled and first_claim and not allow_overlap then
     -- More unsettled runs than one claim looks at: the slot waits behind them (they
-    -- drain as they are taken over and settle, ORPHANS_MAX per claim).
-    blocked_ms = 0
+    -- drain as they are taken over and settle, ORPHANS_MAX per claim); asked again in a
+    -- second at the soonest.
+    blocked_ms = SAMPLED_WAIT_MS
   end
   for _, other in ipairs(members) do
     if not is_slot_id(other) then
-      bad[#bad + 1] = {active_key, other, 'not a slot id', ''}
+      -- Not a run's slot: it leaves the set of unsettled runs (it would block the job's
+      -- slots for ever), reported with its name.
+      bad[#bad + 1] = {active_key, excerpt(other), 'not a slot id: removed from the set', ''}
+      redis.call('SREM', active_key, other)
     elseif other ~= slot then
-      local o, problem = decode_state(redis.call('HGET', state_key, other))
+      local raw = redis.call('HGET', state_key, other)
+      local o, problem = decode_state(raw)
       if o == false then
-        bad[#bad + 1] = {state_key, other, problem,
-          excerpt(redis.call('HGET', state_key, other))}
-      elseif o then
+        -- A state that does not read: reported; it leaves the set (the state stays).
+        bad[#bad + 1] = {state_key, other, problem .. ': removed from the active set',
+          excerpt(raw)}
+        redis.call('SREM', active_key, other)
+      elseif o == nil or not (o.status == 'running' or o.status == 'retry') then
+        -- Settled, or forgotten: no unsettled run, so not one of the set (a finish
+        -- removes its own; another client's member would block the job for ever).
+        redis.call('SREM', active_key, other)
+      else
         local left_ms = math.max(o.until_ms - now, 0)
         if left_ms == 0 and #orphans < ORPHANS_MAX then orphans[#orphans + 1] = other end
         local blocks = (first_claim or (o.status == 'running' and left_ms > 0))
@@ -78,6 +91,11 @@ local function scan_active(first_claim)
         if blocks then blocked_ms = math.max(blocked_ms or 0, left_ms) end
       end
     end
+  end
+  if not allow_overlap then
+    -- The holder's lease is seen even when the sample missed it.
+    local held_ms = holder_live_ms(state_key, slot, now)
+    if held_ms > 0 then blocked_ms = math.max(blocked_ms or 0, held_ms) end
   end
   return blocked_ms, orphans
 end
@@ -96,16 +114,22 @@ local function trim_old_state()
     if not is_slot_id(other) then
       -- Not a slot: it leaves the index (the state hash, which it names no field of
       -- anarchon's, is not touched).
-      bad[#bad + 1] = {slots_key, other, 'not a slot id: removed from the index', ''}
+      bad[#bad + 1] = {slots_key, excerpt(other), 'not a slot id: removed from the index', ''}
       redis.call('ZREM', slots_key, other)
     elseif other ~= slot then
-      local o = decode_state(redis.call('HGET', state_key, other))
+      local raw = redis.call('HGET', state_key, other)
+      local o, problem = decode_state(raw)
       if o and (o.status == 'running' or o.status == 'retry') then
         redis.call('ZADD', slots_key, int(now), other)
       elseif o and o.until_ms >= horizon then
         redis.call('ZADD', slots_key, int(o.until_ms), other)
       else
-        -- Settled long ago, or a state that does not read: no claim asks for it again.
+        -- Settled long ago, or a state that does not read (reported as it goes): no
+        -- claim asks for it again.
+        if o == false then
+          bad[#bad + 1] = {state_key, other, problem .. ': forgotten with its slot',
+            excerpt(raw)}
+        end
         redis.call('HDEL', state_key, other)
         redis.call('ZREM', slots_key, other)
       end
@@ -126,23 +150,29 @@ local function win(attempt, win_trigger, orphans)
     fence = fence, trigger = win_trigger, started_ms = now, runner = runner,
   }
   redis.call('HSET', state_key, slot, encode_state(s))
+  redis.call('HSET', state_key, HOLDER_FIELD, slot)
   redis.call('SADD', active_key, slot)
   redis.call('ZADD', slots_key, slot_score, slot)
-  redis.call('XADD', runs_key, 'MAXLEN', history_size, '*',
+  -- pcall: the runs stream is a log, never a reason for a won run not to start (a stream
+  -- whose last id another client put at the end of time refuses every entry).
+  local logged = redis.pcall('XADD', runs_key, 'MAXLEN', history_size, '*',
     'slot', slot, 'attempt', attempt, 'token', token, 'runner', runner,
-    'trigger', win_trigger, 'fence', fence)
-  if history_ttl_ms > 0 and trim_runs_by_id then
+    'trigger', win_trigger, 'fence', int(fence))
+  if type(logged) == 'table' and logged.err then
+    bad[#bad + 1] = {runs_key, '', 'cannot take an entry: ' .. logged.err, ''}
+  elseif history_ttl_ms > 0 and trim_runs_by_id then
     -- Entry ids are the server's milliseconds, so the age limit is an id.
     redis.call('XTRIM', runs_key, 'MINID', int(now - history_ttl_ms))
   end
   return {'won', attempt, int(fence), lease_ms, win_trigger, orphans, bad}
 end
 
-local s, problem = decode_state(redis.call('HGET', state_key, slot))
+local raw_state = redis.call('HGET', state_key, slot)
+local s, problem = decode_state(raw_state)
 if s == false then
   -- This slot's state does not read: it is not run, nor overwritten (it may be a run
   -- that started), and it is reported; the job's other slots go on.
-  bad[#bad + 1] = {state_key, slot, problem, excerpt(redis.call('HGET', state_key, slot))}
+  bad[#bad + 1] = {state_key, slot, problem, excerpt(raw_state)}
   return {'done', 0, 0, 0, 'malformed', {}, bad}
 end
 -- The job's last fence, read strictly (lease_state.lua's last_fence): one beyond 2^53 - 1
@@ -174,7 +204,7 @@ local function skip(reason)
   redis.call('HSET', state_key, slot, encode_state(skipped))
   redis.call('ZADD', slots_key, slot_score, slot)
   record_result(results_key, slot, slot_score, skipped, 'skipped', now, reason,
-    history_size, history_ttl_ms)
+    history_size, history_ttl_ms, bad)
 end
 
 -- No state: nobody has claimed this run yet.
@@ -209,7 +239,7 @@ if s.status == 'running' then
   -- The lease expired: its runner vanished, and that attempt is over. Its token
   -- no longer holds anything: a late finish or heartbeat of it reports the loss.
   record_result(results_key, slot, slot_score, s, 'interrupted', now, 'lease expired',
-    history_size, history_ttl_ms)
+    history_size, history_ttl_ms, bad)
   s.token = ''
   if s.attempt >= max_attempts then
     s.status, s.until_ms = 'interrupted', now

@@ -2,8 +2,9 @@
 -- KEYS[1] state (hash)   KEYS[2] active (set)   KEYS[3] results (sorted set)
 -- ARGV: slot, slot_score, token, outcome (ok|failed|cancelled), max_attempts,
 --       retry_delay_ms, error, history_size, history_ttl_ms
--- Replies {'settled', status, ms} where status is the run's state afterwards
--- (retry: the next attempt may start in ms), or {'lost', status} when the
+-- Replies {'settled', status, ms, malformed} where status is the run's state afterwards
+-- (retry: the next attempt may start in ms; malformed: a results key that could not take
+-- the result, lease_state.lua's record_result), or {'lost', status} when the
 -- caller's token no longer holds the run: then nothing changes.
 local state_key, active_key, results_key = KEYS[1], KEYS[2], KEYS[3]
 local slot = ARGV[1]
@@ -24,8 +25,9 @@ if s.token ~= token then return {'lost', s.status} end
 -- The caller already finished this attempt (a finish repeated after a lost reply).
 if s.status ~= 'running' then return {'settled', s.status, math.max(s.until_ms - now, 0)} end
 
+local bad = {}
 record_result(results_key, slot, slot_score, s, outcome, now, err, history_size,
-  history_ttl_ms)
+  history_ttl_ms, bad)
 
 if outcome == 'ok' then
   s.status, s.until_ms = 'ok', now
@@ -40,4 +42,4 @@ else
 end
 redis.call('HSET', state_key, slot, encode_state(s))
 if s.status ~= 'retry' then redis.call('SREM', active_key, slot) end
-return {'settled', s.status, s.until_ms - now}
+return {'settled', s.status, s.until_ms - now, bad}

@@ -19,6 +19,8 @@ if s == nil then return {0, 'gone'} end
 if s == false then return {0, 'malformed'} end  -- the claim that meets it reports it
 if s.token ~= token or s.status ~= 'running' then return {0, s.status} end
 if s.until_ms <= now and not allow_overlap then
+  -- The holder's lease is seen even when the sample of a large set misses it.
+  if holder_live_ms(state_key, slot, now) > 0 then return {0, 'overlapped'} end
   for _, other in ipairs((members_to_scan(active_key))) do
     if other ~= slot and is_slot_id(other) then
       local o = decode_state(redis.call('HGET', state_key, other))
@@ -26,6 +28,9 @@ if s.until_ms <= now and not allow_overlap then
     end
   end
 end
+local revived = s.until_ms <= now
 s.until_ms = now + lease_ms
 redis.call('HSET', state_key, slot, encode_state(s))
+-- A revived lease is taken again: its run is the holder (lease_state.lua).
+if revived then redis.call('HSET', state_key, HOLDER_FIELD, slot) end
 return {1, lease_ms}

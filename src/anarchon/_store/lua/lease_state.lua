@@ -25,6 +25,12 @@ end
 -- it ({key, field, problem} in a reply's list of malformed entries, which the caller
 -- quarantines: logged once, counted, shown); it costs that entry, at most its job.
 local MAX_WHOLE = 9007199254740991
+-- The last millisecond of the year 9999: an instant (a slot, a due time, a start) beyond
+-- it is no time anarchon writes, and no date Python can show.
+local MAX_INSTANT = 253402300799999
+-- Fences and generations stop this far below 2^53 - 1, so that a claim's wins (one more
+-- each) stay exact.
+local MAX_COUNTER = MAX_WHOLE - 1000000
 
 local function whole(text)
   if type(text) ~= 'string' or #text > 16 or not string.match(text, '^%d+$') then
@@ -35,17 +41,28 @@ local function whole(text)
   return n
 end
 
+-- An instant in ms, read strictly (whole, at most MAX_INSTANT); nil otherwise.
+local function instant(text)
+  local n = whole(text)
+  if n and n <= MAX_INSTANT then return n end
+  return nil
+end
+
 -- Text a field may hold, shown in a report of a malformed entry (bounded).
 local function excerpt(text)
   if type(text) ~= 'string' then return '' end
-  if #text > 80 then return string.sub(text, 1, 80) .. '...' end
+  if #text > 80 then return string.sub(text, 1, 80) .. '...(' .. #text .. ' bytes)' end
   return text
 end
 
--- A slot id: a scheduled slot's epoch ms (digits), or a manual run's 'm<ms>-<nonce>'.
+-- A slot id: a scheduled slot's instant (digits), or a manual run's 'm<instant>-<nonce>'
+-- with a nonce of at most 100 letters, digits and '-' (records.py's is_slot_id is the
+-- same rule).
 local function is_slot_id(text)
-  return type(text) == 'string' and #text <= 128
-    and (whole(text) ~= nil or string.match(text, '^m%d+%-[%w%-]*$') ~= nil)
+  if type(text) ~= 'string' or #text > 120 then return false end
+  if instant(text) then return true end
+  local ms, nonce = string.match(text, '^m(%d+)%-([%w%-]*)$')
+  return ms ~= nil and instant(ms) ~= nil and #nonce <= 100
 end
 
 -- The most members of a job's active set one script looks at, and the most orphans one
@@ -73,28 +90,31 @@ local FENCE_FIELD = 'fence'
 local PAUSED_FIELD = 'paused'
 
 -- The last fence of a hash (a job's state, a timer kind's meta): its FENCE_FIELD read
--- strictly. Returns the last fence (0 if there is none), or nil and a problem:
---   a fence that is a number beyond 2^53 - 1 (or 'inf') cannot be gone past without
---   losing exactness: nil and the problem, and the caller wins nothing (the job or
---   kind stops, loudly, until an operator sets a whole fence at least as large);
---   any other malformed fence ('nan', text, a fraction, a negative) carries no order
---   to keep: 0 and the problem, and the next win repairs it forward, to the server's
---   clock in microseconds, which every fence anarchon wrote is below.
+-- strictly, a problem added to bad when it does not read. Returns the last fence (0 if
+-- there is none), or nil:
+--   a fence that is a number above MAX_COUNTER (or 'inf') cannot be gone past without
+--   losing exactness: nil, and the caller wins nothing (the job or kind stops, loudly,
+--   until an operator sets a whole fence at least as large, below MAX_COUNTER);
+--   any other malformed fence is repaired forward at the next win: above its whole
+--   part when it is a positive number ('12.5', ' 7'), and in any case to the server's
+--   clock in microseconds, which every fence anarchon wrote is below ('nan', text).
 local function last_fence(hash_key, bad)
   local raw = redis.call('HGET', hash_key, FENCE_FIELD)
   if not raw then return 0 end
   local last = whole(raw)
-  if last then return last end
-  local n = tonumber(raw)
-  if n and n == n and n > MAX_WHOLE then
+  local n = last or tonumber(raw)
+  if n and n == n and n > MAX_COUNTER then
     bad[#bad + 1] = {hash_key, FENCE_FIELD,
-      'a fence beyond 2^53 - 1: nothing wins until it is set to a whole number at least '
-      .. 'as large as the last fence handed out', excerpt(raw)}
+      'a fence too close to 2^53 (or beyond): nothing wins until it is set to a whole '
+      .. 'number below 2^53 - 10^6 and at least as large as the last fence handed out',
+      excerpt(raw)}
     return nil
   end
+  if last then return last end
   bad[#bad + 1] = {hash_key, FENCE_FIELD,
-    'not a whole number: repaired forward to the server clock in microseconds at the '
-    .. 'next win', excerpt(raw)}
+    'not a whole number: repaired forward (above it, and to the server clock in '
+    .. 'microseconds at least) at the next win', excerpt(raw)}
+  if n and n == n and n > 0 then return math.floor(n) end
   return 0
 end
 
@@ -123,13 +143,28 @@ local function decode_state(raw)
   end
   local s = {
     status = status, attempt = whole(attempt), token = token,
-    until_ms = whole(until_ms), fence = whole(fence), trigger = trigger,
-    started_ms = whole(started_ms), runner = runner,
+    until_ms = instant(until_ms), fence = whole(fence), trigger = trigger,
+    started_ms = instant(started_ms), runner = runner,
   }
   if not (s.attempt and s.until_ms and s.fence and s.started_ms) then
-    return false, 'attempt, until_ms, fence or started_ms is not a whole number'
+    return false, 'attempt, until_ms, fence or started_ms is not a whole number (or an instant)'
   end
   return s
+end
+
+-- The hash field naming the slot of the last run that took a lease (a win, or a lease
+-- revived by a heartbeat). With overlap protection a lease is taken only while no other
+-- is live, so this run's is the only lease besides the caller's that can be live: found
+-- without a scan, whatever the active set holds (one claim reads a sample of a large one).
+local HOLDER_FIELD = 'holder'
+
+-- How long the holder's lease has left, if it is live and not the caller's (0 if not).
+local function holder_live_ms(state_key, slot, now)
+  local holder = redis.call('HGET', state_key, HOLDER_FIELD)
+  if not holder or holder == slot then return 0 end
+  local h = decode_state(redis.call('HGET', state_key, holder))
+  if h and h.status == 'running' and h.until_ms > now then return h.until_ms - now end
+  return 0
 end
 
 local function encode_state(s)
@@ -144,12 +179,18 @@ end
 -- then the history bounds: the newest history_size members, none older than
 -- history_ttl_ms (0 = no age limit).
 local function record_result(results_key, slot, slot_score, s, status, now, err,
-                             history_size, history_ttl_ms)
+                             history_size, history_ttl_ms, bad)
   local member = table.concat({
     slot, int(s.attempt), status, int(s.started_ms), int(now), int(s.fence), s.trigger,
     s.runner, err,
   }, '|')
-  redis.call('ZADD', results_key, slot_score, member)
+  -- pcall: the history is a record of what happened, never a reason for the run's state
+  -- not to move on. A results key of another type (another client's) costs the entry.
+  local added = redis.pcall('ZADD', results_key, slot_score, member)
+  if type(added) == 'table' and added.err then
+    if bad then bad[#bad + 1] = {results_key, '', 'cannot take a result: ' .. added.err, ''} end
+    return
+  end
   redis.call('ZREMRANGEBYRANK', results_key, 0, -(history_size + 1))
   if history_ttl_ms > 0 then
     redis.call('ZREMRANGEBYSCORE', results_key, '-inf', '(' .. int(now - history_ttl_ms))

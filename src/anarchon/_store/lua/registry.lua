@@ -32,7 +32,7 @@ for i = 0, job_count - 1 do
   local seen = now
   if oldest and oldest < now then seen = oldest end
   local stored = redis.call('HGET', first_seen_key, name)
-  if stored and not whole(stored) then
+  if stored and not instant(stored) then
     -- Not a time (another client wrote it): repaired to what this registration knows.
     repaired[#repaired + 1] = {first_seen_key, name, 'not a time in ms: repaired', excerpt(stored)}
     stored = false

@@ -18,7 +18,10 @@ local REQUEST_FIELD = 'requested'
 local waiting = redis.call('HGET', state_key, REQUEST_FIELD)
 if waiting and is_slot_id(waiting) then
   local w = decode_state(redis.call('HGET', state_key, waiting))
-  if w and w.status == 'retry' and w.attempt == 0 then return {waiting, 0} end
+  if w and w.status == 'retry' and w.attempt == 0 then
+    redis.call('SADD', active_key, waiting)  -- in the set of unsettled runs, whatever befell it
+    return {waiting, 0}
+  end
 end
 
 local now = server_now_ms()

@@ -68,7 +68,8 @@ for _, key in ipairs(due) do
   local raw = redis.call('HGET', timers_key, key)
   local t, problem = decode_timer(raw)
   if t == false then
-    bad[#bad + 1] = {timers_key, key, problem .. ': it left the due index', excerpt(raw)}
+    bad[#bad + 1] = {timers_key, excerpt(key), problem .. ': it left the due index',
+      excerpt(raw)}
     redis.call('ZREM', due_key, key)
     t = true                         -- skipped below: nothing else to do with it
   end
@@ -111,5 +112,7 @@ if #wins > 0 then redis.call('PEXPIRE', claimed_key, lease_ms) end
 
 local first = redis.call('ZRANGE', due_key, 0, 0, 'WITHSCORES')
 local next_ms = ''
-if first[2] then next_ms = first[2] end
+-- A kind that wins nothing (its fence beyond what it may count) says nothing is due: the
+-- caller looks again at its poll, not at once.
+if first[2] and last then next_ms = first[2] end
 return {wins, next_ms, #due == limit and 1 or 0, int(now), spent, bad}

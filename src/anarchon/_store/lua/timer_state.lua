@@ -32,24 +32,26 @@ local function decode_timer(raw)
   if not gen then return false, 'not a timer (13 fields separated by |)' end
   if not TIMER_STATUSES[status] then return false, 'an unknown status' end
   local t = {
-    gen = whole(gen), due_ms = whole(due), status = status,
-    attempt = whole(attempt), token = token, until_ms = whole(until_ms),
-    fence = whole(fence), fire_gen = whole(fire_gen), fire_due_ms = whole(fire_due),
+    gen = whole(gen), due_ms = instant(due), status = status,
+    attempt = whole(attempt), token = token, until_ms = instant(until_ms),
+    fence = whole(fence), fire_gen = whole(fire_gen), fire_due_ms = instant(fire_due),
     trigger = trigger, runner = runner, schedule = schedule, payload = payload,
   }
   if not (t.gen and t.attempt and t.until_ms and t.fence and t.fire_gen and t.fire_due_ms)
     or (due ~= '' and not t.due_ms) or (status == 'p' and not t.due_ms) then
-    return false, 'a number that is not a whole number'
+    return false, 'a number that is not a whole number (or an instant)'
   end
   return t
 end
 
 -- The kind's next generation (a set, a cancel during a firing, a rearm). A counter that
--- does not read (HINCRBY would refuse it, and with it every set of the kind) is repaired
--- forward first, to the server clock in microseconds: above any generation it counted.
+-- does not read (HINCRBY would refuse it, and with it every set of the kind), or that
+-- nears 2^53 (past it, no timer of the kind would read), is set first to the server clock
+-- in microseconds: above any generation anarchon counted from 0.
 local function next_gen(meta_key)
   local raw = redis.call('HGET', meta_key, 'gen')
-  if raw and not whole(raw) then
+  local gen = whole(raw)
+  if raw and not (gen and gen <= MAX_COUNTER) then
     redis.call('HSET', meta_key, 'gen', int(server_now_ms() * 1000))
   end
   return redis.call('HINCRBY', meta_key, 'gen', 1)
