@@ -1293,7 +1293,12 @@ class EngineMachine(RuleBasedStateMachine):
                 1 for s in self.ledger.snapshot() if s.job == spec.name and s.trigger == "manual"
             )
             slots_so_far = int((wall_ms() - self.began_ms) / spec.every_ms) + 2
-            held = self.admin.hlen(keys.state)
+            # The runs the state holds: its fields but the job's own (the fence counter,
+            # the lease holder, the pause flag, the waiting run-now request).
+            own = ("fence", "holder", "paused", "requested")
+            held = self.admin.hlen(keys.state) - sum(
+                int(self.admin.hexists(keys.state, field)) for field in own
+            )
             check(
                 held <= slots_so_far + manual + len(active),
                 f"{spec.name}: the state holds {held} entries, more than the {slots_so_far} "

@@ -650,7 +650,11 @@ async def test_a_runs_stream_that_refuses_entries_costs_the_log_not_the_run(
     scheduler, ran = jobs_every_300_ms(server_url, prefix, "alpha")
     async with scheduler:
         await wait_until(lambda: len(ran["alpha"]) >= 2, 20, "two runs of the job")
-    assert (keys.runs, "") in quarantined(prefix)
+    try:
+        direct.xadd(keys.runs, {"f": "v"})
+    except redis.ResponseError:  # the server refuses entries past the last id
+        assert (keys.runs, "") in quarantined(prefix)
+    # (Redis 5.0 takes them: then there is nothing to quarantine, and the job runs.)
 
 
 async def test_reading_a_timer_whose_payload_does_not_read_gives_none_not_an_error(
