@@ -137,9 +137,11 @@ local function trim_old_state()
   end
 end
 
-local last = 0
-
 local function win(attempt, win_trigger, orphans)
+  -- The job's last fence, read strictly (lease_state.lua's last_fence): one near 2^53
+  -- stops the job's wins, loudly, until an operator mends it.
+  local last = last_fence(state_key, bad)
+  if not last then return {'done', 0, 0, 0, 'malformed', {}, bad} end
   -- A job's fences follow the server's clock in microseconds (one more than the last
   -- when it won within the same millisecond), so they keep growing where the counter
   -- went back: a new job, a wiped store, a promoted replica that lacks the last wins.
@@ -175,10 +177,6 @@ if s == false then
   bad[#bad + 1] = {state_key, slot, problem, excerpt(raw_state)}
   return {'done', 0, 0, 0, 'malformed', {}, bad}
 end
--- The job's last fence, read strictly (lease_state.lua's last_fence): one beyond 2^53 - 1
--- stops the job's wins until an operator mends it.
-last = last_fence(state_key, bad)
-if not last and not probe then return {'done', 0, 0, 0, 'malformed', {}, bad} end
 
 -- A probe (a stopping instance asking about a claim whose reply it lost) learns
 -- whether it holds a live lease, and changes nothing: it must not end an expired

@@ -131,25 +131,43 @@ local TRIGGERS = {
   schedule = true, ['catch-up'] = true, retry = true, takeover = true, manual = true,
 }
 
+-- A field a pattern matched as digits, as a number: nil when it has more than 16 digits
+-- or is above most (one pattern checks a whole record's digits at once: claims are hot).
+local function digits(text, most)
+  if #text > 16 then return nil end
+  local n = tonumber(text)
+  if n > most then return nil end
+  return n
+end
+
 -- Returns the state, nil when there is none, or false and a problem when the field
 -- holds something else (a malformed state: callers skip it and report it).
 local function decode_state(raw)
   if not raw then return nil end
   local status, attempt, token, until_ms, fence, trigger, started_ms, runner = string.match(
-    raw, '^([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|(.*)$')
-  if not status then return false, 'not a run state (8 fields separated by |)' end
+    raw, '^(%l+)|(%d+)|([^|]*)|(%d+)|(%d+)|([%l%-]+)|(%d+)|(.*)$')
+  if not status then
+    return false, 'not a run state (8 fields separated by |, its numbers in digits)'
+  end
   if not STATUSES[status] or not TRIGGERS[trigger] then
     return false, 'an unknown status or trigger'
   end
   local s = {
-    status = status, attempt = whole(attempt), token = token,
-    until_ms = instant(until_ms), fence = whole(fence), trigger = trigger,
-    started_ms = instant(started_ms), runner = runner,
+    status = status, attempt = digits(attempt, MAX_WHOLE), token = token,
+    until_ms = digits(until_ms, MAX_INSTANT), fence = digits(fence, MAX_WHOLE),
+    trigger = trigger, started_ms = digits(started_ms, MAX_INSTANT), runner = runner,
   }
   if not (s.attempt and s.until_ms and s.fence and s.started_ms) then
     return false, 'attempt, until_ms, fence or started_ms is not a whole number (or an instant)'
   end
   return s
+end
+
+local function encode_state(s)
+  return table.concat({
+    s.status, int(s.attempt), s.token, int(s.until_ms), int(s.fence), s.trigger,
+    int(s.started_ms), s.runner,
+  }, '|')
 end
 
 -- The hash field naming the slot of the last run that took a lease (a win, or a lease
@@ -167,12 +185,6 @@ local function holder_live_ms(state_key, slot, now)
   return 0
 end
 
-local function encode_state(s)
-  return table.concat({
-    s.status, int(s.attempt), s.token, int(s.until_ms), int(s.fence), s.trigger,
-    int(s.started_ms), s.runner,
-  }, '|')
-end
 
 -- One results member per attempt, scored by the slot's instant:
 --   slot|attempt|status|started_ms|finished_ms|fence|trigger|runner|error

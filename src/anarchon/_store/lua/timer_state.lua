@@ -22,19 +22,22 @@
 
 -- Returns the timer, nil when there is none, or false and a problem when the field holds
 -- something else (what the store holds is input, lease_state.lua): a malformed timer.
-local TIMER_STATUSES = {p = true, f = true, r = true}
 
 local function decode_timer(raw)
   if not raw then return nil end
+  -- One pattern checks every number's digits at once (claims are hot); a due time may
+  -- be empty (cancelled while a firing was in flight).
   local gen, due, status, attempt, token, until_ms, fence, fire_gen, fire_due, trigger,
         runner, schedule, payload = string.match(raw,
-    '^([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|(.*)$')
-  if not gen then return false, 'not a timer (13 fields separated by |)' end
-  if not TIMER_STATUSES[status] then return false, 'an unknown status' end
+    '^(%d+)|(%d*)|([pfr])|(%d+)|([^|]*)|(%d+)|(%d+)|(%d+)|(%d+)|([^|]*)|([^|]*)|([^|]*)|(.*)$')
+  if not gen then
+    return false, 'not a timer (13 fields separated by |, its numbers in digits)'
+  end
   local t = {
-    gen = whole(gen), due_ms = instant(due), status = status,
-    attempt = whole(attempt), token = token, until_ms = instant(until_ms),
-    fence = whole(fence), fire_gen = whole(fire_gen), fire_due_ms = instant(fire_due),
+    gen = digits(gen, MAX_WHOLE), due_ms = due ~= '' and digits(due, MAX_INSTANT) or nil,
+    status = status, attempt = digits(attempt, MAX_WHOLE), token = token,
+    until_ms = digits(until_ms, MAX_INSTANT), fence = digits(fence, MAX_WHOLE),
+    fire_gen = digits(fire_gen, MAX_WHOLE), fire_due_ms = digits(fire_due, MAX_INSTANT),
     trigger = trigger, runner = runner, schedule = schedule, payload = payload,
   }
   if not (t.gen and t.attempt and t.until_ms and t.fence and t.fire_gen and t.fire_due_ms)
