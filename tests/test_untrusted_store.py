@@ -61,6 +61,13 @@ def jobs_every_300_ms(
     runs, in the order they ran."""
     scheduler = Scheduler(RedisBackend(redis=server_url, prefix=prefix), lease_ms=3000)
     ran: dict[str, list[int]] = {name: [] for name in names}
+    record_fences(scheduler, ran)
+    return scheduler, ran
+
+
+def record_fences(scheduler: Scheduler[Any], ran: dict[str, list[int]]) -> None:
+    """A job every 300 ms on ``scheduler`` for each name of ``ran``, whose runs append their
+    fence (a whole number, or the run fails the test) to the name's list."""
 
     def recorder(name: str) -> Callable[[Run], Awaitable[None]]:
         async def handler(run: Run) -> None:
@@ -69,9 +76,8 @@ def jobs_every_300_ms(
 
         return handler
 
-    for name in names:
+    for name in ran:
         scheduler.add_job(recorder(name), IntervalSchedule(300), name=name)
-    return scheduler, ran
 
 
 async def test_a_foreign_active_entry_costs_itself_not_the_job_nor_the_instance(
@@ -354,16 +360,7 @@ def poisoned_fleet(
 
     def fleet_member() -> Scheduler[Any]:
         scheduler = Scheduler(RedisBackend(redis=server_url, prefix=prefix), lease_ms=3000)
-
-        def counter(name: str) -> Callable[[Run], Awaitable[None]]:
-            async def handler(run: Run) -> None:
-                assert 0 < run.fence <= MAX_WHOLE
-                ran[name].append(run.fence)
-
-            return handler
-
-        for name in ran:
-            scheduler.add_job(counter(name), IntervalSchedule(300), name=name)
+        record_fences(scheduler, ran)
 
         async def remind(fire: TimerRun) -> None:
             assert 0 < fire.fence <= MAX_WHOLE

@@ -61,7 +61,7 @@ from .._store.records import (
     parse_history,
 )
 from .._store.timers import TimerPeek, TimerStore
-from ..clients import Command, Connection, ServerReplyError, TransportError
+from ..clients import Command, Connection, ServerReplyError, TransportError, score_pairs
 
 __all__ = [
     "INSTANCE_BYTES_MAX",
@@ -611,16 +611,8 @@ def _mapping(reply: Any) -> dict[str, str]:
 def _score_pairs(reply: Any) -> list[tuple[str, float]]:
     """A WITHSCORES reply as ``[(member, score)]``: flat (RESP2), pairs (RESP3) or a dict
     (a score that is no finite number, as ``+inf`` may be stored, is the largest)."""
-    if isinstance(reply, dict):
-        pairs = list(reply.items())
-    else:
-        items = list(reply or [])
-        if items and isinstance(items[0], list | tuple):
-            pairs = [(m, s) for m, s in items]
-        else:
-            pairs = list(zip(items[::2], items[1::2], strict=True))
     found = []
-    for member, score in pairs:
+    for member, score in score_pairs(reply):
         number = float(score)
         found.append((_text(member), number if math.isfinite(number) else float(2**53)))
     return found

@@ -68,20 +68,20 @@ def _claim_reply(raw: list[Any], keys: JobKeys, prefix: str) -> ClaimReply:
     an orphan that is not a slot id or a won fence that is not a whole number (what the
     store holds is input, the script's reply included): a handler is never handed a
     fence that is not one."""
-    quarantine = quarantine_of(prefix)
     quarantine_malformed(raw[6], prefix, "itself")
     orphans = []
     for orphan in map(_text, _list(raw[5])):
         if is_slot_id(orphan):
             orphans.append(orphan)
         else:
-            quarantine.add(MalformedEntry(keys.active, orphan, "not a slot id"), "itself")
+            malformed = MalformedEntry(keys.active, orphan, "not a slot id")
+            quarantine_of(prefix).add(malformed, "itself")
     kind = cast(ClaimKind, _text(raw[0]))
     wait_ms = int(raw[3])
     if kind == "won":
         fence = whole(_text(raw[2]))
         if not fence:
-            quarantine.add(
+            quarantine_of(prefix).add(
                 MalformedEntry(keys.state, "fence", "a won fence that is not a whole number"),
                 "this claim",
             )

@@ -23,13 +23,12 @@ import json
 import logging
 import re
 from collections import OrderedDict
-from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from .._model.text import visible
-from ..clients import Command, Connection
+from ..clients import Command, Connection, score_pairs
 from .keys import RegistryKeys
 
 __all__ = [
@@ -218,8 +217,10 @@ def quarantine_of(prefix: str) -> Quarantine:
 def quarantine_malformed(reported: object, prefix: str, what: str) -> None:
     """Quarantine the malformed entries a script reported (``{key, field, problem,
     excerpt}`` each: lua/lease_state.lua); ``what``: what each cost."""
+    if not reported or not isinstance(reported, list):
+        return  # the usual reply: nothing malformed (a claim's: no lookup on the hot path)
     quarantine = quarantine_of(prefix)
-    for entry in reported if isinstance(reported, list) else ():
+    for entry in reported:
         if isinstance(entry, list | tuple) and len(entry) == 4:
             key, field, problem, excerpt = (_text(part) for part in entry)
             quarantine.add(MalformedEntry(key, field, problem, excerpt or None), what)
@@ -230,17 +231,7 @@ async def read_quarantine(conn: Connection, prefix: str, limit: int = 100) -> li
     own members are input too: one that is not a report is left out."""
     key = RegistryKeys.for_prefix(prefix).quarantine
     reply = await conn.execute(("ZREVRANGE", key, 0, max(limit, 1) - 1, "WITHSCORES"))
-    return [entry for entry in map(_decode_report, _pairs(reply)) if entry is not None]
-
-
-def _pairs(reply: Any) -> Sequence[tuple[Any, Any]]:
-    """``ZREVRANGE ... WITHSCORES`` as pairs (RESP2 flat, RESP3 pairs, or a mapping)."""
-    if isinstance(reply, dict):
-        return list(reply.items())
-    items = list(reply or [])
-    if items and isinstance(items[0], list | tuple):
-        return [(pair[0], pair[1]) for pair in items if len(pair) == 2]
-    return list(zip(items[::2], items[1::2], strict=False))
+    return [entry for entry in map(_decode_report, score_pairs(reply)) if entry is not None]
 
 
 def _decode_report(pair: tuple[Any, Any]) -> Quarantined | None:

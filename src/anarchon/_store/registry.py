@@ -25,7 +25,7 @@ from .._model.job import Job
 from .._model.schedule import CronSchedule, IntervalSchedule
 from .._model.timer import TimerKind
 from .._version import __version__
-from ..clients import Command, Connection, ServerReplyError
+from ..clients import Command, Connection, ServerReplyError, score_pairs
 from .coalesce import pipeline
 from .keys import ClaimOnlyKeys, JobKeys, RegistryKeys
 from .quarantine import quarantine_malformed, quarantine_of
@@ -181,14 +181,7 @@ class Registry:
 
 
 def _first_score(reply: Any) -> int | None:
-    """The score in a one-member ``ZRANGE ... WITHSCORES`` reply (RESP2 flat, RESP3
-    pairs, or a mapping), or None if it is empty."""
-    if isinstance(reply, dict):
-        values = list(reply.values())
-        return score_ms(values[0]) if values else None
-    items = list(reply or [])
-    if not items:
-        return None
-    if isinstance(items[0], list | tuple):
-        return score_ms(items[0][1])
-    return score_ms(items[1])
+    """The score in a one-member ``ZRANGE ... WITHSCORES`` reply, or None if it is empty
+    (or no instant)."""
+    pairs = score_pairs(reply)
+    return score_ms(pairs[0][1]) if pairs else None

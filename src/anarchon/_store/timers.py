@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, cast
 
-from ..clients import Command, Connection, ServerReplyError
+from ..clients import Command, Connection, ServerReplyError, score_pairs
 from .coalesce import pipeline
 from .keys import TimerKeys, bucket_of, hint_channel
 from .quarantine import (
@@ -184,14 +184,6 @@ def score_ms(score: object) -> int | None:
     return int(value) if 0 <= value <= MAX_INSTANT_MS else None
 
 
-def _pairs(reply: Any) -> list[tuple[Any, Any]]:
-    """``ZRANGE ... WITHSCORES`` as ``(member, score)`` pairs, flat (RESP2) or nested."""
-    items = list(reply or [])
-    if items and isinstance(items[0], list | tuple):
-        return [(item[0], item[1]) for item in items]
-    return list(zip(items[::2], items[1::2], strict=True))
-
-
 def _opt(value: int | None) -> str | int:
     return "" if value is None else value
 
@@ -278,7 +270,7 @@ class TimerStore:
         count = sum(int(replies[2 * b]) for b in range(buckets))
         firsts: list[tuple[int, str, TimerKeys]] = []
         for b, keys in enumerate(every):
-            for key, score in _pairs(replies[2 * b + 1]):
+            for key, score in score_pairs(replies[2 * b + 1]):
                 at_ms = score_ms(score)
                 if at_ms is None:
                     quarantine_of(self.prefix).add(

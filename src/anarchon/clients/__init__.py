@@ -18,6 +18,7 @@ from ._protocol import (
     is_transient,
     normalize_reply,
     refused_certificate,
+    score_pairs,
     stream_entries,
 )
 from .redact import redact_url, scrub, user_info_end
@@ -37,6 +38,7 @@ __all__ = [
     "normalize_reply",
     "open_connection",
     "running_under_asyncio",
+    "score_pairs",
     "stream_entries",
     "url_for_redis_py",
 ]

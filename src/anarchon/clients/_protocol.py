@@ -173,6 +173,17 @@ def normalize_reply(reply: Any) -> Any:
     return reply
 
 
+def score_pairs(reply: Any) -> list[tuple[Any, Any]]:
+    """A ``WITHSCORES`` reply (ZRANGE, ZREVRANGE) as ``[(member, score)]``, whether the
+    client gave it flat (RESP2), as pairs (RESP3) or as a map."""
+    if isinstance(reply, dict):
+        return list(reply.items())
+    items = list(reply or [])
+    if items and isinstance(items[0], list | tuple):
+        return [(item[0], item[1]) for item in items]
+    return list(zip(items[::2], items[1::2], strict=True))
+
+
 def stream_entries(reply: Any) -> list[tuple[str, dict[str, str]]]:
     """XRANGE's reply as ``[(id, {field: value})]``, whether the client gave the RESP2
     shape ``[[id, [f, v, ...]], ...]`` or a map ``{id: [[f, v], ...]}`` (GLIDE)."""
