@@ -19,7 +19,7 @@ import anyio
 import redis
 
 from anarchon import RedisBackend, Scheduler, TimerSetting
-from anarchon._engine._context import round_trip_deadline_sec
+from anarchon._model.clock import round_trip_deadline_sec
 from chaos import checker, timer_checker
 from chaos.checker import FOREVER, Life, Report, Result, Window
 from chaos.procs import Instance, valkey_server, wall_ms

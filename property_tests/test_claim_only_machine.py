@@ -126,8 +126,10 @@ class ClaimOnlyMachine(RuleBasedStateMachine):
     @rule(name=st.sampled_from(INSTANCES))
     def run_now(self, name: str) -> None:
         store = self.stores[name]
-        slot_id = f"m{int(time.time() * 1000)}-{secrets.token_hex(2)}"
-        self.portal.call(store.begin_manual, "job", slot_id, secrets.token_hex(4))
+        now_ms = int(time.time() * 1000)
+        slot_id = f"m{now_ms}-{secrets.token_hex(2)}"
+        request = ClaimRequest("job", slot_id, now_ms, secrets.token_hex(4), "manual")
+        self.portal.call(store.claim_manual, request)
 
     @rule(name=st.sampled_from(INSTANCES))
     def restart(self, name: str) -> None:

@@ -108,7 +108,7 @@ from anarchon import (
     RunOverlapError,
     Scheduler,
 )
-from anarchon._engine._context import round_trip_deadline_sec
+from anarchon._model.clock import round_trip_deadline_sec
 from anarchon._store.contract import is_manual
 from anarchon._store.keys import JobKeys
 from property_tests.profiles import PROFILE

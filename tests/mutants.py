@@ -376,7 +376,7 @@ ENGINE_MUTANTS: list[Mutant] = [
     _engine(
         "orphan-takeover-deleted",
         "_engine/claimer.py",
-        "        for orphan in reply.orphans:\n            self._take_over(job, orphan, now_ms)\n"
+        "        for orphan in reply.orphans:\n            self.take_over(job, orphan, now_ms)\n"
         '        if reply.kind == "won":',
         '        if reply.kind == "won":',
         "the claimer takes over the orphans a claim reports",
@@ -396,7 +396,7 @@ ENGINE_MUTANTS: list[Mutant] = [
         "claim-retry-dropped",
         "_engine/claimer.py",
         '            context.health.failed(f"claiming {len(batch)} slot(s)", failure)\n'
-        "            self._retry_claims(batch)\n",
+        "            self._agenda.retry(batch)\n",
         '            context.health.failed(f"claiming {len(batch)} slot(s)", failure)\n',
         "a claim batch whose round trip failed is sent again",
         f"{ENGINE_FAULTS}::test_after_a_lost_claim_reply_every_slot_runs_or_is_recorded_skipped",
@@ -420,8 +420,8 @@ ENGINE_MUTANTS: list[Mutant] = [
     _engine(
         "no-self-fencing",
         "_engine/lease_keeper.py",
-        "    def _give_up(self, attempt: _Leased) -> None:\n        self.lose(\n",
-        "    def _give_up(self, attempt: _Leased) -> None:\n        return\n        self.lose(\n",
+        "    def _give_up(self, attempt: Leased) -> None:\n        self.lose(\n",
+        "    def _give_up(self, attempt: Leased) -> None:\n        return\n        self.lose(\n",
         "a runner cancels its handler when its lease would expire unconfirmed",
         f"{ENGINE_FAULTS}::test_a_runner_that_cannot_reach_the_server_gives_up_its_lease_by_its_expiry",
     ),
@@ -435,7 +435,7 @@ ENGINE_MUTANTS: list[Mutant] = [
     ),
     _engine(
         "manual-lease-from-the-first-try",
-        "_engine/claimer.py",
+        "_engine/manual.py",
         "            sent = time.monotonic()\n"
         "            with anyio.move_on_after(round_trip_sec):",
         "            sent = locals().get('sent', time.monotonic())\n"
@@ -446,8 +446,8 @@ ENGINE_MUTANTS: list[Mutant] = [
     _engine(
         "stop-not-shielded",
         "_engine/instance.py",
-        "        assert self._grace is not None\n        with anyio.CancelScope(shield=True):",
-        "        assert self._grace is not None\n        with anyio.CancelScope(shield=False):",
+        "        conn = started.running.store.conn\n        with anyio.CancelScope(shield=True):",
+        "        conn = started.running.store.conn\n        with anyio.CancelScope(shield=False):",
         "the stop runs shielded: an instance whose task is cancelled still resolves its "
         "claims in flight and closes its connection",
         f"{ENGINE_FAULTS}::test_a_scheduler_whose_task_is_cancelled_still_stops_and_closes_its_connection",

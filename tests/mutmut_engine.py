@@ -85,7 +85,7 @@ SELECTIONS: dict[str, tuple[str, ...]] = {
         "tests/test_timer_faults.py::test_timer_hints_come_back_after_the_connection_is_cut",
         "tests/test_hints.py",
     ),
-    "_context": (
+    "work": (
         "tests/test_engine_faults.py",
         "tests/test_leases.py",
         "tests/test_claimer.py",
@@ -115,7 +115,7 @@ def copy_checkout(into: Path) -> None:
 #: says; test_agenda.py's tests take no server (their ids hold no "valkey").
 KEYWORDS = {
     "agenda": "(asyncio and valkey) or (test_agenda and not trio)",
-    "_context": "(asyncio and valkey) or (test_agenda and not trio)",
+    "work": "(asyncio and valkey) or (test_agenda and not trio)",
     "hints": "(asyncio and valkey) or (test_hints and not trio and not redis)",
 }
 

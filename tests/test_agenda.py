@@ -13,8 +13,9 @@ import logging
 import anyio
 import pytest
 
-from anarchon._engine._context import EngineContext, _now_ms
-from anarchon._engine.agenda import _SLEEP_CAP_SEC, Agenda, _Due
+from anarchon._engine.agenda import _SLEEP_CAP_SEC, Agenda, DueSlot
+from anarchon._engine.context import EngineContext
+from anarchon._model.clock import wall_ms
 from anarchon._model.job import Job, overlap_policy
 from anarchon._model.schedule import IntervalSchedule, SlotClock
 
@@ -44,16 +45,16 @@ def an_agenda(job: Job) -> Agenda:
     return Agenda(context)
 
 
-def due(slot_ms: int, *, first: bool, may_start: bool, failures: int = 0) -> _Due:
+def due(slot_ms: int, *, first: bool, may_start: bool, failures: int = 0) -> DueSlot:
     """A claim due at its slot's instant (claims compare by instant and sequence, so
     each of a test's claims has an instant of its own)."""
-    return _Due(
+    return DueSlot(
         slot_ms, 0, "job", str(slot_ms), slot_ms, "schedule", first,
         failures=failures, may_start=may_start,
     )  # fmt: skip
 
 
-def pop(agenda: Agenda, *dues: _Due) -> list[_Due]:
+def pop(agenda: Agenda, *dues: DueSlot) -> list[DueSlot]:
     for item in dues:
         agenda.push(item)
     return agenda._pop_due(NOW_MS).slots
@@ -113,10 +114,10 @@ async def test_a_sleep_toward_a_far_claim_re_reads_the_clock_within_the_cap() ->
     read again. Here the claim's instant is moved an hour earlier without waking the
     agenda, which is what the loop sees when the wall clock jumps an hour ahead."""
     agenda = an_agenda(a_job())
-    far = due(int(_now_ms()) + 3_600_000, first=False, may_start=False)
-    far.at_ms = _now_ms() + 3_600_000
+    far = due(int(wall_ms()) + 3_600_000, first=False, may_start=False)
+    far.at_ms = wall_ms() + 3_600_000
     agenda.push(far)
-    got: list[_Due] = []
+    got: list[DueSlot] = []
 
     async def claim_loop() -> None:
         got.extend((await agenda.next_batch()).slots)
@@ -125,7 +126,7 @@ async def test_a_sleep_toward_a_far_claim_re_reads_the_clock_within_the_cap() ->
         async with anyio.create_task_group() as group:
             group.start_soon(claim_loop)
             await anyio.sleep(0.2)
-            far.at_ms = _now_ms()  # the clock "jumped": the claim is due now
+            far.at_ms = wall_ms()  # the clock "jumped": the claim is due now
     assert got == [far]
 
 
@@ -155,9 +156,9 @@ def an_agenda_of(*jobs: Job) -> Agenda:
     return Agenda(context)
 
 
-def first_claim(slot_ms: int, job: str = "job") -> _Due:
+def first_claim(slot_ms: int, job: str = "job") -> DueSlot:
     """A slot's first claim as the agenda schedules it (no jitter: due at the slot)."""
-    return _Due(slot_ms, 0, job, str(slot_ms), slot_ms, "schedule", True, may_start=True)
+    return DueSlot(slot_ms, 0, job, str(slot_ms), slot_ms, "schedule", True, may_start=True)
 
 
 def test_a_first_claim_is_made_up_to_its_lateness_window_and_skipped_loudly_after(
@@ -201,14 +202,14 @@ def test_on_start_the_slots_in_the_catch_up_window_are_claimed_oldest_first(
 def test_a_claim_waiting_behind_a_run_here_is_due_as_soon_as_that_run_ends() -> None:
     job = a_job_with(overlap="wait")
     agenda = an_agenda(job)
-    now = _now_ms()
+    now = wall_ms()
     # It asks again when the live run's lease runs out, or when a run here ends.
     slot_id = str(int(now))
     waiting = agenda.push_follow_up(job, slot_id, "schedule", now + LEASE_MS, may_start=True)
     agenda.wake_when_run_ends(job, waiting)
-    assert agenda._pop_due(_now_ms()).slots == []
+    assert agenda._pop_due(wall_ms()).slots == []
     agenda.run_ended(job)
-    assert agenda._pop_due(_now_ms()).slots == [waiting]
+    assert agenda._pop_due(wall_ms()).slots == [waiting]
     assert waiting.may_start  # it may still start its slot
 
 
@@ -220,16 +221,16 @@ def test_a_waiting_claim_made_on_its_own_time_no_longer_counts_as_the_waiter() -
     job = a_job_with(overlap="wait")
     agenda = an_agenda(job)
     assert not agenda.has_waiter(job)
-    slot_id = str(int(_now_ms()))
-    later = agenda.push_follow_up(job, slot_id, "schedule", _now_ms() + LEASE_MS, True)
+    slot_id = str(int(wall_ms()))
+    later = agenda.push_follow_up(job, slot_id, "schedule", wall_ms() + LEASE_MS, True)
     agenda.wake_when_run_ends(job, later)
     assert agenda.has_waiter(job)
     agenda.run_ended(job)
     assert not agenda.has_waiter(job)
-    own_time = agenda.push_follow_up(job, slot_id, "schedule", _now_ms() - 1, True)
+    own_time = agenda.push_follow_up(job, slot_id, "schedule", wall_ms() - 1, True)
     agenda.wake_when_run_ends(job, own_time)
     assert agenda.has_waiter(job)
-    assert own_time in agenda._pop_due(_now_ms()).slots
+    assert own_time in agenda._pop_due(wall_ms()).slots
     assert not agenda.has_waiter(job)
 
 

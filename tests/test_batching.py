@@ -63,9 +63,10 @@ async def three_instants(
         scheduler.add_job(handler, "* * * * * *", name=f"job{index}")
 
     async with scheduler:
-        assert Instance.of(scheduler).context.store is not None
-        counting = CountingConnection(Instance.of(scheduler).context.store.conn)
-        Instance.of(scheduler).context.store.conn = counting
+        store = Instance.of(scheduler).running_store()
+        assert store is not None
+        counting = CountingConnection(store.conn)
+        store.conn = counting
         await wait_until(lambda: len({r.slot_ms for r in runs}) >= 3, 15, "three slots")
         await anyio.lowlevel.checkpoint()
     return runs, counting

@@ -18,9 +18,10 @@ import redis
 
 import anarchon._engine.hints as hints_module
 from anarchon import IntervalSchedule, RedisBackend, Scheduler, TimerRun
-from anarchon._engine._context import EngineContext, _now_ms
 from anarchon._engine.agenda import Agenda
+from anarchon._engine.context import EngineContext
 from anarchon._engine.hints import Hints
+from anarchon._model.clock import wall_ms
 from anarchon._model.timer import TimerKind
 from anarchon._store.keys import TimerKeys, hint_channel
 from tests.faults import FaultProxy
@@ -67,7 +68,7 @@ def test_a_hint_brings_its_buckets_claim_forward_to_the_due_time_on_this_clock()
     remind, digest = a_kind("remind", buckets=3), a_kind("digest")
     hints, agenda = listening(remind, digest, offset_ms=250.0)
     before = claims_at(agenda)
-    due_ms = int(_now_ms()) + 5_000
+    due_ms = int(wall_ms()) + 5_000
     bucket_1 = TimerKeys.for_kind(PREFIX, "remind", 1, 3)
     hints.on_hint(f"{due_ms} {bucket_1.due}")
     after = claims_at(agenda)
@@ -83,7 +84,7 @@ def test_hints_for_two_buckets_put_their_claims_on_the_agenda_in_due_order() -> 
     remind = a_kind("remind", buckets=3)
     hints, agenda = listening(remind)
     first, second = (TimerKeys.for_kind(PREFIX, "remind", b, 3) for b in (0, 2))
-    soon = int(_now_ms()) + 1_000
+    soon = int(wall_ms()) + 1_000
     hints.on_hint(f"{soon} {first.due}")
     hints.on_hint(f"{soon + 500} {second.due}")
     assert [due.keys for due in agenda._pop_due(soon).timers] == [first]
@@ -99,7 +100,7 @@ def test_a_hint_heard_while_the_kinds_claim_is_in_flight_puts_one_on_the_agenda(
     keys = TimerKeys.for_kind(PREFIX, "remind")
     (in_flight,) = agenda._pop_due(LATER_MS).timers
     assert claims_at(agenda) == {}
-    due_ms = int(_now_ms()) + 2_000
+    due_ms = int(wall_ms()) + 2_000
     hints.on_hint(f"{due_ms} {keys.due}")
     (claim,) = agenda._pop_due(due_ms).timers
     assert (claim.kind, claim.keys) == (remind.name, keys) == (in_flight.kind, keys)
@@ -109,7 +110,7 @@ def test_a_hint_later_than_the_claim_already_due_changes_nothing() -> None:
     remind = a_kind("remind")
     hints, agenda = listening(remind)
     keys = TimerKeys.for_kind(PREFIX, "remind")
-    soon = int(_now_ms()) + 1_000
+    soon = int(wall_ms()) + 1_000
     hints.on_hint(f"{soon} {keys.due}")
     hints.on_hint(f"{soon + 60_000} {keys.due}")
     assert claims_at(agenda)[keys.tag] == soon
@@ -265,14 +266,14 @@ def test_a_release_hint_brings_the_backups_claim_of_that_slot_forward_to_now() -
     hints.on_hint("release not-a-slot report")
     assert (mine.at_ms, other.at_ms) == (LATER_MS, LATER_MS)
     assert agenda.pending == {("report", "1000"), ("report", "2000")}
-    before = _now_ms()
+    before = wall_ms()
     hints.on_hint("release 1000 report")
-    assert before <= mine.at_ms <= _now_ms()
+    assert before <= mine.at_ms <= wall_ms()
     assert other.at_ms == LATER_MS
     hints.on_hint("release 3000 report")
     assert ("report", "3000") in agenda.pending
     (new,) = [due for due in agenda._due if due.follows_up("report", "3000")]
-    assert before <= new.at_ms <= _now_ms()
+    assert before <= new.at_ms <= wall_ms()
 
 
 @pytest.mark.anyio

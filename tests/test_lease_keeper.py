@@ -19,11 +19,13 @@ import pytest
 import redis
 
 from anarchon import RedisBackend, Run
-from anarchon._engine._context import EngineContext, _Attempt
+from anarchon._engine.context import EngineContext
 from anarchon._engine.lease_keeper import LeaseKeeper
+from anarchon._engine.work import Attempt
 from anarchon._model.job import Job
 from anarchon._store.contract import AttemptEnd, ClaimReply, ClaimRequest, HeartbeatRequest, Store
 from anarchon._store.keys import JobKeys
+from anarchon._store.timers import TimerStore
 from anarchon.clients import ServerReplyError
 from tests.faults import FaultProxy, oom
 from tests.helpers import wait_until
@@ -42,7 +44,7 @@ async def open_store(url: str, prefix: str) -> Store:
 
 async def win(
     store: Store, job: Job, slot_ms: int, lease_ms: int = LEASE_MS
-) -> tuple[_Attempt, ClaimReply]:
+) -> tuple[Attempt, ClaimReply]:
     """Win a slot of ``job`` on the server: the attempt that runs it here, and the reply."""
     token = secrets.token_hex(8)
     (won,) = await store.claim_many(
@@ -52,7 +54,7 @@ async def win(
     assert not isinstance(won, Exception) and won.kind == "won"
     run = Run(job.name, datetime.fromtimestamp(slot_ms / 1000, UTC), slot_ms, won.attempt,
               "schedule", "i", won.fence)  # fmt: skip
-    return _Attempt(job=job, run=run, slot_id=str(slot_ms), token=token), won
+    return Attempt(job=job, run=run, slot_id=str(slot_ms), token=token), won
 
 
 def a_keeper(
@@ -60,13 +62,13 @@ def a_keeper(
 ) -> tuple[EngineContext, LeaseKeeper]:
     context = EngineContext(
         jobs={job.name: job}, instance_id="i", lease_ms=lease_ms, heartbeat_ms=heartbeat_ms,
-        retry_delay_ms=1_000, store=store,
+        retry_delay_ms=1_000,
     )  # fmt: skip
-    return context, LeaseKeeper(context)
+    return context, LeaseKeeper(context, store, TimerStore(store.conn, prefix=store.prefix))
 
 
 def keep(
-    context: EngineContext, keeper: LeaseKeeper, attempt: _Attempt, lease_left_ms: int,
+    context: EngineContext, keeper: LeaseKeeper, attempt: Attempt, lease_left_ms: int,
     since: float,
 ) -> None:  # fmt: skip
     """What the runner does with an attempt just won: watch its lease, count it as running."""
@@ -81,7 +83,7 @@ class Kept:
     store: Store
     context: EngineContext
     keeper: LeaseKeeper
-    attempt: _Attempt
+    attempt: Attempt
     won: ClaimReply
 
 

@@ -174,8 +174,9 @@ async def test_stop_cancels_a_handler_after_the_grace_period_and_releases_its_le
     backup = Scheduler(RedisBackend(redis=server_url, prefix=prefix), instance_id="backup")
     backup.add_job(stuck, schedule, name="stuck", max_attempts=max_attempts)
     async with backup:
-        assert Instance.of(backup).context.store is not None
-        (reply,) = await Instance.of(backup).context.store.claim_many(
+        store = Instance.of(backup).running_store()
+        assert store is not None
+        (reply,) = await store.claim_many(
             [
                 ClaimRequest(
                     job="stuck",

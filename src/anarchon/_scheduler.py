@@ -10,6 +10,7 @@ from datetime import datetime
 from types import TracebackType
 from typing import Any, Generic, TypeVar, Unpack, overload
 
+from ._engine.context import State as SchedulerState
 from ._engine.instance import Instance
 from ._errors import InvalidOptionError
 from ._model.job import Handler
@@ -120,8 +121,7 @@ class Scheduler(Generic[K]):
             )
         self.backend = backend
         settings = SchedulerSettings.make(
-            strategy=backend.strategy,
-            leases=backend.leases,
+            rules=backend.rules,
             lease_ms=lease_ms,
             heartbeat_ms=heartbeat_ms,
             history_size=history_size,
@@ -225,22 +225,15 @@ class Scheduler(Generic[K]):
     def _add_job(
         self, handler: Handler, schedule: str | Schedule | None, options: dict[str, Any]
     ) -> None:
-        backend, context = self.backend, self._instance.context
-        job = make_job(
-            handler,
-            schedule,
-            options,
-            strategy=backend.strategy,
-            leases=backend.leases,
-            taken=context.jobs,
-        )
+        backend = self.backend
+        job = make_job(handler, schedule, options, rules=backend.rules, taken=self._instance.jobs)
         backend.check_job(job)
         self._instance.add_job(job)
 
     @property
     def jobs(self) -> list[str]:
         """The names of the registered jobs."""
-        return list(self._instance.context.jobs)
+        return list(self._instance.jobs)
 
     # ---------------------------------------------------------------- timers
 
@@ -277,16 +270,15 @@ class Scheduler(Generic[K]):
         writes the number in the store; an instance that gives another refuses to start,
         and a process that only sets timers reads it from there.
         """
-        backend, taken = self.backend, self._instance.context.timer_kinds
         timer_kind = make_timer_kind(
-            handler, kind, options, strategy=backend.strategy, leases=backend.leases, taken=taken
+            handler, kind, options, rules=self.backend.rules, taken=self._instance.timer_kinds
         )
         self._instance.add_timer_kind(timer_kind)
 
     @property
     def timer_kinds(self) -> list[str]:
         """The kinds of timer this scheduler fires."""
-        return list(self._instance.context.timer_kinds)
+        return list(self._instance.timer_kinds)
 
     async def set_timer(
         self,
@@ -363,6 +355,23 @@ class Scheduler(Generic[K]):
     ) -> bool | None:
         return await self._instance.exit(exc_type, exc, tb)
 
+    @property
+    def state(self) -> SchedulerState:
+        """Where the scheduler is in its life: ``"new"`` (made, not started),
+        ``"running"`` (inside ``async with``), ``"stopping"`` (a stop is under way) or
+        ``"stopped"`` (it ran, or was stopped before its start; it does not start again)."""
+        return self._instance.state
+
+    @property
+    def running(self) -> int:
+        """How many attempts of jobs and firings of timers run on this instance now."""
+        return self._instance.running
+
+    async def wait_stopped(self) -> None:
+        """Return once the scheduler has stopped (at once if it has): whoever stopped it,
+        a signal handled by ``serve``, leaving ``async with``, or a handler's ``stop()``."""
+        await self._instance.wait_stopped()
+
     async def stop(self, grace_ms: int | None = None) -> None:
         """Stop claiming, let running handlers finish within the grace period, then cancel
         them and release their leases so that a backup takes over without waiting for
@@ -393,7 +402,7 @@ class Scheduler(Generic[K]):
         Up to ``buffer`` events wait for the consumer; when it falls that far behind,
         the oldest are dropped (``stream.dropped`` counts them): a consumer never slows
         the scheduler. Nothing is made while no stream is open and no hook is set."""
-        return self._instance.context.events.open(buffer)
+        return self._instance.events.open(buffer)
 
     def on_event(self, hook: Callable[[Event], object]) -> Callable[[Event], object]:
         """Call ``hook`` with each event of this instance, in the event loop, as it
@@ -405,7 +414,7 @@ class Scheduler(Generic[K]):
                 if isinstance(event, anarchon.RunFinished):
                     outcomes[event.outcome] += 1
         """
-        self._instance.context.events.add_hook(hook)
+        self._instance.events.add_hook(hook)
         return hook
 
     # --------------------------------------------------------------- reading

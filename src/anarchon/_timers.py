@@ -11,29 +11,28 @@ call.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from datetime import datetime
 from types import TracebackType
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 
-from ._engine._context import _now_ms, round_trip_deadline_sec
-from ._engine.instance import Instance
 from ._errors import AnarchonError, InvalidOptionError, SchedulerStateError, TransportError
+from ._model.clock import round_trip_deadline_sec, wall_ms
 from ._model.options import check_buckets
 from ._model.schedule import from_epoch_ms
-from ._model.timer import Recurrence, due_from, validate_kind, validate_timer_key
+from ._model.timer import Recurrence, TimerKind, due_from, validate_kind, validate_timer_key
 from ._model.values import TimerInfo, TimerSetting
-from ._observe.events import TimerCancelled, TimerSet
+from ._observe.events import EventHub, TimerCancelled, TimerSet
 from ._store.backend import RedisBackend
 from ._store.keys import TimerKeys
 from ._store.quarantine import MalformedEntry, quarantine_of
 from ._store.timers import TimerStore, decode_payload, encode_payload
 from .clients import Connection
 
-__all__ = ["DEFAULT_MAX_PAYLOAD_BYTES", "Timers", "bound_timers"]
+__all__ = ["DEFAULT_MAX_PAYLOAD_BYTES", "TimerHost", "Timers", "bound_timers"]
 
 #: ``set_many`` sends its timers in round trips of this many.
 _SET_PER_ROUND_TRIP = 1000
@@ -47,6 +46,39 @@ DEFAULT_MAX_PAYLOAD_BYTES = 1 << 20
 
 #: A timer as the store's set takes it: ``(key, at_ms, delay_ms, schedule, payload)``.
 _Encoded = tuple[str, int | None, int | None, str, str]
+
+
+class TimerHost(Protocol):
+    """What a scheduler's instance (``_engine/instance.py``) gives the ``Timers`` bound to
+    it: its connection while it runs, the kinds it fires, its events and its clock."""
+
+    @property
+    def instance_id(self) -> str: ...
+
+    @property
+    def timer_kinds(self) -> Mapping[str, TimerKind]: ...
+
+    @property
+    def events(self) -> EventHub: ...
+
+    @property
+    def round_trip_sec(self) -> float: ...
+
+    @property
+    def server_offset_ms(self) -> float: ...
+
+    def running_connection(self) -> Connection | None:
+        """The instance's connection while it runs; None otherwise."""
+        ...
+
+    def fires_here(self, kind: str) -> bool:
+        """Whether the instance runs and fires ``kind``."""
+        ...
+
+    def timer_set_here(self, kind: str, keys: TimerKeys, wake_ms: float) -> None:
+        """A timer of a kind that ``fires_here``, set through the instance, falls due at
+        ``wake_ms``."""
+        ...
 
 
 class Timers:
@@ -79,7 +111,7 @@ class Timers:
         self.max_payload_bytes = _check_payload_cap("max_payload_bytes", max_payload_bytes)
         self._conn: Connection | None = None
         #: The scheduler's instance this is bound to (``bound_timers``), if any.
-        self._instance: Instance | None = None
+        self._instance: TimerHost | None = None
         #: The number of buckets of kinds not registered here, as the store said.
         self._stored_buckets: dict[str, int] = {}
 
@@ -144,7 +176,7 @@ class Timers:
                     generations.append(generation)
                     if instance is None:
                         continue
-                    events = instance.context.events
+                    events = instance.events
                     if events.on:
                         events.emit(
                             TimerSet(
@@ -158,7 +190,7 @@ class Timers:
                         )
                     if fired_here:
                         # Due sooner than the instance would look: it looks then.
-                        wake_ms = _now_ms() + delay if delay is not None else float(due_ms)
+                        wake_ms = wall_ms() + delay if delay is not None else float(due_ms)
                         keys = store.keys(name, timer_key, bucket_count)
                         instance.timer_set_here(name, keys, wake_ms)
         return generations
@@ -173,8 +205,8 @@ class Timers:
                 bucket_count = await self._buckets_of(store, name, buckets)
                 found = await store.cancel(name, timer_key, bucket_count)
         instance = self._instance
-        if instance is not None and instance.context.events.on:
-            instance.context.events.emit(
+        if instance is not None and instance.events.on:
+            instance.events.emit(
                 TimerCancelled(instance=instance.instance_id, kind=name, key=timer_key, found=found)
             )
         return found
@@ -217,7 +249,7 @@ class Timers:
     @property
     def _round_trip_sec(self) -> float:
         instance = self._instance
-        return _ROUND_TRIP_SEC if instance is None else instance.context.round_trip_sec
+        return _ROUND_TRIP_SEC if instance is None else instance.round_trip_sec
 
     @contextmanager
     def _in_time(self) -> Iterator[None]:
@@ -246,9 +278,9 @@ class Timers:
             raise SchedulerStateError(
                 "open Timers with `async with Timers(backend) as timers:` before using it"
             )
-        store = instance.context.store
-        if instance.state == "running" and store is not None:
-            yield TimerStore(store.conn, prefix=prefix)
+        running = instance.running_connection()
+        if running is not None:
+            yield TimerStore(running, prefix=prefix)
             return
         conn = await self.backend.open_connection()
         try:
@@ -259,9 +291,7 @@ class Timers:
     async def _buckets_of(self, timers: TimerStore, kind: str, buckets: int | None) -> int:
         """A kind's number of buckets: the registered handler's, else the one given, else
         the one the kind's instances wrote in the store (read once), else 1."""
-        registered = (
-            None if self._instance is None else self._instance.context.timer_kinds.get(kind)
-        )
+        registered = None if self._instance is None else self._instance.timer_kinds.get(kind)
         if registered is not None:
             if buckets is not None and check_buckets(buckets) != registered.buckets:
                 raise InvalidOptionError(
@@ -299,8 +329,8 @@ class Timers:
                     f"timer {timer_key!r} needs a due time: at= (an aware datetime), "
                     "delay_ms=, cron= or every_ms="
                 )
-            offset_ms = 0.0 if self._instance is None else self._instance.context.server_offset_ms
-            at_ms = recurrence.first_ms(int(_now_ms() + offset_ms))
+            offset_ms = 0.0 if self._instance is None else self._instance.server_offset_ms
+            at_ms = recurrence.first_ms(int(wall_ms() + offset_ms))
         schedule = recurrence.encode() if recurrence else ""
         payload = encode_payload(setting.payload)
         size = len(payload.encode("utf-8"))
@@ -315,10 +345,10 @@ class Timers:
         return timer_key, at_ms, delay, schedule, payload
 
 
-def bound_timers(backend: RedisBackend[Any], instance: Instance, max_payload_bytes: int) -> Timers:
+def bound_timers(backend: RedisBackend[Any], host: TimerHost, max_payload_bytes: int) -> Timers:
     """The timers of a scheduler: on its instance's connection while it runs."""
     timers = Timers(backend, max_payload_bytes=max_payload_bytes)
-    timers._instance = instance
+    timers._instance = host
     return timers
 
 

@@ -1,6 +1,6 @@
 """The agenda: what is due when, and the wake-up.
 
-It holds the claims this instance will make (``_Due``), earliest first, and sleeps the
+It holds the claims this instance will make (``DueSlot``), earliest first, and sleeps the
 claim loop until the earliest is due (``next_batch``). Two kinds go in: each job's next
 slot (``schedule_first_slots``; a slot's successor is scheduled when it comes due), and
 follow-ups of a slot this instance already asked about (a backup's, a retry's, a
@@ -17,21 +17,27 @@ import logging
 import math
 import random
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import anyio
 import anyio.lowlevel
 
+from .._model.clock import wall_ms
 from .._model.job import Job
 from .._model.schedule import iso_ms
 from .._model.values import Trigger
 from .._store.contract import slot_ms_of
 from .._store.keys import TimerKeys
-from ._context import EngineContext, _now_ms
+from .context import EngineContext
 
-__all__ = ["Agenda", "DueBatch", "_Claim", "_Due", "_TimerDue"]
+__all__ = ["CLAIM_RETRY_MS", "Agenda", "Claim", "DueBatch", "DueSlot", "DueTimers"]
 
 log = logging.getLogger("anarchon")
+
+#: Delays before a failed claim is sent again: the first soon (a lost reply is learned
+#: while the slot is young), then backing off; each with a random part of +-20 %.
+CLAIM_RETRY_MS = (50, 250, 500, 1000, 2000, 5000)
 
 # Sleeping to the slot instant: the event loop's timers overshoot by about a
 # millisecond, so the scheduler sleeps to just before the instant, then yields
@@ -43,9 +49,9 @@ _SLEEP_CAP_SEC = 5.0
 
 
 @dataclass(eq=False, slots=True)
-class _Claim:
+class Claim:
     """A claim this instance will make at ``at_ms`` (wall clock, epoch ms): of a job's
-    slot (``_Due``) or of a timer kind's (bucket's) due timers (``_TimerDue``). Claims
+    slot (``DueSlot``) or of a timer kind's (bucket's) due timers (``DueTimers``). Claims
     are ordered by instant, then by when they were queued."""
 
     at_ms: float
@@ -53,7 +59,7 @@ class _Claim:
     token: str = field(kw_only=True, default_factory=lambda: secrets.token_hex(8))
     failures: int = field(kw_only=True, default=0)
 
-    def __lt__(self, other: _Claim) -> bool:
+    def __lt__(self, other: Claim) -> bool:
         return (self.at_ms, self.seq) < (other.at_ms, other.seq)
 
     def noted(self, agenda: Agenda) -> None:
@@ -78,7 +84,7 @@ class _Claim:
 
 
 @dataclass(eq=False, slots=True)
-class _Due(_Claim):
+class DueSlot(Claim):
     """A claim of a job's slot."""
 
     job: str
@@ -118,7 +124,7 @@ class _Due(_Claim):
 
 
 @dataclass(eq=False, slots=True)
-class _TimerDue(_Claim):
+class DueTimers(Claim):
     """A claim of a timer kind's (bucket's) due timers; its token is the base of the
     firings' tokens."""
 
@@ -144,26 +150,26 @@ class _TimerDue(_Claim):
 class DueBatch:
     """The claims due together: of jobs' slots, and of timer kinds' due timers."""
 
-    slots: list[_Due] = field(default_factory=list)
-    timers: list[_TimerDue] = field(default_factory=list)
+    slots: list[DueSlot] = field(default_factory=list)
+    timers: list[DueTimers] = field(default_factory=list)
 
 
 class Agenda:
-    """The claims this instance will make, earliest first (a heap of ``_Due``)."""
+    """The claims this instance will make, earliest first (a heap of ``DueSlot``)."""
 
     def __init__(self, context: EngineContext) -> None:
         self._context = context
-        self._due: list[_Claim] = []
+        self._due: list[Claim] = []
         self._seq = itertools.count()
         self._wake = anyio.Event()
         #: Follow-up claims (backups, retries, take-overs) waiting in the heap.
         self.pending: set[tuple[str, str]] = set()
         #: Claims waiting for a run of the job on this instance to end (overlap).
-        self._overlap_waiters: dict[str, list[_Due]] = {}
+        self._overlap_waiters: dict[str, list[DueSlot]] = {}
         #: The next scheduled slot of each job this instance will claim.
         self.next_slot_ms: dict[str, int] = {}
         #: The claim of each timer kind's (bucket's) due timers on the agenda, by tag.
-        self.timer_claims: dict[str, _TimerDue] = {}
+        self.timer_claims: dict[str, DueTimers] = {}
         #: The kinds of timer this instance fires.
         self.timer_kinds = context.timer_kinds
 
@@ -173,7 +179,7 @@ class Agenda:
 
     # ------------------------------------------------------------ adding claims
 
-    def push(self, due: _Claim) -> None:
+    def push(self, due: Claim) -> None:
         first_before = self._due[0].at_ms if self._due else math.inf
         heapq.heappush(self._due, due)
         due.noted(self)
@@ -185,7 +191,7 @@ class Agenda:
         agenda comes forward to then, if it is later (one per kind and bucket)."""
         due = self.timer_claims.get(keys.tag)
         if due is None:
-            self.push(_TimerDue(at_ms, next(self._seq), kind, keys))
+            self.push(DueTimers(at_ms, next(self._seq), kind, keys))
         elif at_ms < due.at_ms:
             due.at_ms = at_ms
             heapq.heapify(self._due)
@@ -194,9 +200,9 @@ class Agenda:
 
     def push_follow_up(
         self, job: Job, slot_id: str, trigger: Trigger, at_ms: float, may_start: bool = False
-    ) -> _Due:
+    ) -> DueSlot:
         """A later claim of a slot this instance already asked about: a backup's, a retry's."""
-        due = _Due(
+        due = DueSlot(
             at_ms,
             next(self._seq),
             job.name,
@@ -224,9 +230,9 @@ class Agenda:
                 slot_ms_of(slot_id)
             except ValueError:
                 return  # not a slot id: no hint of ours
-            self.push_follow_up(found, slot_id, "retry", _now_ms())
+            self.push_follow_up(found, slot_id, "retry", wall_ms())
             return
-        now_ms = _now_ms()
+        now_ms = wall_ms()
         for due in self._due:
             if due.follows_up(job, slot_id):
                 due.at_ms = min(due.at_ms, now_ms)
@@ -237,9 +243,22 @@ class Agenda:
         """Claim a run the fleet was asked for (stored as due) now, unless this instance
         already has a claim of it on the agenda."""
         if (job.name, slot_id) not in self.pending:
-            self.push_follow_up(job, slot_id, "manual", _now_ms())
+            self.push_follow_up(job, slot_id, "manual", wall_ms())
 
-    def push_again(self, due: _Claim, at_ms: float) -> None:
+    def retry(self, batch: Sequence[Claim]) -> None:
+        """Claims whose round trip failed are sent again with the same token (the claim
+        script recognises a repeat), after a growing delay (``CLAIM_RETRY_MS``).
+
+        A slot's first claim whose job has a newer slot due by then is sent again only
+        to learn whether it had won (its reply may have been lost after the server
+        applied it): it may no longer start the run, so a backlog of old slots never
+        runs late in place of the on-time one (``DueSlot.before_retry``)."""
+        now_ms = wall_ms()
+        for due in batch:
+            wait_ms = CLAIM_RETRY_MS[min(due.failures, len(CLAIM_RETRY_MS) - 1)]
+            self.push_again(due, now_ms + wait_ms * random.uniform(0.8, 1.2))
+
+    def push_again(self, due: Claim, at_ms: float) -> None:
         """Queue a claim again at ``at_ms``, with its token (its round trip failed)."""
         due.failures += 1
         due.before_retry(self, at_ms)
@@ -259,7 +278,7 @@ class Agenda:
         heapq.heapify(self._due)
         return unanswered
 
-    def wake_when_run_ends(self, job: Job, due: _Due) -> None:
+    def wake_when_run_ends(self, job: Job, due: DueSlot) -> None:
         """Bring ``due`` forward as soon as a run of the job on this instance ends."""
         self._overlap_waiters.setdefault(job.name, []).append(due)
 
@@ -272,7 +291,7 @@ class Agenda:
         """A run of ``job`` on this instance ended: claims waiting behind it are due now."""
         waiters = self._overlap_waiters.pop(job.name, [])
         if waiters:
-            now_ms = _now_ms()
+            now_ms = wall_ms()
             for due in waiters:
                 due.at_ms = min(due.at_ms, now_ms)
             heapq.heapify(self._due)
@@ -308,7 +327,7 @@ class Agenda:
     def _schedule_slot(self, job: Job, slot_ms: int, trigger: Trigger) -> None:
         jitter = random.uniform(0, job.jitter_ms) if job.jitter_ms else 0.0
         self.next_slot_ms[job.name] = slot_ms
-        due = _Due(
+        due = DueSlot(
             slot_ms + jitter,
             next(self._seq),
             job.name,
@@ -347,14 +366,14 @@ class Agenda:
             if not self._due:
                 await self._wait_for_wake(None)
                 continue
-            delay_sec = (self._due[0].at_ms - _now_ms()) / 1000
+            delay_sec = (self._due[0].at_ms - wall_ms()) / 1000
             if delay_sec > _SLEEP_MARGIN_SEC:
                 await self._wait_for_wake(min(delay_sec - _SLEEP_MARGIN_SEC, _SLEEP_CAP_SEC))
                 continue
             if delay_sec > 0:
                 await anyio.lowlevel.checkpoint()
                 continue
-            return self._pop_due(_now_ms())
+            return self._pop_due(wall_ms())
         return DueBatch()
 
     async def _wait_for_wake(self, timeout_sec: float | None) -> None:
@@ -372,7 +391,7 @@ class Agenda:
         batch.slots = self._without_stale_backlog(batch.slots)
         return batch
 
-    def pop_slot(self, due: _Due, slots: list[_Due], now_ms: float) -> None:
+    def pop_slot(self, due: DueSlot, slots: list[DueSlot], now_ms: float) -> None:
         """A slot's claim is due: into ``slots``, unless its job is gone or disabled, or
         it came too late (then skipped, loudly)."""
         waiters = self._overlap_waiters.get(due.job)
@@ -396,12 +415,12 @@ class Agenda:
             return
         slots.append(due)
 
-    def _without_stale_backlog(self, batch: list[_Due]) -> list[_Due]:
+    def _without_stale_backlog(self, batch: list[DueSlot]) -> list[DueSlot]:
         """After an outage or a stall, several scheduled slots of one job can be due at
         once. Without overlap they would run one after the other, late, and push the
         on-time slot out: only the newest scheduled slot of each job is claimed, the
         older ones are skipped (catch-up slots keep their turn, oldest first)."""
-        newest: dict[str, _Due] = {}
+        newest: dict[str, DueSlot] = {}
         for due in batch:
             job = self._context.jobs[due.job]
             backlog = due.first and due.trigger == "schedule" and not job.overlap
@@ -427,7 +446,7 @@ class Agenda:
             kept.append(due)
         return kept
 
-    def _waited_too_long(self, job: Job, due: _Due, now_ms: float) -> bool:
+    def _waited_too_long(self, job: Job, due: DueSlot, now_ms: float) -> bool:
         """A claim waiting behind an older run may start its slot only while the store
         is sure to remember the slot (another instance may have run it meanwhile)."""
         age_ms = now_ms - due.slot_ms
@@ -442,7 +461,7 @@ class Agenda:
         )
         return True
 
-    def _in_time(self, job: Job, due: _Due, now_ms: float) -> bool:
+    def _in_time(self, job: Job, due: DueSlot, now_ms: float) -> bool:
         """A first claim is made only while the slot is young enough, or in catch-up."""
         age_ms = now_ms - due.slot_ms
         if age_ms <= job.late_window_ms:
@@ -453,7 +472,7 @@ class Agenda:
         return False
 
     @staticmethod
-    def _log_missed(job: Job, due: _Due, now_ms: float) -> None:
+    def _log_missed(job: Job, due: DueSlot, now_ms: float) -> None:
         log.warning(
             "%s: slot %s missed: %.0f ms late, max_late_ms=%d and catch_up_ms=%d",
             job.name,

@@ -27,8 +27,9 @@ import anyio
 from .._model.text import visible
 from .._store.contract import is_slot_id
 from .._store.keys import RunGivenBack, RunRequested, TimerDue, hint_channel, kind_keys, parse_hint
-from ._context import EngineContext
+from ..clients import Connection
 from .agenda import Agenda
+from .context import EngineContext
 
 __all__ = ["Hints"]
 
@@ -59,25 +60,23 @@ class Hints:
         if self._scope is not None:
             self._scope.cancel()
 
-    async def listen(self) -> None:
+    async def listen(self, conn: Connection) -> None:
         """Until ``stop()``: subscribe to the hint channel and act on each hint; after a
         failure, subscribe again after a pause. A client that cannot subscribe ends it
         (the instance polls)."""
         if self._stopped:
             return
         with anyio.CancelScope() as self._scope:
-            await self._listen()
+            await self._listen(conn)
 
-    async def _listen(self) -> None:
-        store = self._context.store
-        assert store is not None
+    async def _listen(self, conn: Connection) -> None:
         channel = hint_channel(self._prefix)
         pause = _FIRST_PAUSE_SEC
         failing = False
         while True:
             try:
                 with anyio.move_on_after(_RENEW_SEC) as renewal:
-                    await store.conn.listen(channel, self.on_hint)
+                    await conn.listen(channel, self.on_hint)
             except NotImplementedError as exc:
                 log.info("hints are off (%s): %s", exc, self._without_hints())
                 return

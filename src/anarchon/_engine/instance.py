@@ -1,61 +1,72 @@
 """One instance of the engine: it owns the shared context and the parts, starts them,
 keeps the instance registered, and stops them.
 
-``Scheduler`` is the public facade over an ``Instance``; anarchon's own integrations
-reach the engine through ``Instance.of(scheduler)`` and use only this internal API:
+``Scheduler`` is the public facade over an ``Instance``, and ``Timers`` reaches a
+scheduler's through the ``TimerHost`` protocol (``_timers.py``). What is documented here
+is all that code outside the engine uses (a test holds it so):
 
-- ``state``, ``instance_id``, ``running``, ``server_down_since``, ``disabled``,
-  ``leases_held()`` and ``wait_stopped()``: what an instance is doing (``serve``'s
-  health probes, ``anarchon.prometheus``'s gauges);
+- ``state``, ``instance_id``, ``jobs``, ``timer_kinds``, ``events``, ``running``,
+  ``wait_stopped()``: what the instance is and does (the facade);
+- ``server_down_since``, ``disabled``, ``leases_held()``: health and gauges (``serve``'s
+  health probes, ``anarchon.prometheus``);
 - ``read_beside(reader)``: run a reader of the store on the instance's connection from
   its start to its stop (``anarchon.prometheus``);
 - ``trace_with(tracing)``: spans of attempts and claims (``anarchon.otel``);
-- ``rename(instance_id)``: another id before the start (``anarchon run
-  --instance-id``).
+- ``rename(instance_id)``: another id before the start (``Scheduler.instance_id``);
+- the timer host's members (``round_trip_sec``, ``server_offset_ms``,
+  ``running_connection()``, ``fires_here()``, ``timer_set_here()``), and
+  ``running_store()``;
+- ``create``, ``of``, ``start``, ``exit``, ``stop``, ``add_job``, ``add_timer_kind``,
+  ``history``, ``set_paused``, ``run_now``.
 
 The start opens the store, prepares the jobs and timer kinds, registers the instance
-(``_store/registry.py``), then starts the claim loop, the registry's renewals, the lease
-keeper and the hints in one task group. The stop ends them in the reverse order: no
-new claim, unanswered claims resolved, handlers given their grace, leases released,
-the registration withdrawn, the connection closed.
+(``_store/registry.py``), makes the parts that talk to the server (``Running`` holds
+what they share), then starts the claim loop, the registry's renewals, the lease keeper
+and the hints in one task group. The stop ends them in the reverse order: no new claim,
+unanswered claims resolved, handlers given their grace, leases released, the
+registration withdrawn, the connection closed.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import re
 import weakref
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
 import anyio
 
 from .._errors import InvalidJobError, InvalidOptionError, SchedulerStateError
+from .._model.clock import wall_ms
 from .._model.job import Job
 from .._model.options import SchedulerSettings, default_instance_id
 from .._model.schedule import iso_ms
 from .._model.timer import TimerKind
 from .._model.values import RunResult
+from .._observe.events import EventHub
 from .._observe.tracing import Tracing
 from .._store.backend import RedisBackend, StoreOptions
 from .._store.contract import Store
 from .._store.keys import TimerKeys
-from .._store.lease import LeaseStore
-from .._store.quarantine import MalformedEntry, quarantine_of, whole
 from .._store.registry import REGISTRATION_TTL_MS, Registry
+from .._store.server import eviction_policy
 from .._store.timers import TimerStore
 from .._version import __version__
 from ..clients import Connection
-from ._context import EngineContext, State, _now_ms, current_attempt
 from .agenda import Agenda
 from .claimer import Claimer
+from .context import EngineContext, Running, State
 from .hints import Hints
 from .lease_keeper import LeaseKeeper
-from .manual import run_now
+from .manual import ManualRuns
 from .runner import Runner
 from .settle import Settler
+from .timer_claims import TimerClaimer
+from .work import current_attempt
 
 __all__ = ["Instance", "Reader"]
 
@@ -66,6 +77,22 @@ Reader = Callable[[Connection], Coroutine[Any, Any, None]]
 
 #: The instance behind each scheduler (``Instance.of``).
 _INSTANCES: weakref.WeakKeyDictionary[object, Instance] = weakref.WeakKeyDictionary()
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class _Started:
+    """The parts that exist once the instance has started."""
+
+    running: Running
+    registry: Registry
+    lease_keeper: LeaseKeeper
+    settler: Settler
+    runner: Runner
+    claimer: Claimer
+    manual: ManualRuns
+    #: The registry's renewals (which the stop cancels) and their end.
+    renewing: anyio.CancelScope
+    renewed: anyio.Event
 
 
 class Instance:
@@ -89,17 +116,12 @@ class Instance:
         self._history_ttl_ms = history_ttl_ms
         self._stop_grace_ms = stop_grace_ms
         self.agenda = Agenda(context)
-        self._lease_keeper = LeaseKeeper(context)
-        self.settler = Settler(context, self.agenda)
-        self.runner = Runner(context, self.agenda, self.settler, self._lease_keeper)
-        self.claimer = Claimer(context, self.agenda, self.runner, self.settler)
         self._hints = Hints(context, self.agenda, backend.prefix)
         self._stopped = anyio.Event()
-        #: This instance's registration in the store (from start on), its renewals (which
-        #: the stop cancels) and their end.
-        self._registry: Registry | None = None
-        self._renewing: anyio.CancelScope | None = None
-        self._renewed: anyio.Event | None = None
+        #: What exists from the start to the stop (None before the start).
+        self._started: _Started | None = None
+        #: Exits the task group (entered at the start) when the scheduler's block ends.
+        self._exit_stack = AsyncExitStack()
         #: The grace period of a stop in progress (None until stop() is first called).
         self._grace: anyio.CancelScope | None = None
         self._readers: list[Reader] = []
@@ -145,6 +167,21 @@ class Instance:
         return self.context.instance_id
 
     @property
+    def jobs(self) -> Mapping[str, Job]:
+        """The jobs of this instance, by name."""
+        return self.context.jobs
+
+    @property
+    def timer_kinds(self) -> Mapping[str, TimerKind]:
+        """The kinds of timer this instance fires, by name."""
+        return self.context.timer_kinds
+
+    @property
+    def events(self) -> EventHub:
+        """Where this instance's events go."""
+        return self.context.events
+
+    @property
     def running(self) -> int:
         """How many attempts and timer firings run here now."""
         return len(self.context.attempts)
@@ -159,6 +196,16 @@ class Instance:
         """The jobs that no longer claim slots here, with the reason."""
         return dict(self.context.disabled)
 
+    @property
+    def round_trip_sec(self) -> float:
+        """How long one round trip to the server may take."""
+        return self.context.round_trip_sec
+
+    @property
+    def server_offset_ms(self) -> float:
+        """The server's clock minus this host's, as the last claim of timers saw it."""
+        return self.context.server_offset_ms
+
     def leases_held(self) -> dict[str, int]:
         """The attempts (and timer firings) this instance runs, by job (timer kind).
         Safe from another thread: the keys are copied at once."""
@@ -170,12 +217,25 @@ class Instance:
     async def wait_stopped(self) -> None:
         await self._stopped.wait()
 
-    def running_store(self, what: str) -> Store:
-        """The store, for a call that needs a running instance (``what`` names it)."""
-        store = self.context.store
-        if store is None or self.context.state != "running":
+    def running_store(self) -> Store | None:
+        """The instance's store while it runs; None otherwise."""
+        started = self._started
+        if started is None or self.context.state != "running":
+            return None
+        return started.running.store
+
+    def running_connection(self) -> Connection | None:
+        """The instance's connection while it runs; None otherwise."""
+        store = self.running_store()
+        return None if store is None else store.conn
+
+    def _running(self, what: str) -> _Started:
+        """The started parts, for a call that needs a running instance (``what`` names
+        it)."""
+        started = self._started
+        if started is None or self.context.state != "running":
             raise SchedulerStateError(f"{what} needs a running scheduler (inside `async with`)")
-        return store
+        return started
 
     def job(self, name: str) -> Job:
         """A job of this instance (an error that lists them, for a name it lacks)."""
@@ -187,7 +247,7 @@ class Instance:
         return found
 
     async def history(self, job: str, limit: int) -> list[RunResult]:
-        store = self.running_store("history()")
+        store = self._running("history()").running.store
         if limit < 1:
             raise InvalidOptionError(f"limit must be 1 or more, got {limit}")
         return await store.history(job, limit)
@@ -196,13 +256,9 @@ class Instance:
         """Pause or resume a job across the fleet (``Scheduler.pause`` says how); whether
         it changed anything."""
         what = "pause()" if paused else "resume()"
-        store = self.running_store(what)
-        if not isinstance(store, LeaseStore):
-            raise InvalidOptionError(
-                f"{what} needs the 'lease' strategy: this scheduler uses {self.backend.strategy!r}"
-            )
+        store = self._running(what).running.store
         self.job(job)
-        paused_by = f"{self.instance_id} at {iso_ms(_now_ms())}" if paused else None
+        paused_by = f"{self.instance_id} at {iso_ms(wall_ms())}" if paused else None
         with anyio.fail_after(self.context.round_trip_sec * 3):
             changed = await store.set_paused(job, paused_by)
         if paused:
@@ -238,7 +294,7 @@ class Instance:
         after now (no catch-up before it was added)."""
         self.context.jobs[job.name] = job
         if self.context.state == "running":
-            now_ms = _now_ms()
+            now_ms = wall_ms()
             self.context.first_seen_ms.setdefault(job.name, int(now_ms))
             self.agenda.schedule_first_slots(job, now_ms)
             self._listen_for_hints()
@@ -259,17 +315,20 @@ class Instance:
         self.agenda.timer_due(kind, keys, wake_ms)
 
     def _listen_for_hints(self) -> None:
-        """From the first job or timer kind registered on (with leases), hear of timers set
-        elsewhere to fall due sooner than this instance would look, and of runs given
-        back by stopping instances (``hints.py``)."""
-        context = self.context
-        wanted = context.timer_kinds or (context.jobs and self.backend.leases)
-        if context.group is not None and wanted and not self._hints.listening:
+        """From the first timer kind registered on (or the first job, with a store whose
+        runs are given back and asked for by hints), hear of timers set elsewhere to fall
+        due sooner than this instance would look, and of runs given back by stopping
+        instances or asked of the fleet (``hints.py``)."""
+        started, context = self._started, self.context
+        if started is None or self._hints.listening:
+            return
+        store = started.running.store
+        if context.timer_kinds or (context.jobs and store.hints_for_jobs):
             self._hints.listening = True
-            context.group.start_soon(self._hints.listen)
+            started.running.group.start_soon(self._hints.listen, store.conn)
 
     def _claim_timers_now(self, kind: TimerKind) -> None:
-        now = _now_ms()
+        now = wall_ms()
         for bucket in range(kind.buckets):
             keys = TimerKeys.for_kind(self.backend.prefix, kind.name, bucket, kind.buckets)
             self.agenda.timer_due(kind.name, keys, now)
@@ -291,40 +350,37 @@ class Instance:
             "history_ttl_ms": self._history_ttl_ms,
         }
         store = await self.backend.open(options)
-        context.store = store
-        registry = self._registry = Registry(
-            self.backend.prefix, context.instance_id, self.backend.strategy
+        registry = Registry(
+            self.backend.prefix,
+            context.instance_id,
+            self.backend.strategy,
+            store.remembered_slots_key,
         )
+        # Also when no kind is registered yet: add_timer may come later.
+        timer_store = TimerStore(store.conn, prefix=self.backend.prefix, runner=context.instance_id)
         try:
             await store.prepare_jobs(list(context.jobs))
             if context.timer_kinds:
-                await self._prepare_timers(store.conn)
+                await self._prepare_timers(timer_store)
             with anyio.fail_after(context.round_trip_sec * 3):
                 context.first_seen_ms = await registry.register(
                     store.conn, context.jobs, context.timer_kinds, {}, 0
                 )
+            group = await self._exit_stack.enter_async_context(anyio.create_task_group())
         except BaseException:
             await store.conn.close_if_owned()
             raise
-        if store.leases:
-            # Also when no kind is registered yet: add_timer may come later.
-            context.timer_store = TimerStore(
-                store.conn, prefix=self.backend.prefix, runner=context.instance_id
-            )
-        group = context.group = anyio.create_task_group()
-        await group.__aenter__()
+        started = self._started = self._make_parts(Running(store, timer_store, group), registry)
         context.state = "running"
-        now = _now_ms()
+        now = wall_ms()
         for job in context.jobs.values():
             self.agenda.schedule_first_slots(job, now)
         for kind in context.timer_kinds.values():
             self._claim_timers_now(kind)
-        group.start_soon(self.claimer.claim_loop)
-        self._renewing, self._renewed = anyio.CancelScope(), anyio.Event()
-        group.start_soon(self._keep_registered, registry)
-        if store.leases:
-            group.start_soon(self._lease_keeper.keep_leases)
-            self._listen_for_hints()
+        group.start_soon(started.claimer.claim_loop)
+        group.start_soon(self._keep_registered, started)
+        group.start_soon(started.lease_keeper.keep_leases)
+        self._listen_for_hints()
         jobs, kinds = list(context.jobs), list(context.timer_kinds)
         log.info(
             "anarchon %s started: instance %s, %d job(s)%s%s, server %s, prefix %r, strategy %s",
@@ -339,52 +395,55 @@ class Instance:
             extra={"instance": context.instance_id},
         )
 
-    async def _prepare_timers(self, conn: Connection) -> None:
+    def _make_parts(self, running: Running, registry: Registry) -> _Started:
+        """The parts that talk to the server, each given the others it calls."""
+        context, store, timer_store = self.context, running.store, running.timer_store
+        lease_keeper = LeaseKeeper(context, store, timer_store)
+        settler = Settler(context, store, timer_store, self.agenda)
+        runner = Runner(context, running.group, self.agenda, settler, lease_keeper)
+        timers = TimerClaimer(context, timer_store, running.group, self.agenda, runner, settler)
+        claimer = Claimer(context, store, self.agenda, runner, settler, timers)
+        return _Started(
+            running=running,
+            registry=registry,
+            lease_keeper=lease_keeper,
+            settler=settler,
+            runner=runner,
+            claimer=claimer,
+            manual=ManualRuns(context, store, claimer, runner, settler),
+            renewing=anyio.CancelScope(),
+            renewed=anyio.Event(),
+        )
+
+    async def _prepare_timers(self, timer_store: TimerStore) -> None:
         """Before the first claim of timers: each kind's number of buckets is the one the
         store knows (written by the first instance), and a warning if the server may
         evict timers."""
         for kind in self.context.timer_kinds.values():
-            key = TimerKeys.buckets_key(self.backend.prefix, kind.name)
             with anyio.fail_after(self.context.round_trip_sec * 3):
-                await conn.execute(("SET", key, kind.buckets, "NX"))
-                stored = await conn.execute(("GET", key))
-            count = whole(stored)
-            if stored is not None and (count is None or not 1 <= count <= 1024):
-                # Not a number of buckets: something else wrote the key. This instance's
-                # own number holds; the entry is quarantined for an operator to mend.
-                quarantine_of(self.backend.prefix).add(
-                    MalformedEntry(key, "", "not a number of buckets from 1 to 1024", stored),
-                    f"timer kind {kind.name!r}'s check of its buckets",
-                )
-            elif stored is not None and count != kind.buckets:
+                count = await timer_store.agree_buckets(kind.name, kind.buckets)
+            if count != kind.buckets:
                 raise InvalidOptionError(
                     f"timer kind {kind.name!r} has {count} bucket(s) in the store, and "
                     f"this scheduler gives it {kind.buckets}: every instance must give the "
                     "same number (timers set under another number would never fire)"
                 )
-        await self._warn_if_timers_may_be_evicted(conn)
+        await self._warn_if_timers_may_be_evicted(timer_store.conn)
 
     async def _warn_if_timers_may_be_evicted(self, conn: Connection) -> None:
         """Timers live as long as the server keeps their keys: a policy that evicts keys
-        under memory pressure may drop them. The policy is read from ``INFO memory``
-        (the least ACL grants no ``CONFIG``, whose ``GET`` would hand out the admin's
-        password); a server that does not tell is said to, with how to look."""
+        under memory pressure may drop them. A server that does not tell its policy is
+        said to, with how to look."""
         try:
             with anyio.fail_after(self.context.round_trip_sec):
-                reply = await conn.execute(("INFO", "memory"))
-        except Exception as exc:  # refused (NOPERM), or no answer in time
-            policy, failure = "", str(exc) or type(exc).__name__
-        else:
-            # INFO's text, or redis-py's mapping of it (a cluster client's: one per node).
-            found = re.search(r"maxmemory_policy\W+([a-z-]+)", str(reply))
-            policy, failure = (found.group(1) if found else ""), "INFO memory does not say it"
-        if not policy:
+                policy = await eviction_policy(conn)
+        except Exception as exc:  # refused (NOPERM), not told, or no answer in time
             log.info(
                 "could not read maxmemory-policy (%s): timers are keys without an expiry, "
                 "and a server that evicts keys may drop them. An operator checks it with "
                 "'INFO memory' (maxmemory_policy) or 'CONFIG GET maxmemory-policy' as a "
                 "user that may: noeviction or a volatile-* policy keeps timers",
-                failure,
+                str(exc) or type(exc).__name__,
             )
             return
         if policy != "noeviction" and not policy.startswith("volatile"):
@@ -395,30 +454,26 @@ class Instance:
                 policy,
             )
 
-    async def _keep_registered(self, registry: Registry) -> None:
+    async def _keep_registered(self, started: _Started) -> None:
         """Renew this instance's registration until the stop, which ends this (a renewal
         in flight too) before it withdraws the registration; the readers of the store
         run beside it."""
-        assert self._renewing is not None and self._renewed is not None
         try:
-            with self._renewing:
+            with started.renewing:
                 async with anyio.create_task_group() as group:
-                    store = self.context.store
-                    if store is not None:
-                        for reader in self._readers:
-                            group.start_soon(reader, store.conn)
-                    await self._renew_until_stopped(registry)
+                    for reader in self._readers:
+                        group.start_soon(reader, started.running.store.conn)
+                    await self._renew_until_stopped(started.running.store, started.registry)
                     group.cancel_scope.cancel()
         finally:
-            self._renewed.set()
+            started.renewed.set()
 
-    async def _renew_until_stopped(self, registry: Registry) -> None:
+    async def _renew_until_stopped(self, store: Store, registry: Registry) -> None:
         context = self.context
         while context.state == "running":
             with anyio.move_on_after(REGISTRATION_TTL_MS / 3000):
                 await context.stopping.wait()
-            store = context.store
-            if context.state != "running" or store is None:
+            if context.state != "running":
                 return
             try:
                 with anyio.fail_after(context.round_trip_sec * 3):
@@ -442,16 +497,15 @@ class Instance:
         tb: TracebackType | None,
     ) -> bool | None:
         """Leave ``async with``: stop (shielded), then exit the task group."""
-        group = self.context.group
-        assert group is not None
         with anyio.CancelScope(shield=True):
             await self.stop(None)
-        return await group.__aexit__(exc_type, exc, tb)
+        return await self._exit_stack.__aexit__(exc_type, exc, tb)
 
     async def stop(self, grace_ms: int | None) -> None:
         """See ``Scheduler.stop``."""
         context = self.context
-        if context.state == "new":
+        started = self._started
+        if started is None:
             context.state = "stopped"
             context.events.close()
             self._stopped.set()
@@ -459,44 +513,40 @@ class Instance:
         grace_sec = (self._stop_grace_ms if grace_ms is None else grace_ms) / 1000
         if self._grace is None:
             self._grace = anyio.CancelScope(deadline=anyio.current_time() + grace_sec)
-            assert context.group is not None
-            context.group.start_soon(self._stop, name="anarchon stop")
+            started.running.group.start_soon(self._stop, started, self._grace, name="anarchon stop")
         else:
             self._grace.deadline = min(self._grace.deadline, anyio.current_time() + grace_sec)
         if current_attempt.get() is not None:
             return  # from a handler: waiting here would wait for itself
         await self._stopped.wait()
 
-    async def _stop(self) -> None:
+    async def _stop(self, started: _Started, grace: anyio.CancelScope) -> None:
         """The stop itself, in the instance's task group, shielded: whoever asked for it
         may be cancelled, the stop still completes, and it always ends stopped."""
         context = self.context
-        assert self._grace is not None
+        conn = started.running.store.conn
         with anyio.CancelScope(shield=True):
             try:
                 context.begin_stopping()
                 self._hints.stop()
                 self.agenda.wake()
-                await self.claimer.loop_done.wait()
-                await self.claimer.release_unanswered()
-                with self._grace:
-                    await self.runner.wait_idle()
-                self.runner.cancel_all("the scheduler is stopping")
-                await self.runner.wait_idle()
-                store = context.store
-                if self._renewing is not None and self._renewed is not None:
-                    self._renewing.cancel()
-                    await self._renewed.wait()
-                if store is not None and self._registry is not None:
-                    await self._registry.withdraw(store.conn, context.round_trip_sec)
-                if store is not None and store.conn.owned:
+                await started.claimer.loop_done.wait()
+                await started.claimer.release_unanswered()
+                with grace:
+                    await started.runner.wait_idle()
+                started.runner.cancel_all("the scheduler is stopping")
+                await started.runner.wait_idle()
+                started.renewing.cancel()
+                await started.renewed.wait()
+                await started.registry.withdraw(conn, context.round_trip_sec)
+                if conn.owned:
                     with anyio.move_on_after(context.round_trip_sec):
-                        await store.conn.aclose()
+                        await conn.aclose()
             except Exception:
                 log.exception("stopping the scheduler failed; it is stopped all the same")
             finally:
                 context.state = "stopped"
-                self._lease_keeper.wake()  # the lease keeper ends
+                started.lease_keeper.wake()  # the lease keeper ends
                 self._stopped.set()
                 log.info("instance %s stopped", context.instance_id)
                 context.events.close()
@@ -505,6 +555,5 @@ class Instance:
 
     async def run_now(self, name: str) -> RunResult:
         """See ``Scheduler.run_now``."""
-        store = self.running_store("run_now()")
-        job = self.job(name)
-        return await run_now(self.context, store, self.claimer, self.runner, self.settler, job)
+        started = self._running("run_now()")
+        return await started.manual.run_now(self.job(name))

@@ -14,8 +14,11 @@ import time
 
 import anyio
 
+from .._store.contract import Store
+from .._store.timers import TimerStore
 from ..clients import ServerReplyError
-from ._context import EngineContext, _Leased
+from .context import EngineContext
+from .work import Leased
 
 __all__ = ["LeaseKeeper"]
 
@@ -25,21 +28,21 @@ log = logging.getLogger("anarchon")
 class LeaseKeeper:
     """Keeps the leases of ``context.attempts`` alive while they run."""
 
-    def __init__(self, context: EngineContext) -> None:
+    def __init__(self, context: EngineContext, store: Store, timer_store: TimerStore) -> None:
         self._context = context
+        self._store = store
+        self._timer_store = timer_store
         #: Wakes the lease keeper when an attempt needs a heartbeat before its next tick.
         self._wake = anyio.Event()
         self._next_beat_at = math.inf
 
-    def watch(self, attempt: _Leased, lease_left_ms: int, since: float) -> None:
+    def watch(self, attempt: Leased, lease_left_ms: int, since: float) -> None:
         """Keep the lease of an attempt just won: held for ``lease_left_ms`` from
-        ``since`` (when the winning claim was sent, monotonic), first extended a
-        heartbeat after that. A claim-only strategy's attempt holds no lease to lose."""
-        store = self._context.store
-        if store is not None and not store.leases:
-            attempt.held_until = math.inf
+        ``since`` (when the winning claim was sent, monotonic), as the store counts it (a
+        claim-only win holds no lease to lose), first extended a heartbeat after that."""
+        attempt.held_until = self._store.held_until(lease_left_ms, since)
+        if attempt.held_until == math.inf:
             return
-        attempt.held_until = since + lease_left_ms / 1000
         attempt.next_beat = since + self._context.heartbeat_ms / 1000
         if attempt.next_beat < self._next_beat_at:
             self._wake.set()
@@ -80,14 +83,14 @@ class LeaseKeeper:
             if self._wake.is_set():
                 self._wake = anyio.Event()
 
-    def _give_up(self, attempt: _Leased) -> None:
+    def _give_up(self, attempt: Leased) -> None:
         self.lose(
             attempt,
             "no heartbeat got through before the lease would expire (the server does not "
             "answer in time); a backup may take over",
         )
 
-    def lose(self, attempt: _Leased, reason: str) -> None:
+    def lose(self, attempt: Leased, reason: str) -> None:
         """The attempt (or firing) no longer holds its lease: its handler is cancelled
         (or told), loudly."""
         attempt.lost = True
@@ -96,19 +99,19 @@ class LeaseKeeper:
         if events.on:
             events.emit(attempt.lost_event(self._context.instance_id, reason))
 
-    async def _beat(self, attempts: list[_Leased]) -> list[bool | ServerReplyError]:
+    async def _beat(self, attempts: list[Leased]) -> list[bool | ServerReplyError]:
         """One heartbeat per attempt (jobs') and firing (timers'), each kind in one
         round trip, the kinds at the same moment (so they share it); replies in the
         order of ``attempts``."""
         context = self._context
         lease_ms = context.lease_ms
-        batches: dict[type[_Leased], list[_Leased]] = {}
+        batches: dict[type[Leased], list[Leased]] = {}
         for attempt in attempts:
             batches.setdefault(type(attempt), []).append(attempt)
         by_attempt: dict[int, bool | ServerReplyError] = {}
 
-        async def beat(kind: type[_Leased], batch: list[_Leased]) -> None:
-            replies = await kind.heartbeats(context, batch, lease_ms)
+        async def beat(kind: type[Leased], batch: list[Leased]) -> None:
+            replies = await kind.heartbeats(self._store, self._timer_store, batch, lease_ms)
             by_attempt.update(zip(map(id, batch), replies, strict=True))
 
         if len(batches) == 1:
@@ -120,7 +123,7 @@ class LeaseKeeper:
                     group.start_soon(beat, kind, batch)
         return [by_attempt[id(a)] for a in attempts]
 
-    async def _heartbeat(self, attempts: list[_Leased], first_expiry: float) -> None:
+    async def _heartbeat(self, attempts: list[Leased], first_expiry: float) -> None:
         context = self._context
         lease_ms = context.lease_ms
         sent = time.monotonic()

@@ -15,6 +15,7 @@ import time
 import traceback
 
 import anyio
+from anyio.abc import TaskGroup
 
 from .._errors import LeaseLostError
 from .._model.job import Job
@@ -24,10 +25,11 @@ from .._model.values import Run, TimerRun
 from .._store.contract import ClaimReply, Outcome, slot_ms_of
 from .._store.keys import TimerKeys
 from .._store.timers import TimerWin, decode_payload
-from ._context import EngineContext, _Attempt, _Firing, _Leased, current_attempt
 from .agenda import Agenda
+from .context import EngineContext
 from .lease_keeper import LeaseKeeper
 from .settle import Settler
+from .work import Attempt, Firing, Leased, current_attempt
 
 __all__ = ["Runner"]
 
@@ -40,11 +42,13 @@ class Runner:
     def __init__(
         self,
         context: EngineContext,
+        group: TaskGroup,
         agenda: Agenda,
         settler: Settler,
         lease_keeper: LeaseKeeper,
     ) -> None:
         self._context = context
+        self._group = group
         self._agenda = agenda
         self._settler = settler
         self._lease_keeper = lease_keeper
@@ -53,7 +57,7 @@ class Runner:
 
     def start_attempt(
         self, job: Job, slot_id: str, token: str, reply: ClaimReply, claim_sent: float
-    ) -> _Attempt:
+    ) -> Attempt:
         """Run an attempt this instance won. ``claim_sent`` is when the winning claim
         was sent (monotonic): the lease is counted from then, not from the reply."""
         slot_ms = slot_ms_of(slot_id)
@@ -66,13 +70,13 @@ class Runner:
             runner=self._context.instance_id,
             fence=reply.fence,
         )
-        attempt = _Attempt(job=job, run=run, slot_id=slot_id, token=token)
+        attempt = Attempt(job=job, run=run, slot_id=slot_id, token=token)
         self._start(attempt, reply.wait_ms, claim_sent, f"anarchon {job.name} {slot_id}")
         return attempt
 
     def start_firing(
         self, kind: TimerKind, keys: TimerKeys, win: TimerWin, claim_sent: float
-    ) -> _Firing:
+    ) -> Firing:
         """Run a firing of a key's timer this instance won (counted from ``claim_sent``)."""
         fire = TimerRun(
             kind=kind.name,
@@ -86,7 +90,7 @@ class Runner:
             runner=self._context.instance_id,
             fence=win.fence,
         )
-        firing = _Firing(
+        firing = Firing(
             kind=kind,
             run=fire,
             keys=keys,
@@ -96,16 +100,14 @@ class Runner:
         self._start(firing, win.lease_left_ms, claim_sent, f"anarchon timer {kind.name}")
         return firing
 
-    def _start(self, leased: _Leased, lease_left_ms: int, since: float, name: str) -> None:
-        group = self._context.group
-        assert group is not None
+    def _start(self, leased: Leased, lease_left_ms: int, since: float, name: str) -> None:
         self._lease_keeper.watch(leased, lease_left_ms, since)
         self._context.attempts[leased.registry_key] = leased
         if self._idle.is_set():
             self._idle = anyio.Event()
-        group.start_soon(self._run, leased, name=name)
+        self._group.start_soon(self._run, leased, name=name)
 
-    async def _run(self, leased: _Leased) -> None:
+    async def _run(self, leased: Leased) -> None:
         outcome: Outcome = "cancelled"
         error: str | None = None
         current_attempt.set(leased)
@@ -126,7 +128,7 @@ class Runner:
                     if leased.lease_lost.is_set():
                         raise LeaseLostError("the lease ran out before the handler began")
                     leased.began = True
-                    leased.began_event(self._context)
+                    leased.began_event(self._context.events)
                     if trace is None:
                         await self._invoke(leased)
                     else:
@@ -158,7 +160,7 @@ class Runner:
                     if not self._context.attempts:
                         self._idle.set()
 
-    async def _invoke(self, leased: _Leased) -> None:
+    async def _invoke(self, leased: Leased) -> None:
         """Call the handler; at its ``timeout_ms`` an async one is cancelled, and a plain
         function (which cannot be) is told through ``lease_lost``. Then the attempt
         raises ``TimeoutError``, however the handler ended; a handler that returned
@@ -167,13 +169,11 @@ class Runner:
         if timeout_ms is None:
             await leased.invoke()
             return
-        group = self._context.group
-        assert group is not None
         timed_out = False
         with anyio.move_on_after(timeout_ms / 1000) as limit:
             telling = anyio.CancelScope()
             if not leased.is_async:
-                group.start_soon(self._tell_at_timeout, leased, limit.deadline, telling)
+                self._group.start_soon(self._tell_at_timeout, leased, limit.deadline, telling)
             try:
                 await leased.invoke()
             except Exception:
@@ -186,7 +186,7 @@ class Runner:
             raise TimeoutError(f"the handler ran longer than timeout_ms ({timeout_ms} ms)")
 
     @staticmethod
-    async def _tell_at_timeout(leased: _Leased, deadline: float, scope: anyio.CancelScope) -> None:
+    async def _tell_at_timeout(leased: Leased, deadline: float, scope: anyio.CancelScope) -> None:
         """A plain function past its timeout is told through ``run.lease_lost``."""
         with scope:
             await anyio.sleep_until(deadline)

@@ -16,17 +16,19 @@ from typing import TypeVar
 
 import anyio
 
+from .._model.clock import wall_ms
 from .._model.job import Job
 from .._model.schedule import iso_ms
 from .._model.timer import Recurrence, TimerKind
 from .._observe.events import RunRetried, TimerFired, instant, run_finished
 from .._store.coalesce import pipeline
-from .._store.contract import AttemptEnd, ClaimReply, FinishReply, Outcome
+from .._store.contract import AttemptEnd, ClaimReply, FinishReply, Outcome, Store
 from .._store.keys import RunGivenBack, TimerKeys, hint_channel
-from .._store.timers import TimerEnd, TimerFinishReply, TimerOutcome, TimerWin
+from .._store.timers import TimerEnd, TimerFinishReply, TimerOutcome, TimerStore, TimerWin
 from ..clients import ServerReplyError, is_transient
-from ._context import EngineContext, _Attempt, _attempts_for, _Firing, _Leased, _now_ms
 from .agenda import Agenda
+from .context import EngineContext
+from .work import Attempt, Firing, Leased, attempts_for
 
 __all__ = ["Settler"]
 
@@ -38,16 +40,19 @@ R = TypeVar("R")
 class Settler:
     """Finishes attempts in the store; a retry the store schedules goes on the agenda."""
 
-    def __init__(self, context: EngineContext, agenda: Agenda) -> None:
+    def __init__(
+        self, context: EngineContext, store: Store, timer_store: TimerStore, agenda: Agenda
+    ) -> None:
         self._context = context
+        self._store = store
+        self._timer_store = timer_store
         self._agenda = agenda
 
     async def release(self, job: Job, slot_id: str, token: str, won: ClaimReply) -> None:
         """Give back an attempt won but never started (the scheduler is stopping): it is
         finished as cancelled, so a backup runs it at once instead of after the lease."""
-        store = self._context.store
-        assert store is not None
-        now_ms = int(_now_ms())
+        store = self._store
+        now_ms = int(wall_ms())
         end = AttemptEnd(
             job=job.name,
             slot_id=slot_id,
@@ -59,7 +64,7 @@ class Settler:
             finished_ms=now_ms,
             outcome="cancelled",
             error="released unstarted: the scheduler stopped",
-            max_attempts=_attempts_for(job, slot_id),
+            max_attempts=attempts_for(job, slot_id),
             retry_delay_ms=0,
         )
         reply = None
@@ -75,8 +80,7 @@ class Settler:
         """Tell the backups of a run given back by this stopping instance to claim it now
         (``_engine/hints.py``); without the hint, they claim it when the lease they knew
         of would have run out."""
-        store = self._context.store
-        assert store is not None
+        store = self._store
         channel = hint_channel(self._context.prefix)
         with anyio.move_on_after(self._context.round_trip_sec):
             try:
@@ -92,8 +96,7 @@ class Settler:
     async def release_firing(self, kind: TimerKind, keys: TimerKeys, win: TimerWin) -> None:
         """Give back a firing won but never started (the scheduler is stopping): finished
         as cancelled, it is not counted as an attempt, and a backup fires it at once."""
-        timer_store = self._context.timer_store
-        assert timer_store is not None
+        timer_store = self._timer_store
         end = TimerEnd(kind.name, win.key, win.token, "cancelled", kind.max_attempts, 0)
         with anyio.move_on_after(self._context.round_trip_sec):
             try:
@@ -101,11 +104,10 @@ class Settler:
             except Exception as exc:
                 self._context.health.failed(f"releasing a firing of {kind.name}", exc)
 
-    async def settle_attempt(self, attempt: _Attempt, outcome: Outcome, error: str | None) -> None:
+    async def settle_attempt(self, attempt: Attempt, outcome: Outcome, error: str | None) -> None:
         """Record how the attempt ended; retried a few times if the connection drops.
         Without its token in the state (lease lost) the store changes nothing."""
-        store = self._context.store
-        assert store is not None
+        store = self._store
         job = attempt.job
         run = attempt.run
         end = AttemptEnd(
@@ -116,7 +118,7 @@ class Settler:
             trigger=run.trigger,
             fence=run.fence,
             started_ms=attempt.started_ms,
-            finished_ms=int(_now_ms()),
+            finished_ms=int(wall_ms()),
             outcome=outcome,
             error=error,
             # A failure retry_on does not name is the run's last attempt.
@@ -139,7 +141,7 @@ class Settler:
             events.emit(
                 run_finished(
                     run.runner,
-                    instant(_now_ms()),
+                    instant(wall_ms()),
                     run,
                     outcome,
                     end.finished_ms - end.started_ms,
@@ -159,7 +161,7 @@ class Settler:
                 )
         if reply.status == "retry" and self._context.state == "running":
             self._agenda.push_follow_up(
-                job, attempt.slot_id, "retry", _now_ms() + reply.retry_in_ms
+                job, attempt.slot_id, "retry", wall_ms() + reply.retry_in_ms
             )
         elif reply.status == "retry" and reply.retry_in_ms == 0:
             await self._announce_release(job, attempt.slot_id)  # given back by a stop
@@ -167,7 +169,7 @@ class Settler:
     def _retry_delay_ms(self, job: Job) -> int:
         return self._context.retry_delay_ms if job.retry_delay_ms is None else job.retry_delay_ms
 
-    async def settle_firing(self, firing: _Firing, outcome: Outcome) -> None:
+    async def settle_firing(self, firing: Firing, outcome: Outcome) -> None:
         """Record how the firing ended (and what follows it: a rearm, the next
         recurrence, a retry), as ``settle_attempt`` records an attempt."""
         fire = firing.run
@@ -208,7 +210,7 @@ class Settler:
                         instance=fire.runner,
                         run=fire,
                         outcome=outcome,
-                        duration_ms=_now_ms() - firing.started_ms,
+                        duration_ms=wall_ms() - firing.started_ms,
                         retried=reply[0].status == "retry",
                     )
                 )
@@ -240,7 +242,7 @@ class Settler:
                     outcome,
                 )
         elif reply.status in ("retry", "pending") and self._context.state == "running":
-            self._agenda.timer_due(kind.name, keys, _now_ms() + reply.in_ms)
+            self._agenda.timer_due(kind.name, keys, wall_ms() + reply.in_ms)
 
     def _next_due_ms(
         self, kind: TimerKind, key: str, recurrence: Recurrence, due_ms: int
@@ -248,7 +250,7 @@ class Settler:
         """A recurring timer's next due time, on the server's clock (as this instance
         reckons it from its last claim); None, loudly, if it cannot be reckoned here."""
         try:
-            return recurrence.next_ms(due_ms, int(_now_ms() + self._context.server_offset_ms))
+            return recurrence.next_ms(due_ms, int(wall_ms() + self._context.server_offset_ms))
         except Exception as exc:
             log.error(
                 "timer %s %r: its next due time (%s) cannot be reckoned here (%s: %s); it "
@@ -306,8 +308,7 @@ class Settler:
         next_at_ms: int | None,
         next_delay_ms: int | None,
     ) -> tuple[TimerFinishReply | None, bool]:
-        timer_store = self._context.timer_store
-        assert timer_store is not None
+        timer_store = self._timer_store
         retry_delay_ms = (
             self._context.retry_delay_ms if kind.retry_delay_ms is None else kind.retry_delay_ms
         )
@@ -353,7 +354,7 @@ class Settler:
         return None, retried
 
     @staticmethod
-    def _lost(leased: _Leased, outcome: str) -> None:
+    def _lost(leased: Leased, outcome: str) -> None:
         log.error(
             "%s ended after losing its lease; its result (%s) was not recorded",
             leased.describe(),
@@ -361,14 +362,14 @@ class Settler:
         )
 
     @staticmethod
-    def _could_not_record(leased: _Leased) -> None:
+    def _could_not_record(leased: Leased) -> None:
         log.error(
             "%s: could not record the result; the lease will expire and a backup will take over",
             leased.describe(),
         )
 
 
-def _log_ended(attempt: _Attempt, end: AttemptEnd, reply: FinishReply) -> None:
+def _log_ended(attempt: Attempt, end: AttemptEnd, reply: FinishReply) -> None:
     """One line per attempt, once recorded: INFO when it went well or was given back
     for another attempt, WARNING for a failure that is retried, ERROR for a run that
     ends failed or cancelled. The run's fields go in ``extra`` (the slot as epoch ms)."""
@@ -440,10 +441,10 @@ def _log_ended(attempt: _Attempt, end: AttemptEnd, reply: FinishReply) -> None:
         )
 
 
-def _log_fired(firing: _Firing, outcome: Outcome, reply: TimerFinishReply) -> None:
+def _log_fired(firing: Firing, outcome: Outcome, reply: TimerFinishReply) -> None:
     """One line per firing, once recorded, at the levels of ``_log_ended``."""
     fire = firing.run
-    duration_ms = int(_now_ms()) - firing.started_ms
+    duration_ms = int(wall_ms()) - firing.started_ms
     extra = {
         "timer_kind": fire.kind,
         "timer_key": fire.key,

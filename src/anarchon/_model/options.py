@@ -86,18 +86,42 @@ class LeaseJobOptions(JobOptions, total=False):
     retry_on: type[Exception] | tuple[type[Exception], ...] | None
 
 
-_COMMON = frozenset(JobOptions.__annotations__)
-_LEASE_ONLY = frozenset(LeaseJobOptions.__annotations__) - _COMMON
+#: The options every strategy's jobs take, and those only the lease strategy's take.
+COMMON_JOB_OPTIONS = frozenset(JobOptions.__annotations__)
+LEASE_JOB_OPTIONS = frozenset(LeaseJobOptions.__annotations__) - COMMON_JOB_OPTIONS
+#: The scheduler's settings that only the lease strategy has.
+LEASE_SETTINGS = frozenset(("lease_ms", "heartbeat_ms", "retry_delay_ms", "timer_poll_ms"))
 
 
-def refuse_lease_options(strategy: str, options: Mapping[str, object]) -> None:
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OptionRules:
+    """What a strategy's schedulers, jobs and timer kinds take (``_store/strategy.py``
+    gives each strategy its rules)."""
+
+    #: The strategy's name, for messages.
+    strategy: str
+    #: The options its jobs take.
+    job_options: frozenset[str]
+    #: The scheduler settings it takes beyond the common ones.
+    scheduler_settings: frozenset[str]
+    #: A job's max_attempts when none is given.
+    max_attempts_default: int
+    #: Why it fires no timers (None: it fires them).
+    timers_refused: str | None
+
+
+def refuse_lease_options(
+    rules: OptionRules, options: Mapping[str, object], allowed: frozenset[str]
+) -> None:
     """A claim-only strategy holds no leases: a lease option given to it is an error."""
-    given = sorted(name for name, value in options.items() if value is not None)
+    given = sorted(
+        name for name, value in options.items() if value is not None and name not in allowed
+    )
     if given:
         raise InvalidOptionError(
-            f"{', '.join(given)}: lease option(s) that the {strategy!r} strategy does not have "
-            "(it holds no leases: no backups, retries, overlap protection or catch-up); drop "
-            "them, or use the 'lease' strategy"
+            f"{', '.join(given)}: lease option(s) that the {rules.strategy!r} strategy does "
+            "not have (it holds no leases: no backups, retries, overlap protection or "
+            "catch-up); drop them, or use the 'lease' strategy"
         )
 
 
@@ -106,17 +130,16 @@ def make_job(
     schedule: str | Schedule | None,
     options: Mapping[str, Any],
     *,
-    strategy: str,
-    leases: bool,
+    rules: OptionRules,
     taken: Mapping[str, object],
 ) -> Job:
     """A job from its handler, schedule and options, every option checked; ``taken``
     holds the names of the jobs already registered."""
-    unknown = sorted(set(options) - _COMMON - _LEASE_ONLY)
+    unknown = sorted(set(options) - COMMON_JOB_OPTIONS - LEASE_JOB_OPTIONS)
     if unknown:
         raise InvalidOptionError(
             f"unknown job option(s) {', '.join(unknown)}; the options are "
-            f"{', '.join(sorted(_COMMON | (_LEASE_ONLY if leases else set())))}"
+            f"{', '.join(sorted(rules.job_options))}"
         )
     if not callable(handler):
         raise InvalidJobError(f"a job's handler must be callable, got {handler!r}")
@@ -129,11 +152,14 @@ def make_job(
             f"a job named {name!r} already exists on this scheduler; give one of them "
             "another name with name=..."
         )
-    if not leases:
-        refuse_lease_options(strategy, {key: options.get(key) for key in _LEASE_ONLY})
+    refuse_lease_options(
+        rules, {key: options.get(key) for key in LEASE_JOB_OPTIONS}, rules.job_options
+    )
     max_attempts = options.get("max_attempts")
     attempts = check_count(
-        "max_attempts", 3 if max_attempts is None else max_attempts, most=MAX_ATTEMPTS
+        "max_attempts",
+        rules.max_attempts_default if max_attempts is None else max_attempts,
+        most=MAX_ATTEMPTS,
     )
     job_schedule = make_schedule(schedule, options.get("every_ms"), options.get("timezone", "UTC"))
     catch_up_ms = options.get("catch_up_ms")
@@ -145,7 +171,7 @@ def make_job(
         schedule=job_schedule,
         clock=SlotClock(job_schedule),
         overlap_policy=overlap_policy(options.get("overlap")),
-        max_attempts=attempts if leases else 1,
+        max_attempts=attempts,
         catch_up_ms=check_duration_ms(
             "catch_up_ms", 0 if catch_up_ms is None else catch_up_ms, allow_zero=True
         ),
@@ -186,8 +212,7 @@ def make_timer_kind(
     kind: str,
     options: Mapping[str, Any],
     *,
-    strategy: str,
-    leases: bool,
+    rules: OptionRules,
     taken: Mapping[str, object],
 ) -> TimerKind:
     """A kind of timer from its handler and options, every option checked; ``taken``
@@ -200,12 +225,8 @@ def make_timer_kind(
         )
     if not callable(handler):
         raise InvalidJobError(f"a timer's handler must be callable, got {handler!r}")
-    if not leases:
-        raise InvalidOptionError(
-            f"timers fire with the lease strategy's rules; this scheduler's backend uses "
-            f"{strategy!r}: use a backend with the 'lease' strategy (the default) for the "
-            "scheduler that fires timers"
-        )
+    if rules.timers_refused is not None:
+        raise InvalidOptionError(rules.timers_refused)
     name = validate_kind(kind)
     if name in taken:
         raise InvalidJobError(f"a timer kind named {name!r} already has a handler here")
@@ -257,8 +278,7 @@ class SchedulerSettings:
     def make(
         cls,
         *,
-        strategy: str,
-        leases: bool,
+        rules: OptionRules,
         lease_ms: int | None,
         heartbeat_ms: int | None,
         history_size: int,
@@ -268,16 +288,16 @@ class SchedulerSettings:
         retry_delay_ms: int | None,
         timer_poll_ms: int | None,
     ) -> SchedulerSettings:
-        if not leases:
-            refuse_lease_options(
-                strategy,
-                {
-                    "lease_ms": lease_ms,
-                    "heartbeat_ms": heartbeat_ms,
-                    "retry_delay_ms": retry_delay_ms,
-                    "timer_poll_ms": timer_poll_ms,
-                },
-            )
+        refuse_lease_options(
+            rules,
+            {
+                "lease_ms": lease_ms,
+                "heartbeat_ms": heartbeat_ms,
+                "retry_delay_ms": retry_delay_ms,
+                "timer_poll_ms": timer_poll_ms,
+            },
+            rules.scheduler_settings,
+        )
         lease = check_duration_ms(
             "lease_ms", 30_000 if lease_ms is None else lease_ms, most=MAX_LEASE_MS
         )

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import re
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol, runtime_checkable
+from typing import ClassVar, Literal
 
 from .._model.schedule import iso_ms
 from .._model.values import RunResult, Trigger
@@ -14,6 +15,7 @@ from .quarantine import instant_ms
 
 __all__ = [
     "AttemptEnd",
+    "HeartbeatRequest",
     "ClaimReply",
     "ClaimRequest",
     "FinishReply",
@@ -106,45 +108,64 @@ class FinishReply:
     retry_in_ms: int = 0
 
 
-class Store(Protocol):
-    """What the engine asks of every strategy's store. ``leases`` tells which kind it is
-    besides: a ``LeasingStore`` (the lease strategy) or a ``RecordingStore`` (the
-    claim-only ones)."""
+class Store(ABC):
+    """What the engine asks of a store, whatever the strategy behind it: one subclass per
+    strategy (``lease.LeaseStore``, and ``claim_only``'s three), chosen by the backend
+    (``strategy.py``). What only leasing has (heartbeats, pauses, runs given back) has a
+    meaning here for every store, so the engine never asks which one it holds."""
 
     conn: Connection
-    leases: bool
+    prefix: str
+    #: Whether runs are given back and asked for over the prefix's hint channel (the
+    #: instances running jobs then listen to it).
+    hints_for_jobs: ClassVar[bool] = False
 
-    async def prepare_jobs(self, jobs: Sequence[str]) -> None: ...
+    async def prepare_jobs(self, jobs: Sequence[str]) -> None:  # noqa: B027 - optional
+        """Ready the store for these jobs before their first claim (nothing by default)."""
 
+    @abstractmethod
     async def claim_many(
         self, requests: Sequence[ClaimRequest]
-    ) -> list[ClaimReply | ServerReplyError]: ...
+    ) -> list[ClaimReply | ServerReplyError]:
+        """Claim slots in one round trip: a reply (or an error reply) for each, in order."""
 
-    async def finish(self, end: AttemptEnd) -> FinishReply: ...
+    @abstractmethod
+    async def claim_manual(self, request: ClaimRequest) -> ClaimReply:
+        """Claim a ``run_now`` slot (raises the server's error reply)."""
 
-    async def result_of(self, job: str, slot_id: str, attempt: int) -> RunResult: ...
-
-    async def history(self, job: str, limit: int) -> list[RunResult]: ...
-
-
-@runtime_checkable
-class LeasingStore(Store, Protocol):
-    """A store that leases its runs: each running attempt is heartbeated, and a manual
-    run is claimed like any other."""
+    @abstractmethod
+    def held_until(self, lease_left_ms: int, sent: float) -> float:
+        """Until when (monotonic) a won claim sent at ``sent``, answered with
+        ``lease_left_ms`` left, holds its run: ``inf`` for a strategy whose wins hold no
+        lease to lose."""
 
     async def heartbeat_many(
         self, beats: Sequence[HeartbeatRequest]
-    ) -> list[bool | ServerReplyError]: ...
+    ) -> list[bool | ServerReplyError]:
+        """Extend leases in one round trip; False means that lease is lost. A store whose
+        runs hold no lease has none to extend."""
+        return [True for _ in beats]
 
+    @abstractmethod
+    async def finish(self, end: AttemptEnd) -> FinishReply:
+        """Record how an attempt ended."""
 
-@runtime_checkable
-class RecordingStore(Store, Protocol):
-    """A claim-only store: the winner of a slot runs it once, with no lease to keep; a
-    manual run is recorded, not claimed."""
+    @abstractmethod
+    async def result_of(self, job: str, slot_id: str, attempt: int) -> RunResult:
+        """One attempt's result (``LookupError`` if none is recorded)."""
 
-    async def begin_manual(self, job: str, slot_id: str, token: str) -> int:
-        """Record a ``run_now`` run; returns its fence (server time)."""
-        ...
+    @abstractmethod
+    async def history(self, job: str, limit: int) -> list[RunResult]:
+        """The newest ``limit`` results of ``job``, newest first."""
+
+    @abstractmethod
+    async def set_paused(self, job: str, paused_by: str | None) -> bool:
+        """Pause (``paused_by``: who and when) or resume (None) a job across the fleet;
+        whether it changed anything."""
+
+    @abstractmethod
+    def remembered_slots_key(self, job: str) -> str:
+        """The key a job's remembered slots are scored in, by their instants."""
 
 
 def manual_slot_id(requested_ms: int, nonce: str) -> str:

@@ -16,6 +16,7 @@ from .contract import (
     ClaimRequest,
     FinishReply,
     HeartbeatRequest,
+    Store,
     fleet_slot_id,
     is_slot_id,
     slot_ms_of,
@@ -103,10 +104,10 @@ def _text(raw: object) -> str:
     return raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
 
 
-class LeaseStore:
+class LeaseStore(Store):
     """Runs the lease scripts for one scheduler instance."""
 
-    leases = True
+    hints_for_jobs = True
 
     def __init__(
         self,
@@ -130,8 +131,8 @@ class LeaseStore:
     def keys(self, job: str) -> JobKeys:
         return JobKeys.for_job(self.prefix, job)
 
-    async def prepare_jobs(self, jobs: Sequence[str]) -> None:
-        """Nothing to prepare: a job's keys appear with its first claim."""
+    def remembered_slots_key(self, job: str) -> str:
+        return self.keys(job).slots
 
     async def claim_many(
         self, requests: Sequence[ClaimRequest]
@@ -171,6 +172,16 @@ class LeaseStore:
             else _claim_reply(reply, self.keys(request.job), self.prefix)
             for request, reply in zip(requests, replies, strict=True)
         ]
+
+    async def claim_manual(self, request: ClaimRequest) -> ClaimReply:
+        """Claimed as any slot is: a backup takes it over if this instance dies."""
+        (reply,) = await self.claim_many([request])
+        if isinstance(reply, ServerReplyError):
+            raise reply
+        return reply
+
+    def held_until(self, lease_left_ms: int, sent: float) -> float:
+        return sent + lease_left_ms / 1000
 
     async def heartbeat_many(
         self, beats: Sequence[HeartbeatRequest]

@@ -17,6 +17,7 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -27,7 +28,7 @@ from .._model.timer import TimerKind
 from .._version import __version__
 from ..clients import Command, Connection, ServerReplyError, score_pairs
 from .coalesce import pipeline
-from .keys import ClaimOnlyKeys, JobKeys, RegistryKeys
+from .keys import RegistryKeys
 from .quarantine import quarantine_malformed, quarantine_of
 from .scripts import ScriptCall, lease_script, run_scripts
 from .timers import score_ms
@@ -66,11 +67,19 @@ class Registry:
     """One instance's registration: made at start, renewed while it runs, withdrawn on
     stop."""
 
-    def __init__(self, prefix: str, instance_id: str, strategy: str) -> None:
+    def __init__(
+        self,
+        prefix: str,
+        instance_id: str,
+        strategy: str,
+        slots_key: Callable[[str], str],
+    ) -> None:
         self.keys = RegistryKeys.for_prefix(prefix)
         self.instance_id = instance_id
         self.strategy = strategy
-        self.leases = strategy == "lease"
+        #: The key a job's remembered slots are scored in (the store's
+        #: ``remembered_slots_key``).
+        self._slots_key = slots_key
         self.prefix = prefix
         self.started_ms = int(time.time() * 1000)
         #: The jobs whose first-seen time the store told this instance.
@@ -141,7 +150,7 @@ class Registry:
         if not missing:
             return {}
         commands: list[Command] = [
-            ("ZRANGE", self._history_key(name), 0, 0, "WITHSCORES") for name in missing
+            ("ZRANGE", self._slots_key(name), 0, 0, "WITHSCORES") for name in missing
         ]
         replies = await pipeline(conn, commands)
         oldest: dict[str, int] = {}
@@ -152,12 +161,6 @@ class Registry:
             if score is not None:
                 oldest[name] = score
         return oldest
-
-    def _history_key(self, job: str) -> str:
-        """The key a job's remembered slots are scored in, by their instants."""
-        if self.leases:
-            return JobKeys.for_job(self.prefix, job).slots
-        return ClaimOnlyKeys.for_job(self.prefix, job).results
 
     async def report_quarantine(self, conn: Connection) -> None:
         """Report the malformed entries this process met since the last report to the

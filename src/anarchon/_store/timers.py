@@ -200,6 +200,25 @@ class TimerStore:
     def keys(self, kind: str, key: str, buckets: int = 1) -> TimerKeys:
         return TimerKeys.for_kind(self.prefix, kind, bucket_of(key, buckets), buckets)
 
+    async def agree_buckets(self, kind: str, buckets: int) -> int:
+        """Write a kind's number of buckets where the store has none (the first
+        instance's number holds), and return the number the store holds. One that is no
+        whole number from 1 to 1024 (something else wrote the key) is quarantined, for an
+        operator to mend, and ``buckets`` is returned."""
+        key = TimerKeys.buckets_key(self.prefix, kind)
+        await self.conn.execute(("SET", key, buckets, "NX"))
+        stored = await self.conn.execute(("GET", key))
+        count = whole(stored)
+        if stored is None:
+            return buckets
+        if count is None or not 1 <= count <= 1024:
+            quarantine_of(self.prefix).add(
+                MalformedEntry(key, "", "not a number of buckets from 1 to 1024", stored),
+                f"timer kind {kind!r}'s check of its buckets",
+            )
+            return buckets
+        return count
+
     def _set_call(
         self,
         kind: str,

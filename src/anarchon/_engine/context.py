@@ -1,0 +1,142 @@
+"""What every part of the engine shares (``EngineContext``: the settings, the job and
+timer tables, the scheduler's state, the work running here, the events), and what
+exists only once the instance has started (``Running``: the store, the timers' store,
+the task group)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
+
+import anyio
+from anyio.abc import TaskGroup
+
+from .._model.clock import round_trip_deadline_sec
+from .._model.job import Job
+from .._model.timer import TimerKind
+from .._observe.events import EventHub, ServerBack, ServerUnreachable, SkipReason, SlotSkipped
+from .._observe.tracing import Tracing
+from .._store.contract import Store
+from .._store.timers import TimerStore
+
+if TYPE_CHECKING:
+    from .work import Leased
+
+__all__ = ["EngineContext", "Running", "ServerHealth", "State"]
+
+log = logging.getLogger("anarchon")
+
+
+class ServerHealth:
+    """Whether the server answers, as this instance last saw it. An outage is logged
+    (and told as an event) once when it starts (WARNING) and once when it ends (INFO,
+    with how long it lasted), not once per failed round trip; a failure while the server
+    is known to be unreachable is logged at DEBUG only."""
+
+    def __init__(self, context: EngineContext) -> None:
+        self._context = context
+        self.down_since: float | None = None
+
+    def failed(self, what: str, exc: BaseException | str) -> None:
+        if self.down_since is None:
+            self.down_since = time.monotonic()
+            log.warning("the server does not answer (%s: %s); retrying until it does", what, exc)
+            if self._context.events.on:
+                self._context.events.emit(
+                    ServerUnreachable(instance=self._context.instance_id, what=what, error=str(exc))
+                )
+        else:
+            log.debug("still no answer (%s: %s)", what, exc)
+
+    def answered(self) -> None:
+        if self.down_since is not None:
+            down_sec = time.monotonic() - self.down_since
+            log.info("the server answers again, after %.1f s", down_sec)
+            self.down_since = None
+            if self._context.events.on:
+                self._context.events.emit(
+                    ServerBack(instance=self._context.instance_id, down_sec=down_sec)
+                )
+
+
+State = Literal["new", "running", "stopping", "stopped"]
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class Running:
+    """What an instance has once started, and until it stops: the parts that talk to the
+    server get it in their constructors, made at the start."""
+
+    #: The store of the backend's strategy, on the instance's connection.
+    store: Store
+    #: The timers' store, on the same connection.
+    timer_store: TimerStore
+    #: The task group every task of the scheduler runs in.
+    group: TaskGroup
+
+
+@dataclass(eq=False, slots=True)
+class EngineContext:
+    """One scheduler's shared state, from its creation on; what exists only once it runs
+    is ``Running``."""
+
+    jobs: dict[str, Job]
+    instance_id: str
+    lease_ms: int
+    heartbeat_ms: int
+    retry_delay_ms: int
+    #: The backend's key prefix.
+    prefix: str = "cron:"
+    state: State = "new"
+    #: Set when the scheduler starts stopping: waits that a stop must not sit out
+    #: (a finish's backoff) end early.
+    stopping: anyio.Event = field(default_factory=anyio.Event)
+    #: The attempts and firings this instance runs, by their ``registry_key``; only the
+    #: runner adds and removes them.
+    attempts: dict[tuple[str, str], Leased] = field(default_factory=dict)
+    health: ServerHealth = field(init=False)
+    #: Where events go (``Scheduler.events``, ``on_event``): ask ``events.on`` before
+    #: making one.
+    events: EventHub = field(default_factory=EventHub)
+    #: Spans of attempts and claims (``anarchon.otel``), if a tracer was given.
+    tracing: Tracing | None = None
+    #: Jobs that no longer claim slots, with the reason (their schedule raised, or the
+    #: server answered their claims with a permanent error).
+    disabled: dict[str, str] = field(default_factory=dict)
+    #: The kinds of timer this instance fires, by name.
+    timer_kinds: dict[str, TimerKind] = field(default_factory=dict)
+    #: How long an instance waits at most between two claims of a kind's due timers
+    #: (a timer set elsewhere to fire sooner than it knew of is seen by then).
+    timer_poll_ms: int = 1000
+    #: When each job first appeared in the store (server ms, from the registry at
+    #: start): catch-up never reaches back before it.
+    first_seen_ms: dict[str, int] = field(default_factory=dict)
+    #: The server's clock minus this instance's, as the last claim of timers saw it
+    #: (a recurring timer's next due time is reckoned on the server's clock).
+    server_offset_ms: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.health = ServerHealth(self)
+
+    @property
+    def round_trip_sec(self) -> float:
+        return round_trip_deadline_sec(self.lease_ms)
+
+    def begin_stopping(self) -> None:
+        self.state = "stopping"
+        self.stopping.set()
+
+    def skipped(self, job: str, slot_ms: int, reason: SkipReason) -> None:
+        """Tell the listeners a scheduled slot of ``job`` does not run (logged already)."""
+        if self.events.on:
+            self.events.emit(
+                SlotSkipped(instance=self.instance_id, job=job, slot_ms=slot_ms, reason=reason)
+            )
+
+    def disable(self, job: str, reason: str) -> None:
+        """Stop claiming slots of ``job``, loudly; the other jobs go on."""
+        if job not in self.disabled:
+            self.disabled[job] = reason
+            log.error("%s: the job is disabled until this scheduler restarts: %s", job, reason)

@@ -1,0 +1,153 @@
+"""The layout's rules that a type checker does not hold, read from the code itself
+(docs/contributing/architecture.md states them):
+
+- no module imports an underscore name of another module;
+- ``_timers.py`` imports nothing of the engine: it reaches a scheduler's instance
+  through its ``TimerHost`` protocol;
+- the engine asks nothing about which strategy it runs: no ``leases`` flag, no
+  strategy's name compared, no ``isinstance`` of a store class;
+- the engine asserts nothing about what exists once started (``Running`` holds it);
+- outside ``_engine/``, only the members of ``Instance`` that ``_engine/instance.py``
+  documents are used.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.engine_tier
+
+PACKAGE = Path(__file__).resolve().parent.parent / "src" / "anarchon"
+ENGINE = PACKAGE / "_engine"
+STRATEGY_NAMES = {"lease", "stream-id", "idmp", "script"}
+STORE_CLASSES = {"LeaseStore", "ClaimOnlyStore", "StreamIdStore", "IdmpStore", "ScriptStore"}
+
+
+def modules(under: Path = PACKAGE) -> Iterator[tuple[Path, ast.Module]]:
+    for path in sorted(under.rglob("*.py")):
+        yield path, ast.parse(path.read_text(encoding="utf-8"), str(path))
+
+
+def shown(path: Path, node: ast.AST) -> str:
+    return f"{path.relative_to(PACKAGE.parent)}:{getattr(node, 'lineno', 0)}"
+
+
+def test_no_module_imports_an_underscore_name_of_another() -> None:
+    found = [
+        f"{shown(path, node)}: {alias.name} from {node.module}"
+        for path, tree in modules()
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom)
+        for alias in node.names
+        if alias.name.startswith("_") and not alias.name.startswith("__")
+    ]
+    assert found == []
+
+
+def test_the_public_timers_import_nothing_of_the_engine() -> None:
+    path = PACKAGE / "_timers.py"
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    found = [
+        shown(path, node)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and "_engine" in (node.module or "")
+    ]
+    assert found == []
+
+
+def test_the_engine_asks_nothing_about_its_strategy() -> None:
+    found = []
+    for path, tree in modules(ENGINE):
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr == "leases":
+                found.append(f"{shown(path, node)}: .leases")
+            if isinstance(node, ast.Compare):
+                for side in (node.left, *node.comparators):
+                    if isinstance(side, ast.Constant) and side.value in STRATEGY_NAMES:
+                        found.append(f"{shown(path, node)}: compares with {side.value!r}")
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id == "isinstance"
+            ):
+                names = {n.id for n in ast.walk(node.args[1]) if isinstance(n, ast.Name)}
+                if names & STORE_CLASSES or any(n.endswith("Store") for n in names):
+                    found.append(f"{shown(path, node)}: isinstance of a store class")
+    assert found == []
+
+
+def test_the_engine_asserts_nothing_it_holds_once_started() -> None:
+    found = [
+        shown(path, node)
+        for path, tree in modules(ENGINE)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Assert)
+    ]
+    assert found == []
+
+
+def documented_instance_members() -> set[str]:
+    """The members ``_engine/instance.py``'s docstring lists (in double backticks)."""
+    text = ast.get_docstring(ast.parse((ENGINE / "instance.py").read_text(encoding="utf-8")))
+    assert text is not None
+    listed = text.split("is all that code outside the engine uses", 1)[1]
+    listed = listed.split("\n\n", 2)[1]
+    return {name.split("(")[0] for name in re.findall(r"``([a-z_]+(?:\(\w*\))?)``", listed)}
+
+
+def instance_members_used_outside_the_engine() -> dict[str, list[str]]:
+    """Each member read on an ``Instance`` outside ``_engine/``: on ``Instance.of(...)``
+    and ``Instance.create(...)`` themselves, on names bound to them, and on a class's
+    ``self._instance``."""
+    used: dict[str, list[str]] = {}
+
+    def makes_instance(node: ast.AST) -> bool:
+        return (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and isinstance(node.func.value, ast.Name)
+            and node.func.value.id == "Instance"
+            and node.func.attr in ("of", "create")
+        )
+
+    for path, tree in modules():
+        if path.is_relative_to(ENGINE):
+            continue
+        bound = {
+            target.id
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Assign) and makes_instance(node.value)
+            for target in node.targets
+            if isinstance(target, ast.Name)
+        }
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Attribute):
+                continue
+            owner = node.value
+            if (
+                makes_instance(owner)
+                or (isinstance(owner, ast.Name) and owner.id in bound)
+                or (
+                    isinstance(owner, ast.Attribute)
+                    and owner.attr == "_instance"
+                    and isinstance(owner.value, ast.Name)
+                    and owner.value.id == "self"
+                    and path.name == "_scheduler.py"
+                )
+            ):
+                used.setdefault(node.attr, []).append(shown(path, node))
+    return used
+
+
+def test_only_documented_members_of_the_engine_are_used_outside_it() -> None:
+    documented = documented_instance_members()
+    used = instance_members_used_outside_the_engine()
+    assert {"state", "events", "read_beside", "jobs"} <= documented
+    assert used, "the check found no use of the engine at all: it reads the code wrongly"
+    undocumented = {name: where for name, where in used.items() if name not in documented}
+    assert undocumented == {}
