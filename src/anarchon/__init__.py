@@ -60,16 +60,8 @@ from ._observe.logs import JsonLogFormatter
 from ._ops.inspector import Inspector
 from ._ops.serve import serve
 from ._scheduler import Scheduler
-from ._store.backend import (
-    ClaimOnly,
-    IdmpStrategy,
-    Leases,
-    LeaseStrategy,
-    RedisBackend,
-    ScriptStrategy,
-    StreamIdStrategy,
-    ValkeyBackend,
-)
+from ._store.backend import ClaimOnly, Leases, RedisBackend, ValkeyBackend
+from ._store.strategy import IdmpStrategy, LeaseStrategy, ScriptStrategy, StreamIdStrategy
 from ._timers import Timers
 from ._version import __version__ as __version__
 

@@ -8,9 +8,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from datetime import datetime
 from types import TracebackType
-from typing import Any, Generic, TypeVar, Unpack, overload
+from typing import Any, Generic, Literal, TypeVar, Unpack, overload
 
-from ._engine.context import State as SchedulerState
 from ._engine.instance import Instance
 from ._errors import InvalidOptionError
 from ._model.job import Handler
@@ -356,7 +355,7 @@ class Scheduler(Generic[K]):
         return await self._instance.exit(exc_type, exc, tb)
 
     @property
-    def state(self) -> SchedulerState:
+    def state(self) -> Literal["new", "running", "stopping", "stopped"]:
         """Where the scheduler is in its life: ``"new"`` (made, not started),
         ``"running"`` (inside ``async with``), ``"stopping"`` (a stop is under way) or
         ``"stopped"`` (it ran, or was stopped before its start; it does not start again)."""

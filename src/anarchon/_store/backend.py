@@ -28,17 +28,7 @@ from .strategy import (
     parse_strategy,
 )
 
-__all__ = [
-    "ClaimOnly",
-    "IdmpStrategy",
-    "LeaseStrategy",
-    "Leases",
-    "RedisBackend",
-    "ScriptStrategy",
-    "StoreOptions",
-    "StreamIdStrategy",
-    "ValkeyBackend",
-]
+__all__ = ["ClaimOnly", "K", "Leases", "RedisBackend", "StoreOptions", "ValkeyBackend"]
 
 
 class Leases:
