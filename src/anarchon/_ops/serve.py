@@ -156,9 +156,12 @@ async def _serve_started(
             await stack.enter_async_context(listener)
             where = f"{health_host}:{health_port}"
             port.start_soon(_serve_health_port, scheduler, listener, where)
-        await _start_waiting_for_server(scheduler, wait_for_server_sec, stop.asked)
-        if Instance.of(scheduler).state == "running":  # else a signal came while it waited
-            await _serve_running(scheduler, stop, outer, health_file)
+        started = await _start_waiting_for_server(scheduler, wait_for_server_sec, stop.asked)
+        if started is not None:  # else a signal came while it waited
+            # Leaving it stops the scheduler (shielded: the stop completes, whatever ended
+            # this call) and exits its task group.
+            async with started:
+                await _serve_running(scheduler, stop, outer, health_file)
         port.cancel_scope.cancel()
 
 
@@ -168,18 +171,14 @@ async def _serve_running(
     outer: TaskGroup,
     health_file: str | os.PathLike[str] | None,
 ) -> None:
-    async with AsyncExitStack() as stack:
-        # Leaving it stops the scheduler (shielded: the stop completes, whatever ended
-        # this call) and exits its task group.
-        stack.push_async_exit(scheduler)
-        stop.group = outer
-        if stop.asked.is_set():  # a signal came while it started
-            outer.start_soon(scheduler.stop, 0 if stop.at_once else None)
-        async with anyio.create_task_group() as probes:
-            if health_file is not None:
-                probes.start_soon(_keep_health_file, scheduler, Path(health_file))
-            await Instance.of(scheduler).wait_stopped()
-            probes.cancel_scope.cancel()
+    stop.group = outer
+    if stop.asked.is_set():  # a signal came while it started
+        outer.start_soon(scheduler.stop, 0 if stop.at_once else None)
+    async with anyio.create_task_group() as probes:
+        if health_file is not None:
+            probes.start_soon(_keep_health_file, scheduler, Path(health_file))
+        await Instance.of(scheduler).wait_stopped()
+        probes.cancel_scope.cancel()
 
 
 class _StopRequests:
@@ -241,10 +240,11 @@ class _StopRequests:
 
 async def _start_waiting_for_server(
     scheduler: Scheduler[Any], wait_sec: float, stop: anyio.Event
-) -> None:
+) -> AsyncExitStack | None:
     """Start ``scheduler``; while the server does not answer, try again with a backoff
-    for ``wait_sec`` seconds, saying once what it waits for. ``stop`` ends the wait
-    (the scheduler stays new). Each try is bounded by the scheduler's round-trip
+    for ``wait_sec`` seconds, saying once what it waits for. Started, it returns an exit
+    stack that holds the scheduler's exit; ``stop`` ends the wait (the scheduler stays
+    new, and it returns None). Each try is bounded by the scheduler's round-trip
     deadlines; no cancel scope may wrap one, since a start enters the scheduler's task
     group."""
     began = time.monotonic()
@@ -252,35 +252,38 @@ async def _start_waiting_for_server(
     tries = 0
     while True:
         tries += 1
-        try:
-            await scheduler.__aenter__()
-        except ConnectionFailedError as exc:
-            waited = time.monotonic() - began
-            if refused_certificate(exc):
-                raise  # waiting cannot make the server's certificate one to trust
-            if waited >= wait_sec:
-                if tries > 1:
-                    raise ConnectionFailedError(
-                        f"{_without_code(exc)}; waited {waited:.0f} s for it"
-                    ) from exc
-                raise
-            if tries == 1:
-                log.warning(
-                    "waiting for the server: %s; trying again for up to %s s",
-                    _without_code(exc),
-                    f"{wait_sec:g}",
-                )
+        # The scheduler is entered in an exit stack that hands its exit on to the caller
+        # only at the end: should anything fail before, the scheduler is left here.
+        async with AsyncExitStack() as stack:
+            try:
+                await stack.enter_async_context(scheduler)
+            except ConnectionFailedError as exc:
+                waited = time.monotonic() - began
+                if refused_certificate(exc):
+                    raise  # waiting cannot make the server's certificate one to trust
+                if waited >= wait_sec:
+                    if tries > 1:
+                        raise ConnectionFailedError(
+                            f"{_without_code(exc)}; waited {waited:.0f} s for it"
+                        ) from exc
+                    raise
+                if tries == 1:
+                    log.warning(
+                        "waiting for the server: %s; trying again for up to %s s",
+                        _without_code(exc),
+                        f"{wait_sec:g}",
+                    )
+                else:
+                    log.debug("the server still does not answer: %s", exc)
+                with anyio.move_on_after(min(pause_sec, wait_sec - waited)):
+                    await stop.wait()
+                if stop.is_set():
+                    return None
+                pause_sec = min(pause_sec * 2, _MOST_BETWEEN_TRIES_SEC)
             else:
-                log.debug("the server still does not answer: %s", exc)
-            with anyio.move_on_after(min(pause_sec, wait_sec - waited)):
-                await stop.wait()
-            if stop.is_set():
-                return
-            pause_sec = min(pause_sec * 2, _MOST_BETWEEN_TRIES_SEC)
-        else:
-            if tries > 1:
-                log.info("the server answers, after %.1f s", time.monotonic() - began)
-            return
+                if tries > 1:
+                    log.info("the server answers, after %.1f s", time.monotonic() - began)
+                return stack.pop_all()  # the scheduler's exit, handed on
 
 
 def _without_code(exc: ConnectionFailedError) -> str:
