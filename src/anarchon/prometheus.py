@@ -265,8 +265,7 @@ class SchedulerMetrics(Collector):
 
     def add(self, scheduler: Scheduler[Any]) -> None:
         """Count ``scheduler``'s events, and read its gauges (before its start)."""
-        instance = Instance.of(scheduler)
-        state = instance.state
+        state = scheduler.state
         if state != "new":
             raise SchedulerStateError(
                 f"instrument a scheduler before its start (this one is {state}): its gauges "
@@ -274,7 +273,7 @@ class SchedulerMetrics(Collector):
             )
         source = _Source(scheduler)
         scheduler.on_event(source.counts.pending.append)
-        instance.read_beside(source.read_beside)
+        Instance.of(scheduler).read_beside(source.read_beside)
         self._sources.append(weakref.ref(source))
 
     def describe(self) -> Iterator[Metric]:

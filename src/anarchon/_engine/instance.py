@@ -2,22 +2,23 @@
 keeps the instance registered, and stops them.
 
 ``Scheduler`` is the public facade over an ``Instance``, and ``Timers`` reaches a
-scheduler's through the ``TimerHost`` protocol (``_timers.py``). What is documented here
-is all that code outside the engine uses (a test holds it so):
+scheduler's through the ``TimerHost`` protocol (``_timers.py``). What is listed here is
+all that code outside the engine uses (``tests/test_architecture.py`` holds it so):
 
 - ``state``, ``instance_id``, ``jobs``, ``timer_kinds``, ``events``, ``running``,
-  ``wait_stopped()``: what the instance is and does (the facade);
-- ``server_down_since``, ``disabled``, ``leases_held()``: health and gauges (``serve``'s
-  health probes, ``anarchon.prometheus``);
-- ``read_beside(reader)``: run a reader of the store on the instance's connection from
-  its start to its stop (``anarchon.prometheus``);
-- ``trace_with(tracing)``: spans of attempts and claims (``anarchon.otel``);
-- ``rename(instance_id)``: another id before the start (``Scheduler.instance_id``);
+  ``wait_stopped()``, ``rename()``: what the facade hands on (``Scheduler.state``, ...);
 - the timer host's members (``round_trip_sec``, ``server_offset_ms``,
-  ``running_connection()``, ``fires_here()``, ``timer_set_here()``), and
-  ``running_store()``;
-- ``create``, ``of``, ``start``, ``exit``, ``stop``, ``add_job``, ``add_timer_kind``,
-  ``history``, ``set_paused``, ``run_now``.
+  ``running_connection()``, ``fires_here()``, ``timer_set_here()``);
+- ``create``, ``start``, ``exit``, ``stop``, ``add_job``, ``add_timer_kind``,
+  ``history``, ``set_paused``, ``run_now``: the facade's lifecycle and calls.
+
+``Instance.of(scheduler)`` is for anarchon's integrations, and they use only:
+
+- ``server_down_since``, ``disabled``: ``serve``'s health probes;
+- ``leases_held()``, ``read_beside(reader)``: ``anarchon.prometheus``'s gauges, and
+  its reader of the store on the instance's connection from its start to its stop;
+- ``trace_with(tracing)``: spans of attempts and claims (``anarchon.otel``);
+- ``running_store()``: the store while it runs (tests and benchmarks).
 
 The start opens the store, prepares the jobs and timer kinds, registers the instance
 (``_store/registry.py``), makes the parts that talk to the server (``Running`` holds

@@ -42,11 +42,11 @@ def health_of(scheduler: Scheduler[Any]) -> dict[str, Any]:
     runs and its server answers, and what it runs."""
     instance = Instance.of(scheduler)
     down_since = instance.server_down_since
-    live = instance.state == "running"
+    live = scheduler.state == "running"
     return {
         "live": live,
         "ready": live and down_since is None,
-        "state": instance.state,
+        "state": scheduler.state,
         "instance": scheduler.instance_id,
         "pid": os.getpid(),
         "server": "answers" if down_since is None else "does not answer",
@@ -56,7 +56,7 @@ def health_of(scheduler: Scheduler[Any]) -> dict[str, Any]:
         "jobs": scheduler.jobs,
         "disabled_jobs": sorted(instance.disabled),
         "timer_kinds": scheduler.timer_kinds,
-        "running": instance.running,
+        "running": scheduler.running,
         "at_ms": int(time.time() * 1000),
     }
 
@@ -177,7 +177,7 @@ async def _serve_running(
     async with anyio.create_task_group() as probes:
         if health_file is not None:
             probes.start_soon(_keep_health_file, scheduler, Path(health_file))
-        await Instance.of(scheduler).wait_stopped()
+        await scheduler.wait_stopped()
         probes.cancel_scope.cancel()
 
 
@@ -234,7 +234,7 @@ class _StopRequests:
                 "%s: still stopping, waiting for %d handler(s); a handler that is a plain "
                 "function cannot be interrupted (it sees run.lease_lost set)",
                 name,
-                Instance.of(scheduler).running,
+                scheduler.running,
             )
 
 
@@ -383,7 +383,7 @@ async def _serve_health_port(
                     request += await stream.receive()
                 parts = request.split(b" ", 2)
                 path = parts[1].decode("latin-1") if len(parts) > 1 else ""
-                new = Instance.of(scheduler).state == "new"
+                new = scheduler.state == "new"
                 health = _WAITING if new else health_of(scheduler)
                 if path in ("/live", "/ready"):
                     ok = bool(health[path[1:]])
