@@ -54,33 +54,54 @@ STORE_FORMAT = 1
 
 
 class Leases:
-    """Type marker: a backend whose strategy holds leases (``"lease"``)."""
+    """Type marker: a backend whose strategy holds leases (``"lease"``), as in
+    ``RedisBackend[Leases]`` and ``Scheduler[Leases]``. Type checkers infer it from the
+    backend's ``strategy``; it is never made."""
 
 
 class ClaimOnly:
-    """Type marker: a backend whose strategy only decides who runs each slot."""
+    """Type marker: a backend whose strategy only decides who runs each slot
+    (``"stream-id"``, ``"idmp"``, ``"script"``), as in ``RedisBackend[ClaimOnly]`` and
+    ``Scheduler[ClaimOnly]``: the lease options are a type error there. Type checkers
+    infer it from the backend's ``strategy``; it is never made."""
 
 
 K = TypeVar("K", Leases, ClaimOnly)
 
 
 class LeaseStrategy(TypedDict):
-    """``{"name": "lease"}``: leases, backups, retries, overlap protection, catch-up."""
+    """``{"name": "lease"}``: leases, backups, retries, overlap protection, catch-up
+    (the same as ``strategy="lease"``, the default).
+
+    Attributes:
+        name: ``"lease"``.
+    """
 
     name: Literal["lease"]
 
 
 class StreamIdStrategy(TypedDict):
-    """``{"name": "stream-id"}``: the slot is the stream entry id; remembers forever."""
+    """``{"name": "stream-id"}``: the slot is the stream entry id; remembers forever
+    (the same as ``strategy="stream-id"``). A claim-only strategy.
+
+    Attributes:
+        name: ``"stream-id"``.
+    """
 
     name: Literal["stream-id"]
 
 
 class IdmpStrategy(TypedDict, total=False):
-    """``{"name": "idmp", "duration_sec": 300, "max_size": 1000}`` (Redis 8.6+).
+    """``{"name": "idmp", "duration_sec": 300, "max_size": 1000}``: idempotent XADD
+    (Redis 8.6+; not with ``ValkeyBackend``). A claim-only strategy. A setting out of
+    its bounds is an ``InvalidOptionError`` when the backend is made.
 
-    ``duration_sec`` (1 to 86400): how long Redis remembers a run's id;
-    ``max_size`` (1 to 10000): how many run ids Redis keeps per job.
+    Attributes:
+        name: ``"idmp"`` (required).
+        duration_sec: How long Redis remembers a run's id, in seconds: 1 to 86400
+            (default 300). It must be greater than every job's
+            ``jitter_ms + max_late_ms``.
+        max_size: How many run ids Redis keeps per job: 1 to 10000 (default 1000).
     """
 
     name: Required[Literal["idmp"]]
@@ -89,8 +110,16 @@ class IdmpStrategy(TypedDict, total=False):
 
 
 class ScriptStrategy(TypedDict, total=False):
-    """``{"name": "script", "window_ms": 300000}``: how long a claimed run is remembered;
-    it must be greater than every job's ``jitter_ms + max_late_ms``."""
+    """``{"name": "script", "window_ms": 300000}``: a Lua script remembers each claimed
+    run for a window. A claim-only strategy. A setting out of its bounds is an
+    ``InvalidOptionError`` when the backend is made.
+
+    Attributes:
+        name: ``"script"`` (required).
+        window_ms: How long a claimed run is remembered, in milliseconds: 1 to 2^53
+            (default 300 000). It must be greater than every job's
+            ``jitter_ms + max_late_ms``.
+    """
 
     name: Required[Literal["script"]]
     window_ms: int
@@ -189,20 +218,41 @@ class StoreOptions(TypedDict):
 
 
 class RedisBackend(Generic[K]):
-    """Keeps the scheduler's state in Redis 5+ (or Valkey).
+    """Keeps the scheduler's state in Redis 5+ (or Valkey), and chooses one winner for
+    each slot by its strategy::
 
-    ``redis`` takes a URL (``redis://``, ``rediss://`` for TLS, ``unix://``; user,
-    password and database in the URL), an options mapping (``host``, ``port``,
-    ``password``, ``username``, ``db``, ``tls``), or a client object. A
-    connection anarchon opens itself is closed on stop; a client you pass is
-    left open.
+        backend = RedisBackend(redis="redis://localhost:6379", prefix="billing:cron:")
+        claim_only = RedisBackend(strategy={"name": "script", "window_ms": 600_000})
 
-    ``strategy`` is how one winner is chosen: ``"lease"`` (the default: leases,
-    backups, retries, overlap protection, catch-up), or one of the claim-only
-    strategies ``"stream-id"``, ``"idmp"`` (Redis 8.6+) and ``"script"``. Settings
-    go inside it: ``{"name": "script", "window_ms": 600_000}``.
+    Nothing is sent to the server until a scheduler, ``Timers`` or ``Inspector`` opens
+    it; the options are checked here. A connection anarchon opens itself is closed on
+    stop; a client you pass is left open. A type checker reads the strategy: a
+    ``RedisBackend[Leases]`` or a ``RedisBackend[ClaimOnly]``.
 
-    >>> backend = RedisBackend(redis="redis://localhost:6379", prefix="billing:cron:")
+    Args:
+        redis: The server: a URL (``redis://``, ``rediss://`` for TLS, ``unix://``,
+            ``redis+sentinel://``, or their ``valkey`` forms; user, password and
+            database in the URL); an options mapping (``host``, ``port``,
+            ``password``, ``username``, ``db``, ``tls``, ``tls_ca_certs``,
+            ``tls_certfile``, ``tls_keyfile``, ``tls_check_hostname``, ``sentinel``); or
+            a client object (redis-py, valkey-py, Valkey GLIDE, or any object with
+            ``send(command, args)``). Default: ``"redis://localhost:6379"``.
+        strategy: How one winner is chosen: ``"lease"`` (the default: leases, backups,
+            retries, overlap protection, catch-up), or one of the claim-only strategies
+            ``"stream-id"``, ``"idmp"`` (Redis 8.6+) and ``"script"``; a name, or a
+            mapping with its settings (``LeaseStrategy``, ``StreamIdStrategy``,
+            ``IdmpStrategy``, ``ScriptStrategy``).
+        prefix: What every key of the store begins with: a string that ends with
+            ``:``, without spaces, control characters or braces (default
+            ``"cron:"``). Schedulers that share a prefix share their jobs' state.
+
+    Raises:
+        InvalidOptionError: A URL of another scheme, an unknown connection option, an
+            unknown strategy or setting (or one out of its bounds), or a prefix that
+            cannot be used.
+
+    Attributes:
+        prefix: The prefix of the store's keys.
     """
 
     @overload
@@ -243,7 +293,8 @@ class RedisBackend(Generic[K]):
 
     @property
     def strategy(self) -> str:
-        """The strategy's name."""
+        """The strategy's name: ``"lease"``, ``"stream-id"``, ``"idmp"`` or
+        ``"script"``."""
         return self._strategy.name
 
     @property
@@ -317,8 +368,12 @@ class RedisBackend(Generic[K]):
         return self._store(conn, server, options)
 
     def where(self) -> str:
-        """The server as the logs name it: the URL without its password, host:port, or
-        the client's type; with the server's name and version once connected."""
+        """The server as the logs name it.
+
+        Returns:
+            The URL without its password, ``host:port``, or the client's type; with the
+            server's name and version once connected.
+        """
         spec = self._connection_spec
         if isinstance(spec, str) and is_sentinel_url(spec):
             place = SentinelSpec.from_url(spec).describe()
@@ -363,6 +418,18 @@ class ValkeyBackend(RedisBackend[K]):
     strategies Valkey supports are accepted (no ``idmp``).
 
     >>> backend = ValkeyBackend(valkey={"host": "localhost", "port": 6390})
+
+    Args:
+        valkey: The server, as ``RedisBackend``'s ``redis`` takes it. Default:
+            ``"redis://localhost:6379"``.
+        strategy: ``"lease"`` (the default), ``"stream-id"`` or ``"script"``, or a
+            mapping with its settings (``LeaseStrategy``, ``StreamIdStrategy``,
+            ``ScriptStrategy``).
+        prefix: What every key of the store begins with, as ``RedisBackend`` takes it
+            (default ``"cron:"``).
+
+    Raises:
+        InvalidOptionError: As ``RedisBackend``; and for the ``"idmp"`` strategy.
     """
 
     @overload
