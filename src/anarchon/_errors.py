@@ -33,6 +33,14 @@ class AnarchonError(Exception):
         except AnarchonError as exc:
             if exc.code == "ANARCHON_STORE_FORMAT":
                 ...
+
+    An error is made with its message, as any exception (``InvalidOptionError("...")``);
+    ``str(exc)`` is the code, a colon and the message. Each subclass has its own code
+    (the table is on the Errors page).
+
+    Attributes:
+        code: The error's stable code, such as ``"ANARCHON_STORE_FORMAT"``: a class
+            attribute, the same for every error of the class.
     """
 
     code: ClassVar[str] = "ANARCHON_ERROR"
@@ -127,8 +135,16 @@ class ServerReplyError(AnarchonError):
     """The server answered a command with an error reply (``ERR ...``, ``NOSCRIPT ...``,
     ``NOPERM ...``).
 
-    ``kind`` is the reply's own error code, such as ``NOSCRIPT`` or ``ERR``: adapters
-    whose library strips the code from the message pass it explicitly.
+    Args:
+        message: The error reply's text, as the server sent it.
+        kind: The reply's own error code, for adapters whose library strips it from
+            the message. None: the message's first word if it is in capitals, else
+            ``"ERR"``.
+
+    Attributes:
+        kind: The reply's own error code, such as ``"NOSCRIPT"``, ``"NOPERM"`` or
+            ``"ERR"`` (for a script's error on Redis before 7, the code of the command
+            that failed inside it, such as ``"OOM"``).
     """
 
     code = "ANARCHON_SERVER_REPLY"

@@ -49,25 +49,63 @@ class Scheduler(Generic[K]):
         async with scheduler:
             await anyio.sleep_forever()
 
-    ``lease_ms`` is how long a won run is held without a heartbeat;
-    ``heartbeat_ms`` (at most half of it; by default a third) how often the runner
-    extends it.
-    ``stop_grace_ms`` is how long ``stop()`` lets running handlers finish before
-    cancelling them and releasing their leases. ``retry_delay_ms`` is the delay
-    before the second attempt of a failed run, doubling for each later one.
-    ``timer_poll_ms`` (1 s) is how long an instance waits at most between two claims
-    of a timer kind's due timers: a timer set elsewhere to fire sooner than anything
-    the instance knew of is seen by then, or at once through its published hint where
-    the client can subscribe (one set through this scheduler always at once).
-    ``max_timer_payload_bytes`` (1 MiB) caps a timer's payload as stored.
-    ``history_size`` (1000, at most 1,000,000) bounds each job's history, and
-    ``history_ttl_ms`` its age. Values the server cannot hold are refused here: a
-    duration is at most 100 years, ``lease_ms`` at most a day (the heartbeats keep a
-    long run's lease alive), ``max_attempts`` at most 1,000.
-    The lease options (``lease_ms``, ``heartbeat_ms``, ``retry_delay_ms``,
-    ``timer_poll_ms``; on jobs ``overlap``, ``max_attempts``, ``catch_up_ms``,
-    ``retry_delay_ms``, ``retry_on``) exist only with the lease strategy: with a
-    claim-only backend they are a type error, and an error if passed anyway.
+    Every option is checked here, and a value the server cannot hold is refused: a
+    duration is a whole number of milliseconds, at most 100 years. The lease options
+    (``lease_ms``, ``heartbeat_ms``, ``retry_delay_ms``, ``timer_poll_ms``; on jobs
+    ``overlap``, ``max_attempts``, ``catch_up_ms``, ``retry_delay_ms``, ``retry_on``)
+    exist only with the lease strategy: with a claim-only backend they are a type
+    error, and an ``InvalidOptionError`` if passed anyway. A type checker reads the
+    strategy from the backend: the scheduler is a ``Scheduler[Leases]`` or a
+    ``Scheduler[ClaimOnly]``.
+
+    Args:
+        backend: Where the scheduler keeps its state and how one winner is chosen: a
+            ``RedisBackend`` or ``ValkeyBackend``. None: ``RedisBackend()``, the lease
+            strategy on ``redis://localhost:6379``.
+        lease_ms: How long a won run is held without a heartbeat: a backup takes over
+            a run whose runner was silent this long. Milliseconds, more than 0 and at
+            most a day (the heartbeats keep a long run's lease alive); None: 30 000.
+        heartbeat_ms: How often the runner extends its lease, in milliseconds: more
+            than 0 and at most half of ``lease_ms``, so that a late heartbeat still
+            arrives in time. None: a third of ``lease_ms``.
+        history_size: How many results each job's history keeps (and runs-log
+            entries): a whole number from 1 to 1,000,000 (default 1000).
+        history_ttl_ms: Also drop history older than this many milliseconds (more than
+            0); None: no age limit. The runs log is trimmed by age on Redis 6.2+ and
+            Valkey only; on older servers by ``history_size`` alone.
+        instance_id: This instance's id in the store, recorded as each run's
+            ``runner``: up to 200 characters, without ``|`` or control characters.
+            None: ``host:pid:random``, made again at the start in a process forked
+            after the scheduler was made.
+        stop_grace_ms: How long ``stop()`` lets running handlers finish before it
+            cancels them and releases their leases, in milliseconds (0 or more;
+            default 30 000).
+        retry_delay_ms: The delay before the second attempt of a failed run (or
+            timer firing), doubling for each later one: milliseconds, 0 or more. None:
+            1 000. A job or a timer kind may set its own.
+        timer_poll_ms: How long an instance waits at most between two claims of a
+            timer kind's due timers, in milliseconds (more than 0; None: 1 000): a
+            timer set elsewhere to fire sooner than anything the instance knew of is
+            seen by then, or at once through its published hint where the client can
+            subscribe (one set through this scheduler always at once).
+        max_timer_payload_bytes: The largest payload a timer may hold as stored, in
+            bytes (1 or more; default 1 MiB): a larger one is refused before anything
+            is sent.
+
+    Raises:
+        InvalidOptionError: An option out of its bounds, a lease option with a
+            claim-only backend, or a backend that is not a ``RedisBackend``.
+
+    Attributes:
+        backend: The backend it uses.
+        lease_ms: The lease, in milliseconds (the default filled in; unused with a
+            claim-only backend).
+        heartbeat_ms: The heartbeat interval, in milliseconds (the default filled in).
+        history_size: How many results each job's history keeps.
+        history_ttl_ms: The history's age limit in milliseconds, or None.
+        stop_grace_ms: How long ``stop()`` lets handlers finish, in milliseconds.
+        retry_delay_ms: The delay before a second attempt, in milliseconds (the default
+            filled in).
     """
 
     @overload
@@ -167,7 +205,75 @@ class Scheduler(Generic[K]):
     ) -> Callable[[F], F]: ...
 
     def job(self, schedule: str | Schedule | None = None, **options: Any) -> Callable[[F], F]:
-        """Register the decorated function as a job; see ``add_job`` for the options."""
+        """Register the decorated function as a job::
+
+            @scheduler.job("*/5 * * * *", max_attempts=3)
+            async def sync(run: Run) -> None:
+                ...
+
+        The function is an async function or a plain one (run in a worker thread),
+        taking the ``Run`` or nothing. Jobs can be added while the scheduler runs; their
+        first slot is the next one after now.
+
+        Args:
+            schedule: When the job fires: a cron string of 5 fields, or 6 with seconds
+                first, read in ``timezone``; or any object with
+                ``next_after(datetime)`` (a ``Schedule``). None with ``every_ms``.
+            **options: The job's options, below. Those marked *lease strategy only*
+                are a type error with a claim-only backend, and an
+                ``InvalidOptionError`` if passed anyway.
+
+        Keyword Args: Options:
+            every_ms (int | None): Fire every this many milliseconds instead, at fixed
+                intervals aligned to the Unix epoch (more than 0; no ``schedule`` and
+                no ``timezone`` then).
+            name (str | None): The job's name, unique on the scheduler and the same on
+                every instance that runs it: up to 200 visible characters, without
+                spaces, ``:``, ``{`` or ``}``. None: the function's ``__name__``.
+            timezone (str): The IANA time zone a cron ``schedule`` is read in, such as
+                ``"Europe/Berlin"`` (default ``"UTC"``).
+            jitter_ms (int): Each instance waits a random part of this before its first
+                claim of a slot, in milliseconds (0 or more; default 0): it spreads the
+                claims and randomises which instance runs.
+            max_late_ms (int): How late a slot may still be claimed for the first time,
+                in milliseconds by the instance's clock (0 or more; default 60 000); an
+                older slot is skipped unless catch-up reaches it.
+            timeout_ms (int | None): How long an attempt may run, in milliseconds (more
+                than 0; None: as long as it likes). Then an async handler is cancelled,
+                a plain function sees ``run.lease_lost`` set (it cannot be interrupted,
+                and is waited for), and the attempt is recorded as failed with a
+                ``TimeoutError`` (retried like any failure, if ``retry_on`` allows it).
+            overlap (Literal['skip', 'wait', 'allow'] | bool | None): What a slot does
+                while an older run of the job is unsettled (*lease strategy only*):
+                ``"skip"`` (the default; the slot is recorded as skipped), ``"wait"``
+                (it runs when that run ends; at most one slot waits) or ``"allow"`` (it
+                runs at once, side by side); ``False`` and ``True`` are aliases of
+                ``"skip"`` and ``"allow"`` (``OverlapPolicy``).
+            max_attempts (int | None): How many attempts a slot may take, crashed and
+                failed alike (*lease strategy only*): 1 to 1000 (None: 3).
+            catch_up_ms (int | None): How far back missed slots are run, in
+                milliseconds (*lease strategy only*; 0 or more, None: 0): on start, and
+                after a gap in which the instance did not claim, the slots missed within
+                this window run, oldest first.
+            retry_delay_ms (int | None): The delay before the second attempt of a failed
+                run, doubling for each later one, in milliseconds (*lease strategy
+                only*; 0 or more; None: the scheduler's ``retry_delay_ms``).
+            retry_on (type[Exception] | tuple[type[Exception], ...] | None): Retry only
+                these exceptions (*lease strategy only*): any other fails the run at
+                once. None: every exception is retried.
+
+        Returns:
+            A decorator that registers the function and returns it unchanged.
+
+        Raises:
+            InvalidJobError: The name is taken or cannot be used, or the function cannot
+                be called with a ``Run`` or with nothing.
+            InvalidScheduleError: The schedule, interval or time zone cannot be used.
+            InvalidOptionError: An unknown option, one out of its bounds, a lease option
+                with a claim-only backend, or (with the ``"script"`` or ``"idmp"``
+                strategy) a ``jitter_ms + max_late_ms`` that is not less than what the
+                strategy remembers of a slot.
+        """
 
         def register(handler: F) -> F:
             self._add_job(handler, schedule, options)
@@ -194,30 +300,26 @@ class Scheduler(Generic[K]):
     def add_job(
         self, handler: Handler, schedule: str | Schedule | None = None, **options: Any
     ) -> None:
-        """Register a job.
-
-        ``schedule`` is a 5-field cron string, a 6-field one with seconds first,
-        or an object with ``next_after(datetime)``; ``every_ms`` instead fires at
-        fixed intervals aligned to the Unix epoch. ``timezone`` is an IANA name.
-        ``jitter_ms`` (default 0) waits a random part of it before claiming;
-        ``max_late_ms`` (default 60 s) is how late a slot may still be claimed for
-        the first time. With the lease strategy: ``overlap`` is what a slot does
-        while an older run of the job is unsettled: ``"skip"`` (the default; the slot
-        is recorded as skipped), ``"wait"`` (it runs when that run ends; at most one
-        slot waits) or ``"allow"`` (it runs at once); False and True are aliases of
-        skip and allow; ``max_attempts`` (default 3)
-        counts every attempt, crashed or failed; ``catch_up_ms`` (default 0) runs
-        slots missed in that window on start and after a gap; ``retry_delay_ms`` (the
-        scheduler's by default) is the delay before the second attempt, doubling for each
-        later one; ``retry_on`` (an exception class or a tuple of them) retries only
-        those: any other exception fails the run at once. ``timeout_ms`` (with every
-        strategy) is how long an attempt may run: an async handler is then cancelled, a
-        plain function sees ``run.lease_lost`` set (it cannot be interrupted, and is
-        waited for), and the attempt is recorded as failed with a ``TimeoutError``
-        (retried like any failure, if ``retry_on`` allows it).
+        """Register a job: ``job()`` without the decorator.
 
         Jobs can be added while the scheduler runs; their first slot is the
         next one after now.
+
+        Args:
+            handler: The job's function: an async function or a plain one (run in a
+                worker thread), taking the ``Run`` or nothing.
+            schedule: When the job fires, as ``job()`` takes it.
+            **options: The job's options, as ``job()`` takes them (``every_ms``,
+                ``name``, ``timezone``, ``jitter_ms``, ``max_late_ms``, ``timeout_ms``;
+                with the lease strategy ``overlap``, ``max_attempts``, ``catch_up_ms``,
+                ``retry_delay_ms``, ``retry_on``).
+
+        Raises:
+            InvalidJobError: The name is taken or cannot be used, or the handler cannot
+                be called with a ``Run`` or with nothing.
+            InvalidScheduleError: The schedule, interval or time zone cannot be used.
+            InvalidOptionError: An unknown option, or one out of its bounds, as for
+                ``job()``.
         """
         self._add_job(handler, schedule, options)
 
@@ -239,12 +341,44 @@ class Scheduler(Generic[K]):
     def timer(
         self: Scheduler[Leases], kind: str, **options: Unpack[TimerKindOptions]
     ) -> Callable[[F], F]:
-        """Register the decorated function as the handler of a kind of timer; see
-        ``add_timer`` for the options::
+        """Register the decorated function as the handler of a kind of timer::
 
             @scheduler.timer("remind")
             async def remind(fire: TimerRun) -> None:
                 await send_reminder(fire.key, fire.payload)
+
+        Every key's timer of that kind set with ``set_timer`` (by any process) fires
+        through it, on one instance of the fleet, with the jobs' lease rules (takeover
+        of a dead runner, heartbeats, fences). The function is an async function or a
+        plain one (run in a worker thread), taking the ``TimerRun`` or nothing. Timers
+        need the lease strategy.
+
+        Args:
+            kind: The kind's name, unique on the scheduler: a job name's rules, and no
+                ``#``.
+            **options: The kind's options, below.
+
+        Keyword Args: Options:
+            max_attempts (int): How many attempts a firing may take, failed and crashed
+                alike (a firing given back by a stopping instance is not counted): 1 to
+                1000 (default 3).
+            retry_delay_ms (int | None): The delay before the second attempt, doubling
+                for each later one, in milliseconds (0 or more; None: the scheduler's
+                ``retry_delay_ms``).
+            buckets (int): How many hash tags the kind is spread over, so that a Redis
+                Cluster spreads it over its nodes: 1 to 1024 (default 1). The first
+                instance writes the number in the store; an instance that gives another
+                refuses to start, and a process that only sets timers reads it from
+                there.
+
+        Returns:
+            A decorator that registers the function and returns it unchanged.
+
+        Raises:
+            InvalidJobError: The kind's name is taken or cannot be used, or the function
+                cannot be called with a ``TimerRun`` or with nothing.
+            InvalidOptionError: An unknown option, one out of its bounds, or a backend
+                with a claim-only strategy.
         """
 
         def register(handler: F) -> F:
@@ -259,15 +393,20 @@ class Scheduler(Generic[K]):
         kind: str,
         **options: Unpack[TimerKindOptions],
     ) -> None:
-        """Register the handler of a kind of timer. Every key's timer of that kind set
-        with ``set_timer`` (by any process) fires through it, on one instance of the
-        fleet, with the jobs' lease rules (takeover of a dead runner, heartbeats,
-        fences). ``max_attempts`` (3) counts failed and crashed attempts (a firing given
-        back by a stopping instance is not counted); ``retry_delay_ms`` (the scheduler's
-        by default) doubles per attempt; ``buckets`` (1) spreads the kind over that many
-        hash tags, so that a Redis Cluster spreads it over its nodes. The first instance
-        writes the number in the store; an instance that gives another refuses to start,
-        and a process that only sets timers reads it from there.
+        """Register the handler of a kind of timer: ``timer()`` without the decorator.
+
+        Args:
+            handler: The kind's function: an async function or a plain one (run in a
+                worker thread), taking the ``TimerRun`` or nothing.
+            kind: The kind's name, as ``timer()`` takes it.
+            **options: The kind's options, as ``timer()`` takes them
+                (``max_attempts``, ``retry_delay_ms``, ``buckets``).
+
+        Raises:
+            InvalidJobError: The kind's name is taken or cannot be used, or the handler
+                cannot be called with a ``TimerRun`` or with nothing.
+            InvalidOptionError: An unknown option, one out of its bounds, or a backend
+                with a claim-only strategy.
         """
         timer_kind = make_timer_kind(
             handler, kind, options, rules=self.backend.rules, taken=self._instance.timer_kinds
@@ -293,19 +432,52 @@ class Scheduler(Generic[K]):
         buckets: int | None = None,
     ) -> int:
         """Set ``key``'s timer of ``kind``, replacing what was set before (the newest set
-        wins), and return its generation (every set is a higher one).
-
-        It is due ``at`` (an aware datetime) or ``delay_ms`` from now on the server's
-        clock; ``cron=`` (with ``timezone=``) or ``every_ms=`` make it recur (first due
-        at its first fire time, or at ``at``/``delay_ms`` if given). ``payload`` is
-        bytes or a JSON-able value; the handler gets it back as it was. A firing of the
-        key in flight goes on; the new setting is due once it ends. Works whether this
-        scheduler runs or not (one that does not opens a connection for the call: a
-        process that only sets timers keeps a ``Timers`` open instead). Many at once:
-        ``set_timers``::
+        wins)::
 
             await scheduler.set_timer("remind", "user:42", delay_ms=30 * 60_000,
                                       payload={"text": "your cart"})
+
+        A firing of the key in flight goes on; the new setting is due once it ends.
+        Works whether this scheduler runs or not (one that does not opens a connection
+        for the call: a process that only sets timers keeps a ``Timers`` open instead).
+        Many at once: ``set_timers``.
+
+        Args:
+            kind: The timer's kind (its handler's, ``timer()``; any process may set it).
+            key: The key whose timer it is: any text of 1 to 1024 characters.
+            at: When it is due (an aware datetime). Give ``at`` or ``delay_ms``, not
+                both; with neither, a recurring timer is first due at its first fire
+                time.
+            delay_ms: How long from now it is due, in milliseconds on the server's clock
+                (0 or more).
+            cron: A cron expression (5 fields, or 6 with seconds first) that makes it
+                recur: after each firing it is due at the expression's next fire time.
+            every_ms: An interval in milliseconds (more than 0) that makes it recur:
+                after each firing it is due a whole number of intervals after its last
+                due time, the first such time after now. Give ``cron`` or ``every_ms``,
+                not both.
+            timezone: The IANA time zone ``cron`` is read in (default ``"UTC"``; only
+                with ``cron``).
+            payload: What the handler gets back as ``TimerRun.payload``: bytes, or a
+                JSON-able value (None: none); at most ``max_timer_payload_bytes`` as
+                stored.
+            buckets: The kind's number of buckets. None: the registered handler's
+                here, else the one the kind's instances wrote in the store (else 1).
+                Given, it must match theirs.
+
+        Returns:
+            The timer's generation: every set of a kind makes a higher one.
+
+        Raises:
+            InvalidOptionError: A key, due time, payload or number of buckets that
+                cannot be used.
+            InvalidScheduleError: A recurrence (cron, interval or time zone) that cannot
+                be used.
+            InvalidJobError: A kind's name that cannot be used.
+            ConnectionFailedError: The server could not be reached (a scheduler that
+                does not run opens a connection for the call).
+            TransportError: The server did not answer in time, or the connection was
+                lost; the timer may or may not be set (setting it again is safe).
         """
         setting = TimerSetting(key, at, delay_ms, cron, every_ms, timezone, payload)
         (generation,) = await self._timers.set_many(kind, [setting], buckets=buckets)
@@ -315,7 +487,7 @@ class Scheduler(Generic[K]):
         self, kind: str, timers: Iterable[TimerSetting], *, buckets: int | None = None
     ) -> list[int]:
         """Set many timers of ``kind`` as ``set_timer`` sets one, in round trips of up to
-        1000 timers (pipelined), and return their generations in order::
+        1000 timers (pipelined)::
 
             await scheduler.set_timers("digest", [
                 TimerSetting(f"tenant:{t.id}", cron="0 9 * * *", timezone=t.zone)
@@ -325,19 +497,46 @@ class Scheduler(Generic[K]):
         Every setting is checked before anything is sent: a bad one raises (naming its
         key) and sets none. A failure on the way (the server unreachable, an error
         reply) raises; some of the timers may be set then, and calling again with the
-        same settings is safe (the newest set wins)."""
+        same settings is safe (the newest set wins).
+
+        Args:
+            kind: The timers' kind.
+            timers: The timers to set, one ``TimerSetting`` each.
+            buckets: The kind's number of buckets, as ``set_timer`` takes it.
+
+        Returns:
+            The timers' generations, in the order of ``timers``.
+        """
         return await self._timers.set_many(kind, timers, buckets=buckets)
 
     async def cancel_timer(self, kind: str, key: str, *, buckets: int | None = None) -> bool:
-        """Cancel ``key``'s timer of ``kind``; False if it had none. A firing in flight
-        goes on (nothing can call it back), but nothing follows it: no retry, rearm or
-        recurrence."""
+        """Cancel ``key``'s timer of ``kind``. A firing in flight goes on (nothing can call
+        it back), but nothing follows it: no retry, rearm or recurrence.
+
+        Args:
+            kind: The timer's kind.
+            key: Its key.
+            buckets: The kind's number of buckets, as ``set_timer`` takes it.
+
+        Returns:
+            True if the key had a timer, False if it had none.
+        """
         return await self._timers.cancel(kind, key, buckets=buckets)
 
     async def get_timer(
         self, kind: str, key: str, *, buckets: int | None = None
     ) -> TimerInfo | None:
-        """``key``'s timer of ``kind`` as the store holds it, or None."""
+        """``key``'s timer of ``kind`` as the store holds it.
+
+        Args:
+            kind: The timer's kind.
+            key: Its key.
+            buckets: The kind's number of buckets, as ``set_timer`` takes it.
+
+        Returns:
+            The timer, or None: the key has none, or its record does not read (it is
+            quarantined; a set replaces it).
+        """
         return await self._timers.get(kind, key, buckets=buckets)
 
     # ------------------------------------------------------------- lifecycle
@@ -385,6 +584,11 @@ class Scheduler(Generic[K]):
 
         Handlers that are plain functions run in worker threads, which cannot be
         interrupted: they see ``run.lease_lost`` set and are waited for.
+
+        Args:
+            grace_ms: How long running handlers may go on before they are cancelled, in
+                milliseconds (0: cancel them at once). None: the scheduler's
+                ``stop_grace_ms``.
         """
         await self._instance.stop(grace_ms)
 
@@ -398,9 +602,20 @@ class Scheduler(Generic[K]):
                 async for event in events:
                     ...
 
-        Up to ``buffer`` events wait for the consumer; when it falls that far behind,
-        the oldest are dropped (``stream.dropped`` counts them): a consumer never slows
-        the scheduler. Nothing is made while no stream is open and no hook is set."""
+        Nothing is made while no stream is open and no hook is set.
+
+        Args:
+            buffer: How many events wait for the consumer at most (1 or more; default
+                1000); when it falls that far behind, the oldest are dropped
+                (``stream.dropped`` counts them): a consumer never slows the scheduler.
+
+        Returns:
+            The stream: an async iterator of ``Event``, and an async context manager
+            that closes it.
+
+        Raises:
+            InvalidOptionError: ``buffer`` is not a whole number, 1 or more.
+        """
         return self._instance.events.open(buffer)
 
     def on_event(self, hook: Callable[[Event], object]) -> Callable[[Event], object]:
@@ -412,6 +627,15 @@ class Scheduler(Generic[K]):
             def count(event: anarchon.Event) -> None:
                 if isinstance(event, anarchon.RunFinished):
                     outcomes[event.outcome] += 1
+
+        Args:
+            hook: A function that takes an ``Event`` (what it returns is ignored).
+
+        Returns:
+            ``hook`` itself.
+
+        Raises:
+            InvalidOptionError: ``hook`` is not callable.
         """
         self._instance.events.add_hook(hook)
         return hook
@@ -419,7 +643,22 @@ class Scheduler(Generic[K]):
     # --------------------------------------------------------------- reading
 
     async def history(self, job: str, limit: int = 100) -> list[RunResult]:
-        """The newest ``limit`` attempts of ``job`` from the store, newest first."""
+        """The newest recorded attempts of ``job`` (and its skipped slots) from the store,
+        newest first.
+
+        Args:
+            job: The job's name.
+            limit: How many at most (1 or more; default 100; the store keeps
+                ``history_size``).
+
+        Returns:
+            The attempts' results, newest first.
+
+        Raises:
+            SchedulerStateError: The scheduler is not running (an ``Inspector`` reads
+                the history from anywhere).
+            InvalidOptionError: ``limit`` is less than 1.
+        """
         return await self._instance.history(job, limit)
 
     async def pause(self, job: str) -> bool:
@@ -427,12 +666,37 @@ class Scheduler(Generic[K]):
         next claim. A slot that comes due while the job is paused is recorded in the
         history as skipped (``"paused: the job is paused"``) and does not run, then or
         later; runs already started, their retries, the takeover of dead runs and
-        ``run_now`` go on. False if it was paused already. Lease strategy only."""
+        ``run_now`` go on. Lease strategy only.
+
+        Args:
+            job: The name of a job registered on this scheduler.
+
+        Returns:
+            True if this call paused it, False if it was paused already.
+
+        Raises:
+            SchedulerStateError: The scheduler is not running (an ``Inspector`` pauses
+                from anywhere).
+            InvalidJobError: No job of that name is registered here.
+            InvalidOptionError: The backend's strategy is a claim-only one.
+        """
         return await self._instance.set_paused(job, paused=True)
 
     async def resume(self, job: str) -> bool:
         """Resume ``job`` (paused with ``pause``): its next slot runs. Slots skipped while
-        it was paused stay skipped. False if it was not paused."""
+        it was paused stay skipped. Lease strategy only.
+
+        Args:
+            job: The name of a job registered on this scheduler.
+
+        Returns:
+            True if this call resumed it, False if it was not paused.
+
+        Raises:
+            SchedulerStateError: The scheduler is not running.
+            InvalidJobError: No job of that name is registered here.
+            InvalidOptionError: The backend's strategy is a claim-only one.
+        """
         return await self._instance.set_paused(job, paused=False)
 
     async def run_now(self, job: str) -> RunResult:
@@ -448,5 +712,19 @@ class Scheduler(Generic[K]):
 
             result = await scheduler.run_now("report")
             assert result.status == "ok"
+
+        Args:
+            job: The name of a job registered on this scheduler.
+
+        Returns:
+            The run's result, as recorded in the history.
+
+        Raises:
+            SchedulerStateError: The scheduler is not running, or stopped before the
+                run could start.
+            InvalidJobError: No job of that name is registered here.
+            RunOverlapError: Another run of the job is unsettled, and the job does not
+                allow overlapping runs.
+            ConnectionFailedError: The claim got no answer, after a few tries.
         """
         return await self._instance.run_now(job)

@@ -90,9 +90,22 @@ class Timers:
                              payload={"text": "your cart"})
 
     The instances that fire a kind (``Scheduler.timer``) write its number of buckets in
-    the store; ``Timers`` reads it there once per kind (or takes ``buckets=``). A payload
-    larger than ``max_payload_bytes`` as stored (1 MiB) is refused before anything is
-    sent.
+    the store; ``Timers`` reads it there once per kind (or takes ``buckets=``). Its
+    methods need it open (``async with``): a ``SchedulerStateError`` otherwise.
+
+    Args:
+        backend: The store's backend, as the scheduler that fires the timers uses it
+            (the same prefix). None: ``RedisBackend()``, on ``redis://localhost:6379``.
+        max_payload_bytes: The largest payload a timer may hold as stored, in bytes (1
+            or more; default 1 MiB): a larger one is refused before anything is sent.
+
+    Raises:
+        InvalidOptionError: ``backend`` is not a ``RedisBackend``, or
+            ``max_payload_bytes`` is not a whole number, 1 or more.
+
+    Attributes:
+        backend: The backend it uses.
+        max_payload_bytes: The largest payload a timer may hold as stored, in bytes.
     """
 
     def __init__(
@@ -144,8 +157,29 @@ class Timers:
         payload: object = None,
         buckets: int | None = None,
     ) -> int:
-        """Set ``key``'s timer of ``kind`` (``Scheduler.set_timer`` says how) and return
-        its generation."""
+        """Set ``key``'s timer of ``kind``, as ``Scheduler.set_timer`` does.
+
+        Args:
+            kind: The timer's kind.
+            key: The key whose timer it is: any text of 1 to 1024 characters.
+            at: When it is due (an aware datetime). Give ``at`` or ``delay_ms``, not
+                both; with neither, a recurring timer is first due at its first fire
+                time.
+            delay_ms: How long from now it is due, in milliseconds on the server's clock
+                (0 or more).
+            cron: A cron expression (5 fields, or 6 with seconds first) that makes it
+                recur.
+            every_ms: An interval in milliseconds (more than 0) that makes it recur.
+                Give ``cron`` or ``every_ms``, not both.
+            timezone: The IANA time zone ``cron`` is read in (default ``"UTC"``).
+            payload: What the handler gets back as ``TimerRun.payload``: bytes, or a
+                JSON-able value (None: none); at most ``max_payload_bytes`` as stored.
+            buckets: The kind's number of buckets. None: the one the kind's instances
+                wrote in the store (read once per kind), else 1.
+
+        Returns:
+            The timer's generation: every set of a kind makes a higher one.
+        """
         setting = TimerSetting(key, at, delay_ms, cron, every_ms, timezone, payload)
         (generation,) = await self.set_many(kind, (setting,), buckets=buckets)
         return generation
@@ -153,8 +187,17 @@ class Timers:
     async def set_many(
         self, kind: str, timers: Iterable[TimerSetting], *, buckets: int | None = None
     ) -> list[int]:
-        """Set many timers of ``kind`` (``Scheduler.set_timers`` says how), in round
-        trips of up to 1000, and return their generations in order."""
+        """Set many timers of ``kind``, as ``Scheduler.set_timers`` does: each checked
+        before any is sent, in round trips of up to 1000.
+
+        Args:
+            kind: The timers' kind.
+            timers: The timers to set, one ``TimerSetting`` each.
+            buckets: The kind's number of buckets, as ``set`` takes it.
+
+        Returns:
+            The timers' generations, in the order of ``timers``.
+        """
         name = validate_kind(kind)
         encoded = [self._encode(setting) for setting in timers]
         if not encoded:
@@ -196,8 +239,16 @@ class Timers:
         return generations
 
     async def cancel(self, kind: str, key: str, *, buckets: int | None = None) -> bool:
-        """Cancel ``key``'s timer of ``kind``; False if it had none
-        (``Scheduler.cancel_timer`` says how)."""
+        """Cancel ``key``'s timer of ``kind``, as ``Scheduler.cancel_timer`` does.
+
+        Args:
+            kind: The timer's kind.
+            key: Its key.
+            buckets: The kind's number of buckets, as ``set`` takes it.
+
+        Returns:
+            True if the key had a timer, False if it had none.
+        """
         name = validate_kind(kind)
         timer_key = validate_timer_key(key)
         async with self._store() as store:
@@ -212,8 +263,17 @@ class Timers:
         return found
 
     async def get(self, kind: str, key: str, *, buckets: int | None = None) -> TimerInfo | None:
-        """``key``'s timer of ``kind`` as the store holds it, or None: none, or a record
-        that does not read (quarantined: a set replaces it)."""
+        """``key``'s timer of ``kind`` as the store holds it.
+
+        Args:
+            kind: The timer's kind.
+            key: Its key.
+            buckets: The kind's number of buckets, as ``set`` takes it.
+
+        Returns:
+            The timer, or None: the key has none, or its record does not read (it is
+            quarantined; a set replaces it).
+        """
         name = validate_kind(kind)
         timer_key = validate_timer_key(key)
         async with self._store() as store:

@@ -34,8 +34,14 @@ __all__ = ["instrument"]
 
 
 def instrument(scheduler: Scheduler[Any], tracer_provider: TracerProvider | None = None) -> None:
-    """Trace ``scheduler``'s attempts and claims with ``tracer_provider`` (OpenTelemetry's
-    global one unless given), from its next attempt on."""
+    """Trace ``scheduler``'s attempts and claims, from its next attempt on: a span per
+    attempt (current while the handler runs) and per round trip of claims.
+
+    Args:
+        scheduler: The scheduler to trace.
+        tracer_provider: The tracer provider to take a tracer from. None:
+            OpenTelemetry's global one.
+    """
     tracer = trace.get_tracer("anarchon", __version__, tracer_provider=tracer_provider)
     Instance.of(scheduler).trace_with(_Tracing(tracer))
 

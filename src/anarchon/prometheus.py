@@ -383,9 +383,24 @@ _registered: weakref.WeakKeyDictionary[CollectorRegistry, SchedulerMetrics] = (
 def instrument(
     scheduler: Scheduler[Any], registry: CollectorRegistry = REGISTRY
 ) -> SchedulerMetrics:
-    """Count ``scheduler``'s decisions in ``registry`` (prometheus_client's default
-    registry unless given); its metrics are then served wherever that registry is
-    (``prometheus_client.start_http_server``, ``make_asgi_app``, ``make_wsgi_app``)."""
+    """Count ``scheduler``'s decisions in a Prometheus registry; its metrics are then
+    served wherever that registry is (``prometheus_client.start_http_server``,
+    ``make_asgi_app``, ``make_wsgi_app``). Several schedulers instrumented into one
+    registry add up.
+
+    Args:
+        scheduler: The scheduler to count; before its start (its gauges are read
+            beside its work from the start on).
+        registry: The registry to count in (default: prometheus_client's default
+            registry).
+
+    Returns:
+        The registry's collector of anarchon's metrics (one per registry, shared by
+        the schedulers instrumented into it).
+
+    Raises:
+        SchedulerStateError: The scheduler has started already.
+    """
     metrics = _registered.get(registry)
     if metrics is None:
         metrics = _registered[registry] = SchedulerMetrics.register(registry)

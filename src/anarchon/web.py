@@ -113,13 +113,28 @@ def dashboard(
     allowed_hosts: Sequence[str] | None = None,
 ) -> Starlette:
     """The dashboard of ``backend``'s store as an ASGI application of its own (serve it
-    with any ASGI server; its lifespan closes its connection). With ``allow_actions``,
-    pause, resume and run-now are offered to whoever gives ``token`` (required then);
-    the pages refresh every ``refresh_sec`` (0: never). ``allowed_hosts``: the only
-    names the pages answer to in the Host header; by default the loopback names, so that
-    no other web page can read them through a name that points at this machine (DNS
-    rebinding). Served under another name, give it (``["ops.example.com"]``);
-    ``["*"]`` answers any name."""
+    with any ASGI server; its lifespan closes its connection).
+
+    Args:
+        backend: The store's backend, with the prefix its schedulers use.
+        allow_actions: Offer pause, resume and run-now to whoever gives ``token``
+            (default False: the pages only read).
+        token: The secret the actions take; required with ``allow_actions``.
+        refresh_sec: How often the pages refresh, in seconds (0 or more; default 5;
+            0: never).
+        allowed_hosts: The only names the pages answer to in the Host header. None:
+            the loopback names, so that no other web page can read them through a name
+            that points at this machine (DNS rebinding). Served under another name,
+            give it (``["ops.example.com"]``); ``["*"]`` answers any name.
+
+    Returns:
+        The Starlette application.
+
+    Raises:
+        InvalidOptionError: ``backend`` is not a ``RedisBackend``, ``allow_actions``
+            without a ``token``, or a ``refresh_sec`` that is negative or not a
+            number.
+    """
     if not isinstance(backend, RedisBackend):
         raise InvalidOptionError(
             f"the dashboard reads a RedisBackend or ValkeyBackend, got {type(backend).__name__}"

@@ -54,7 +54,7 @@ __all__ = [
 
 
 class JobOptions(TypedDict, total=False):
-    """A job's options with every strategy (``Scheduler.add_job`` says what each does)."""
+    """A job's options with every strategy (``Scheduler.job`` says what each does)."""
 
     #: Fire at fixed intervals aligned to the Unix epoch, instead of a schedule.
     every_ms: int | None
@@ -196,7 +196,7 @@ def check_buckets(buckets: object) -> int:
 
 
 class TimerKindOptions(TypedDict, total=False):
-    """A timer kind's options (``Scheduler.add_timer`` says what each does)."""
+    """A timer kind's options (``Scheduler.timer`` says what each does)."""
 
     #: Failed and crashed attempts a firing may take (default 3).
     max_attempts: int

@@ -22,14 +22,23 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 @runtime_checkable
 class Schedule(Protocol):
-    """Anything that says when a job fires next.
-
-    ``next_after(moment)`` gets an aware UTC datetime and returns the first fire
-    time strictly after it (aware), or ``None`` when the schedule never fires
-    again.
+    """Anything that says when a job fires next: a job's ``schedule`` may be any object
+    with this method (``CronSchedule`` and ``IntervalSchedule`` are two). Every instance
+    must derive the same fire times from it.
     """
 
-    def next_after(self, moment: datetime, /) -> datetime | None: ...
+    def next_after(self, moment: datetime, /) -> datetime | None:
+        """The first fire time strictly after ``moment``.
+
+        Args:
+            moment: An aware datetime in UTC.
+
+        Returns:
+            An aware datetime after ``moment`` (a naive one, or one not after it, is an
+            ``InvalidScheduleError`` when the scheduler asks), or None when the schedule
+            never fires again.
+        """
+        ...
 
 
 def load_timezone(name: str) -> tzinfo:
@@ -55,6 +64,20 @@ class CronSchedule:
 
     >>> CronSchedule("0 3 * * *", "Europe/Athens").next_after(datetime(2026, 1, 1, tzinfo=UTC))
     datetime.datetime(2026, 1, 1, 1, 0, tzinfo=datetime.timezone.utc)
+
+    Args:
+        expression: The cron expression: 5 fields (minute hour day month weekday), or 6
+            with seconds first (second minute hour day month weekday).
+        timezone: The IANA time zone it is read in, such as ``"Europe/Berlin"``
+            (default ``"UTC"``).
+
+    Raises:
+        InvalidScheduleError: The expression does not parse, or never fires (such as
+            ``"0 0 30 2 *"``), or the time zone is unknown.
+
+    Attributes:
+        expression: The expression, its fields separated by single spaces.
+        timezone: The time zone's name, as given.
     """
 
     __slots__ = ("_zone", "expression", "timezone")
@@ -84,11 +107,26 @@ class CronSchedule:
             ) from exc
 
     def next_after(self, moment: datetime, /) -> datetime | None:
+        """The first fire time strictly after ``moment``.
+
+        Args:
+            moment: An aware datetime.
+
+        Returns:
+            The fire time, an aware UTC datetime, or None if there is none.
+        """
         return next(self.fires_after(moment), None)
 
     def fires_after(self, moment: datetime, /) -> Iterator[datetime]:
         """Every fire time strictly after ``moment``, in order (cheaper than
-        ``next_after`` each time: the expression is parsed once)."""
+        ``next_after`` each time: the expression is parsed once).
+
+        Args:
+            moment: An aware datetime.
+
+        Returns:
+            An iterator of aware UTC datetimes.
+        """
         local = moment.astimezone(self._zone)
         fires = (fire.astimezone(UTC) for fire in CronSim(self.expression, local))
         # Asked during the second pass of a repeated hour, cronsim starts with that
@@ -101,7 +139,18 @@ class CronSchedule:
 
 
 class IntervalSchedule:
-    """Every ``every_ms`` milliseconds, aligned to the Unix epoch (UTC)."""
+    """Every ``every_ms`` milliseconds, aligned to the Unix epoch (UTC): the fire times
+    are the multiples of ``every_ms`` since 1970-01-01T00:00:00Z, on every instance.
+
+    Args:
+        every_ms: The interval in milliseconds (more than 0).
+
+    Raises:
+        InvalidScheduleError: ``every_ms`` is not a whole number more than 0.
+
+    Attributes:
+        every_ms: The interval in milliseconds.
+    """
 
     __slots__ = ("every_ms",)
 
@@ -113,6 +162,14 @@ class IntervalSchedule:
         self.every_ms = every_ms
 
     def next_after(self, moment: datetime, /) -> datetime | None:
+        """The first multiple of ``every_ms`` strictly after ``moment``.
+
+        Args:
+            moment: An aware datetime.
+
+        Returns:
+            The fire time, an aware UTC datetime.
+        """
         after_ms = to_epoch_ms(moment)
         return from_epoch_ms((after_ms // self.every_ms + 1) * self.every_ms)
 

@@ -1,7 +1,7 @@
 """Value types that handlers and readers of history see."""
 
 import threading
-from collections.abc import Generator
+from collections.abc import Awaitable, Generator
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
@@ -25,35 +25,60 @@ __all__ = [
 ]
 
 Trigger = Literal["schedule", "catch-up", "retry", "takeover", "manual"]
-#: How an attempt ended; ``skipped``: the slot did not run at all (``attempt`` 0,
-#: ``error`` says why, e.g. an older run of the job was not settled yet).
+"""Why an attempt of a job's slot runs (``Run.trigger``, ``RunResult.trigger``):
+
+- ``"schedule"``: the slot's first attempt, claimed when it came due (within the job's
+  ``max_late_ms``).
+- ``"catch-up"``: the first attempt of a slot missed while no instance claimed it (on
+  start, or after a gap), within the job's ``catch_up_ms``.
+- ``"retry"``: a later attempt, after the one before it failed, was cancelled, or was
+  given back by a stopping instance.
+- ``"takeover"``: a later attempt, after the one before it lost its runner (its lease
+  expired; that attempt is recorded as ``"interrupted"``): it may have done part of its
+  work.
+- ``"manual"``: a run asked for with ``Scheduler.run_now`` or ``Inspector.run_now``
+  (a slot id of its own, one attempt).
+"""
 RunStatus = Literal["ok", "failed", "interrupted", "cancelled", "skipped"]
-#: What a slot does while an older run of its job is unsettled: ``skip`` it (recorded
-#: as skipped), ``wait`` for that run to end (at most one slot waits), or ``allow``
-#: it to run at once, side by side.
+"""How an attempt ended (``RunResult.status``):
+
+- ``"ok"``: the handler returned (before its lease was lost).
+- ``"failed"``: the handler raised (or ran past the job's ``timeout_ms``); ``error``
+  says what.
+- ``"interrupted"``: its runner vanished: the lease expired with no result (the runner
+  died, stalled, or could not reach the server for a whole lease); ``error`` is
+  ``"lease expired"``.
+- ``"cancelled"``: the handler was cancelled by a stop, or returned after its lease was
+  lost.
+- ``"skipped"``: the slot did not run at all (``attempt`` 0, fence 0); ``error`` says
+  why: an older run of the job was not settled (the ``"skip"`` overlap policy), or the
+  job was paused.
+"""
 OverlapPolicy = Literal["skip", "wait", "allow"]
+"""What a slot does while an older run of its job is unsettled (running, waiting for
+its retry, or orphaned); a job's ``overlap`` option, where ``False`` and ``True`` are
+aliases of ``"skip"`` and ``"allow"``:
+
+- ``"skip"``: the slot does not run; it is recorded once in the history as
+  ``"skipped"`` (the default).
+- ``"wait"``: the slot runs when the older run ends; at most one slot waits, newer ones
+  are skipped.
+- ``"allow"``: the slot runs at once, side by side with the older run.
+"""
 
 
 @dataclass(frozen=True, slots=True)
 class Run:
-    """One attempt at one slot of a job, as the handler sees it.
-
-    A handler that declares a parameter receives it::
+    """One attempt at one slot of a job, as the handler sees it. The scheduler makes it;
+    a handler that declares a parameter receives it::
 
         @scheduler.job("*/5 * * * *")
         async def sync(run: Run) -> None:
             print(run.job, run.slot, run.attempt, run.fence)
 
-    ``fence`` grows with every win of the job, across all instances: stores
-    that the handler writes to can reject a write that carries a smaller
-    fence than one they have already seen (a stale runner).
-
-    ``lease_lost`` is set when this attempt must stop: it no longer holds its lease
-    (a heartbeat was refused, none got through in time), the scheduler is stopping,
-    or the job's ``timeout_ms`` has passed. Async handlers are cancelled instead; a
-    plain function running in a worker thread cannot be, so it should check between
-    steps, most simply
-    with ``run.raise_if_lost()``::
+    ``lease_lost`` is set when this attempt must stop. Async handlers are cancelled
+    instead; a plain function running in a worker thread cannot be, so it should check
+    between steps, most simply with ``run.raise_if_lost()``::
 
         @scheduler.job("0 * * * *")
         def export(run: Run) -> None:
@@ -63,6 +88,24 @@ class Run:
 
     An attempt whose handler returns after ``lease_lost`` was set is recorded as
     cancelled, not ok (it stopped early), and is retried while attempts are left.
+
+    Attributes:
+        job: The job's name.
+        slot: The slot's instant: when it was scheduled to fire (an aware UTC datetime,
+            to the millisecond); for a manual run, when it was asked for.
+        slot_ms: The same instant in Unix epoch milliseconds: the slot's id for a
+            scheduled slot.
+        attempt: Which attempt at the slot this is, from 1 (at most the job's
+            ``max_attempts``).
+        trigger: Why this attempt runs: its first one on schedule, a catch-up, a retry,
+            a takeover or a manual run (``Trigger``).
+        runner: The id of the instance that runs it (``Scheduler.instance_id``).
+        fence: A number that grows with every win of the job, across all instances:
+            stores that the handler writes to can reject a write that carries a smaller
+            fence than one they have already seen (it comes from a stale runner).
+        lease_lost: Set when this attempt must stop: it no longer holds its lease (a
+            heartbeat was refused, or none got through in time), the scheduler is
+            stopping, or the job's ``timeout_ms`` has passed.
     """
 
     job: str
@@ -75,7 +118,13 @@ class Run:
     lease_lost: threading.Event = field(default_factory=threading.Event, compare=False)
 
     def raise_if_lost(self) -> None:
-        """Raise ``LeaseLostError`` if this attempt no longer holds its lease."""
+        """Raise ``LeaseLostError`` if this attempt must stop (``lease_lost`` is set).
+
+        Raises:
+            LeaseLostError: The attempt no longer holds its lease, the scheduler is
+                stopping, or the job's ``timeout_ms`` has passed. Let it propagate: the
+                attempt is recorded as cancelled and, with attempts left, retried.
+        """
         if self.lease_lost.is_set():
             raise LeaseLostError(
                 f"{self.job} slot {self.slot_ms} attempt {self.attempt} no longer holds its "
@@ -85,7 +134,29 @@ class Run:
 
 @dataclass(frozen=True, slots=True)
 class RunResult:
-    """How one attempt at a slot ended, as recorded in the store's history."""
+    """How one attempt at a slot ended, as recorded in the store's history
+    (``Scheduler.history``, ``Scheduler.run_now``, ``Inspector.history``).
+
+    Attributes:
+        job: The job's name.
+        slot: The slot's instant (an aware UTC datetime, to the millisecond); for a
+            manual run, when it was asked for.
+        slot_ms: The same instant in Unix epoch milliseconds.
+        attempt: Which attempt at the slot it was, from 1; 0 for a skipped slot.
+        trigger: Why the attempt ran (``Trigger``).
+        runner: The id of the instance that ran it; for a skipped slot, the instance
+            whose claim skipped it.
+        status: How it ended (``RunStatus``).
+        started_at: When the attempt started, on the server's clock (an aware UTC
+            datetime, to the millisecond); for a skipped slot, when it was skipped.
+        finished_at: When its end was recorded, on the server's clock: when the handler
+            ended, or, for an ``"interrupted"`` attempt, when a claim found its lease
+            expired; for a skipped slot, when it was skipped.
+        error: What went wrong, or None (always for ``"ok"``): the exception as Python
+            prints its last line (``ValueError: bad row``) for ``"failed"``, ``"lease
+            expired"`` for ``"interrupted"``, the reason for ``"skipped"``.
+        fence: The attempt's fence (``Run.fence``); 0 for a skipped slot.
+    """
 
     job: str
     slot: datetime
@@ -100,16 +171,27 @@ class RunResult:
     fence: int
 
 
-#: Why a timer fires: it is ``due`` (attempt 1), a failed attempt's ``retry``, or a
-#: ``takeover`` of a firing whose runner vanished (its lease expired).
 TimerTrigger = Literal["due", "retry", "takeover"]
-#: A key's timer: ``pending`` (waiting for its due time), ``firing`` (an attempt holds
-#: its lease), ``retry`` (a failed attempt's retry is waiting for its delay).
+"""Why a timer's attempt fires (``TimerRun.trigger``):
+
+- ``"due"``: its first attempt, at its due time.
+- ``"retry"``: a later attempt, after the one before it failed; or the same attempt
+  again, after a stopping instance gave it back (that is not counted as an attempt).
+- ``"takeover"``: a later attempt, after the one before it lost its runner (its lease
+  expired).
+"""
 TimerStatus = Literal["pending", "firing", "retry"]
+"""Where a key's timer is (``TimerInfo.status``):
+
+- ``"pending"``: it waits for its due time.
+- ``"firing"``: an attempt holds its lease (its handler runs).
+- ``"retry"``: a failed attempt's retry waits for its delay.
+"""
 
 
 class _Done:
-    """What ``TimerRun.rearm`` returns: awaiting it is optional (it did its work)."""
+    """What ``TimerRun.rearm`` returns: an awaitable that is done already (awaiting it
+    is optional: the rearm was recorded by the call)."""
 
     __slots__ = ()
 
@@ -127,11 +209,26 @@ class TimerRun:
             await send(fire.key, fire.payload, fence=fire.fence)
             fire.rearm(delay_ms=3_600_000)   # again in an hour (await it or not)
 
-    ``payload`` is what ``set_timer`` was given: bytes, or the JSON-able value
-    (decoded). ``generation`` identifies this set of the key (every set, rearm and
-    recurrence makes a higher one); ``fence`` grows with every firing of the kind, for
-    stores that reject stale writers. ``lease_lost`` is set when this attempt no longer
-    holds its lease (async handlers are cancelled instead), as for jobs' ``Run``.
+    The scheduler makes it, for the handler of the timer's kind.
+
+    Attributes:
+        kind: The timer's kind (the handler's, ``Scheduler.timer``).
+        key: The key whose timer fires (``set_timer``'s ``key``).
+        payload: What ``set_timer`` was given: bytes as bytes, any other value as
+            decoded from its JSON (a tuple comes back as a list, a dict's keys as
+            strings); None if none was given.
+        due: When this generation was due (an aware UTC datetime, to the millisecond).
+        due_ms: The same instant in Unix epoch milliseconds.
+        generation: Identifies this set of the key: every set, rearm and recurrence
+            makes a higher one.
+        attempt: Which attempt at this generation this is, from 1 (at most the kind's
+            ``max_attempts``).
+        trigger: Why this attempt fires (``TimerTrigger``).
+        runner: The id of the instance that fires it (``Scheduler.instance_id``).
+        fence: A number that grows with every firing of the kind, across all
+            instances, for stores that reject stale writers (as ``Run.fence``).
+        lease_lost: Set when this attempt no longer holds its lease or the scheduler is
+            stopping (async handlers are cancelled instead), as for a job's ``Run``.
     """
 
     kind: str
@@ -147,16 +244,29 @@ class TimerRun:
     lease_lost: threading.Event = field(default_factory=threading.Event, compare=False)
     #: The rearm asked for (at most one: the last call wins): (at_ms, delay_ms).
     _rearm: list[tuple[int | None, int | None]] = field(
-        default_factory=list, compare=False, repr=False
+        default_factory=list, init=False, compare=False, repr=False
     )
 
-    def rearm(self, *, at: datetime | None = None, delay_ms: int | None = None) -> _Done:
-        """Set the key's timer again, due ``at`` (an aware datetime) or ``delay_ms`` after
-        this firing ends (on the server's clock), with the same payload: written in the
-        same script as this firing's finish, when the handler returns. It is dropped if
-        the handler raises (a retry may rearm again), and if the key was set again or
-        cancelled while this firing ran (the newest set wins). Awaiting the result is
-        optional; the last call wins."""
+    def rearm(self, *, at: datetime | None = None, delay_ms: int | None = None) -> Awaitable[None]:
+        """Set the key's timer again, with the same payload: written in the same script as
+        this firing's finish, when the handler returns. It is dropped if the handler
+        raises (a retry may rearm again), and if the key was set again or cancelled while
+        this firing ran (the newest set wins). The last call wins.
+
+        Args:
+            at: When the next generation is due (an aware datetime). Give it or
+                ``delay_ms``, not both.
+            delay_ms: How long after this firing ends it is due, in milliseconds on the
+                server's clock (0 or more).
+
+        Returns:
+            An awaitable that is done already: awaiting it is optional.
+
+        Raises:
+            InvalidOptionError: Neither or both of ``at`` and ``delay_ms`` were given,
+                ``at`` is not an aware datetime, or ``delay_ms`` is not a whole number,
+                0 or more.
+        """
         if (at is None) == (delay_ms is None):
             raise InvalidOptionError("rearm() takes at= (an aware datetime) or delay_ms=, one")
         if at is not None:
@@ -174,11 +284,18 @@ class TimerRun:
 
     @property
     def rearmed(self) -> tuple[int | None, int | None] | None:
-        """The rearm the handler asked for: ``(at_ms, delay_ms)``, or None."""
+        """The rearm the handler asked for, or None: ``(at_ms, None)`` for ``at=`` (in
+        Unix epoch milliseconds), ``(None, delay_ms)`` for ``delay_ms=``."""
         return self._rearm[-1] if self._rearm else None
 
     def raise_if_lost(self) -> None:
-        """Raise ``LeaseLostError`` if this attempt no longer holds its lease."""
+        """Raise ``LeaseLostError`` if this attempt must stop (``lease_lost`` is set).
+
+        Raises:
+            LeaseLostError: The attempt no longer holds its lease, or the scheduler is
+                stopping. Let it propagate: the attempt is recorded as cancelled and,
+                with attempts left, fired again.
+        """
         if self.lease_lost.is_set():
             raise LeaseLostError(
                 f"timer {self.kind} {self.key!r} attempt {self.attempt} no longer holds its "
@@ -189,10 +306,33 @@ class TimerRun:
 @dataclass(frozen=True, slots=True)
 class TimerSetting:
     """One timer for ``set_timers``: a key and when it is due, as ``set_timer`` takes
-    them (``at=``, ``delay_ms=``, ``cron=`` or ``every_ms=``, ``timezone=``,
-    ``payload=``)::
+    them::
 
         TimerSetting("cart:9", delay_ms=2 * 3_600_000, payload={"cart": 9})
+
+    Nothing is checked until it is set: ``set_timers`` checks every setting before it
+    sends any, and raises for the first bad one (naming its key).
+
+    Attributes:
+        key: The key whose timer it is: any text of 1 to 1024 characters (a user id, an
+            order id).
+        at: When it is due (an aware datetime), or None.
+        delay_ms: How long after it is set it is due, in milliseconds on the server's
+            clock (0 or more), or None. Give ``at`` or ``delay_ms``, not both; with
+            neither, a recurring timer is first due at its first fire time.
+        cron: A cron expression (5 fields, or 6 with seconds first) that makes the timer
+            recur: after each firing, it is due again at the expression's next fire
+            time. None: it does not recur (unless ``every_ms`` is given).
+        every_ms: An interval in milliseconds that makes the timer recur (more than 0):
+            after each firing, it is due again a whole number of intervals after its
+            last due time, the first such time after now (a timer that fired late does
+            not fire once per interval it missed). Give ``cron`` or ``every_ms``, not
+            both.
+        timezone: The IANA time zone ``cron`` is read in (default ``"UTC"``; only with
+            ``cron``).
+        payload: What the handler gets back as ``TimerRun.payload``: bytes, or a
+            JSON-able value (None: none). Its stored form is at most the scheduler's
+            ``max_timer_payload_bytes`` (``Timers``' ``max_payload_bytes``).
     """
 
     key: str
@@ -206,34 +346,59 @@ class TimerSetting:
 
 @dataclass(frozen=True, slots=True)
 class TimerInfo:
-    """A key's timer as the store holds it (``get_timer``)."""
+    """A key's timer as the store holds it (``Scheduler.get_timer``, ``Timers.get``).
+
+    Attributes:
+        kind: The timer's kind.
+        key: Its key.
+        generation: Its newest generation (every set, rearm and recurrence makes a
+            higher one).
+        due: When the newest generation is due (an aware UTC datetime); None once it
+            was cancelled while a firing of an older one is still in flight.
+        due_ms: The same instant in Unix epoch milliseconds, or None.
+        payload: Its payload, decoded as the handler gets it.
+        status: Where it is: pending, firing or waiting for a retry (``TimerStatus``).
+        attempt: The attempt in flight or waiting for its retry (0 while pending).
+        recurs: How it recurs: ``"every_ms=..."``, ``"cron='...' timezone='...'"``, or
+            None (it does not).
+    """
 
     kind: str
     key: str
     generation: int
-    #: When the newest generation is due; None once it was cancelled while a firing
-    #: of an older one is still in flight.
     due: datetime | None
     due_ms: int | None
     payload: Any
     status: TimerStatus
-    #: The attempt in flight or waiting for its retry (0 while pending).
     attempt: int
-    #: How it recurs: ``"every_ms=..."``, ``"cron=... timezone=..."``, or None.
     recurs: str | None
 
 
 @dataclass(frozen=True, slots=True)
 class JobInfo:
-    """A job as the registry in the store shows it (``Inspector.jobs``).
+    """A job as the registry in the store shows it (``Inspector.jobs``): as the fleet's
+    instances that run it registered it.
 
-    ``schedule`` describes it (``cron`` or ``every_ms`` is set for the built-in kinds);
-    ``next_fire`` is its next slot after now in UTC (None if it never fires again or
-    cannot be reckoned here: a custom schedule reports the next slot its instances
-    last saw); ``options`` holds the rest of its definition (``overlap``,
-    ``max_attempts``, ``catch_up_ms``, ``timeout_ms``, ...). ``paused_by`` says who
-    paused it and when. ``last`` is its newest recorded attempt. ``first_seen`` is when
-    it first appeared in the store (catch-up never reaches back before it)."""
+    Attributes:
+        name: The job's name.
+        schedule: Its schedule as text (its ``repr``): ``CronSchedule('0 3 * * *',
+            'UTC')``, ``IntervalSchedule(every_ms=5000)``, or a custom schedule's.
+        cron: The cron expression, or None (an interval or a custom schedule).
+        every_ms: The interval in milliseconds, or None (a cron or a custom schedule).
+        timezone: The IANA time zone of its cron schedule (``"UTC"`` otherwise).
+        strategy: The strategy its instances use: ``"lease"``, ``"stream-id"``,
+            ``"idmp"`` or ``"script"``.
+        next_fire: Its next slot after now (an aware UTC datetime); None if it never
+            fires again or cannot be reckoned here (a custom schedule reports the next
+            slot its instances last saw).
+        paused: Whether it is paused (``Scheduler.pause``; lease strategy only).
+        paused_by: Who paused it and when, as the pausing process wrote it, or None.
+        last: Its newest recorded attempt (or skipped slot), or None.
+        first_seen: When it first appeared in the store (catch-up never reaches back
+            before it), or None if the store does not say.
+        options: The rest of its definition, by option name (``overlap``,
+            ``max_attempts``, ``catch_up_ms``, ``timeout_ms``, ...).
+    """
 
     name: str
     schedule: str
@@ -251,9 +416,24 @@ class JobInfo:
 
 @dataclass(frozen=True, slots=True)
 class LeaseInfo:
-    """A run in progress as the store holds it (``Inspector.leases``): ``status``
-    ``running`` (``runner`` holds its lease for ``left_ms`` more) or ``retry`` (it waits
-    for its next attempt, which may start in ``left_ms``)."""
+    """A run in progress as the store holds it (``Inspector.leases``).
+
+    Attributes:
+        job: The job's name.
+        slot: The slot's instant (an aware UTC datetime).
+        slot_ms: The same instant in Unix epoch milliseconds.
+        slot_id: The slot's id in the store: ``slot_ms`` as text, or a manual run's own
+            id (``m<ms>-<random>``).
+        status: ``"running"``: ``runner`` holds its lease, for ``left_ms`` more;
+            ``"retry"``: it waits for its next attempt, which may start in ``left_ms``.
+        attempt: The attempt running, or the last one that ended (waiting for its
+            retry).
+        runner: The id of the instance that holds (or last held) the lease.
+        fence: The attempt's fence (``Run.fence``).
+        trigger: Why the attempt runs (``Trigger``).
+        left_ms: Milliseconds until the lease expires (running) or the retry may start
+            (retry), by the server's clock; 0 once past.
+    """
 
     job: str
     slot: datetime
@@ -269,8 +449,24 @@ class LeaseInfo:
 
 @dataclass(frozen=True, slots=True)
 class InstanceInfo:
-    """An instance alive in the fleet, as it registered itself (``Inspector.instances``);
-    ``expires_in_ms`` is how long its registration lasts unless it renews it."""
+    """An instance alive in the fleet, as it registered itself (``Inspector.instances``).
+
+    Attributes:
+        id: Its id (``Scheduler.instance_id``).
+        host: The name of the machine it runs on.
+        pid: Its process id there.
+        version: The anarchon version it runs.
+        started: When it started (an aware UTC datetime).
+        strategy: The strategy of its backend (``"lease"``, ``"stream-id"``, ``"idmp"``
+            or ``"script"``).
+        jobs: The names of the jobs it runs (a registration longer than the read allows
+            holds the first of them).
+        timer_kinds: The kinds of timer it fires.
+        running: How many handlers it was running when it last renewed its registration.
+        expires_in_ms: How long its registration lasts unless it renews it, in
+            milliseconds (it renews it every 10 s while it runs; one that died expires
+            within 30 s).
+    """
 
     id: str
     host: str
@@ -287,7 +483,18 @@ class InstanceInfo:
 @dataclass(frozen=True, slots=True)
 class TimerKindInfo:
     """A kind of timer the fleet fires (``Inspector.timers``): how many keys have a
-    timer pending, and the first to fall due."""
+    timer pending, and the first to fall due.
+
+    Attributes:
+        kind: The kind's name.
+        buckets: The number of hash tags it is spread over (``Scheduler.timer``'s
+            ``buckets``).
+        pending: How many keys have a timer of this kind (pending, firing or waiting for
+            a retry).
+        next_due: When the first of them falls due (an aware UTC datetime), or None if
+            there is none.
+        next_key: The key of that timer, or None.
+    """
 
     kind: str
     buckets: int

@@ -75,8 +75,16 @@ def _now() -> datetime:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Event:
-    """Something a scheduler decided or saw: ``instance`` (its id) at ``at`` (UTC,
-    truncated to the millisecond)."""
+    """Something a scheduler decided or saw; the base class of every event (each
+    subclass below adds its own fields). Events are made by the scheduler, and told
+    through ``Scheduler.events()`` and ``Scheduler.on_event``.
+
+    Attributes:
+        instance: The id of the instance that decided or saw it
+            (``Scheduler.instance_id``).
+        at: When, by that instance's clock (an aware UTC datetime, truncated to the
+            millisecond); by default, when the event was made.
+    """
 
     instance: str
     at: datetime = field(default_factory=_now)
@@ -84,7 +92,17 @@ class Event:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ClaimAnswered(Event):
-    """The store answered this instance's claim of a job's slot."""
+    """The store answered this instance's claim of a job's slot.
+
+    Attributes:
+        job: The job's name.
+        slot_ms: The slot's instant in Unix epoch milliseconds.
+        answer: ``"won"``: this instance runs it; ``"running"``: another instance
+            runs it (this one backs it up); ``"overlap"``: an older run of the job is
+            not settled (the job's ``overlap`` policy decides); ``"done"``: it is
+            settled already (run, skipped or forgotten); ``"refused"``: the server
+            refused the claim (an error reply).
+    """
 
     job: str
     slot_ms: int
@@ -93,8 +111,13 @@ class ClaimAnswered(Event):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RunStarted(Event):
-    """An attempt's handler started here. ``late_ms``: from the slot's instant (the
-    request, for a manual run) to the start, a retry's delays included."""
+    """An attempt's handler started here.
+
+    Attributes:
+        run: The ``Run`` the handler gets.
+        late_ms: Milliseconds from the slot's instant (the request, for a manual run) to
+            the start, by this instance's clock, a retry's delays included.
+    """
 
     run: Run
     late_ms: float
@@ -102,8 +125,20 @@ class RunStarted(Event):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RunFinished(Event):
-    """An attempt ended and its result is recorded. ``retried``: another attempt of the
-    slot follows (a failure or cancellation with attempts left)."""
+    """An attempt's handler ended here and its result is recorded.
+
+    Attributes:
+        run: The ``Run`` the handler got.
+        outcome: ``"ok"``: the handler returned; ``"failed"``: it raised (or ran past
+            the job's ``timeout_ms``); ``"cancelled"``: it was cancelled (a stop, a lost
+            lease) or returned after its lease was lost.
+        duration_ms: How long the handler ran, in milliseconds.
+        error: What went wrong, as the history records it (``RunResult.error``): for a
+            failure, the exception as Python prints its last line
+            (``ValueError: bad row``); None when the handler returned.
+        retried: Whether another attempt of the slot follows (a failure or a
+            cancellation with attempts left).
+    """
 
     run: Run
     outcome: Outcome
@@ -114,8 +149,16 @@ class RunFinished(Event):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RunRetried(Event):
-    """A slot's attempt ``attempt`` ended without success; the next is due in
-    ``in_ms`` (on whichever instance claims it)."""
+    """A slot's attempt ended without success, and the next one is due (on whichever
+    instance claims it).
+
+    Attributes:
+        job: The job's name.
+        slot_ms: The slot's instant in Unix epoch milliseconds.
+        attempt: The attempt that ended (the next one is ``attempt + 1``).
+        in_ms: Milliseconds until the next attempt is due: the retry delay, doubled for
+            each attempt after the first.
+    """
 
     job: str
     slot_ms: int
@@ -127,8 +170,16 @@ class RunRetried(Event):
 class LeaseLost(Event):
     """An attempt (or a timer's firing) this instance won lost its lease: its handler
     was cancelled or told (or, if the lease ran out before it began, not called), and
-    a backup may run the slot. ``job`` is the timer's kind for a firing, with
-    ``timer_key`` set."""
+    a backup may run the slot.
+
+    Attributes:
+        job: The job's name; for a timer's firing, the timer's kind.
+        slot_ms: The slot's instant in Unix epoch milliseconds; for a timer's firing,
+            its due time.
+        attempt: The attempt that lost its lease.
+        reason: Why, in words (a heartbeat refused, none got through in time, ...).
+        timer_key: The timer's key for a timer's firing; None for a job's attempt.
+    """
 
     job: str
     slot_ms: int
@@ -139,7 +190,15 @@ class LeaseLost(Event):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SlotSkipped(Event):
-    """A scheduled slot does not run, for ``reason``."""
+    """A scheduled slot does not run.
+
+    Attributes:
+        job: The job's name.
+        slot_ms: The slot's instant in Unix epoch milliseconds.
+        reason: ``"overlap"``: an older run of the job was not settled and the job does
+            not allow overlap; ``"late"``: it was found too late (past ``max_late_ms``,
+            outside any catch-up); ``"paused"``: the job is paused.
+    """
 
     job: str
     slot_ms: int
@@ -148,9 +207,16 @@ class SlotSkipped(Event):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TimerSet(Event):
-    """A key's timer was set through this scheduler. ``replaced``: the key had a timer
-    (pending, waiting for its retry, or the next one of a firing), which this one
-    replaced."""
+    """A key's timer was set through this scheduler.
+
+    Attributes:
+        kind: The timer's kind.
+        key: Its key.
+        generation: The generation the set made.
+        due_ms: When it is due, in Unix epoch milliseconds on the server's clock.
+        replaced: Whether the key had a timer (pending, waiting for its retry, or the
+            next one of a firing), which this one replaced.
+    """
 
     kind: str
     key: str
@@ -161,7 +227,13 @@ class TimerSet(Event):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TimerCancelled(Event):
-    """A key's timer was cancelled through this scheduler (``found``: one was set)."""
+    """A key's timer was cancelled through this scheduler.
+
+    Attributes:
+        kind: The timer's kind.
+        key: Its key.
+        found: Whether the key had a timer to cancel.
+    """
 
     kind: str
     key: str
@@ -170,8 +242,16 @@ class TimerCancelled(Event):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TimerFired(Event):
-    """A firing of a key's timer ended here and is recorded (``retried``: it is due
-    again for another attempt)."""
+    """A firing of a key's timer ended here and is recorded.
+
+    Attributes:
+        run: The ``TimerRun`` the handler got.
+        outcome: ``"ok"``: the handler returned; ``"failed"``: it raised;
+            ``"cancelled"``: it was cancelled (a stop, a lost lease) or returned after
+            its lease was lost.
+        duration_ms: How long the handler ran, in milliseconds.
+        retried: Whether it is due again for another attempt.
+    """
 
     run: TimerRun
     outcome: Outcome
@@ -181,7 +261,13 @@ class TimerFired(Event):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ServerUnreachable(Event):
-    """The server stopped answering (``what``: the round trip that failed first)."""
+    """The server stopped answering; told once per outage (``ServerBack`` ends it).
+
+    Attributes:
+        what: The round trip that failed first, in words (``"heartbeat"``,
+            ``"claiming 3 slot(s)"``, ...).
+        error: What the failure said.
+    """
 
     what: str
     error: str
@@ -189,7 +275,12 @@ class ServerUnreachable(Event):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ServerBack(Event):
-    """The server answers again, after ``down_sec``."""
+    """The server answers again, after an outage told by ``ServerUnreachable``.
+
+    Attributes:
+        down_sec: How long it did not answer, in seconds (from the first failed round
+            trip to the first answer).
+    """
 
     down_sec: float
 
@@ -273,7 +364,11 @@ class EventStream:
 
     It holds up to ``buffer`` events a consumer has not taken yet; when full, the oldest
     is dropped to make room (``dropped`` counts them), so a slow consumer never slows
-    the scheduler."""
+    the scheduler. ``Scheduler.events()`` makes it.
+
+    Attributes:
+        dropped: How many events were dropped because the buffer was full.
+    """
 
     def __init__(self, hub: "EventHub", buffer: int) -> None:
         self._hub = hub

@@ -25,6 +25,9 @@ class JsonLogFormatter(logging.Formatter):
         handler = logging.StreamHandler()
         handler.setFormatter(anarchon.JsonLogFormatter())
         logging.getLogger("anarchon").addHandler(handler)
+
+    It is made with no arguments: the line's form is fixed (``logging.Formatter``'s
+    ``fmt``, ``datefmt`` and ``style`` do not change it).
     """
 
     def format(self, record: logging.LogRecord) -> str:

@@ -104,7 +104,19 @@ class Inspector:
 
     The jobs it knows are the ones the fleet's instances registered (each writes its
     jobs' definitions when it starts and every 10 s while it runs); a job name it does
-    not know is an ``InvalidJobError``, not an empty answer.
+    not know is an ``InvalidJobError``, not an empty answer. It reads only inside
+    ``async with`` (a ``SchedulerStateError`` otherwise), and writes nothing but a
+    pause, a resume or a run asked for; each read is one or a few round trips, each
+    within 10 s (a ``TransportError`` past that).
+
+    Args:
+        backend: The store's backend, with the prefix its schedulers use.
+
+    Raises:
+        InvalidOptionError: ``backend`` is not a ``RedisBackend``.
+
+    Attributes:
+        backend: The backend it reads.
     """
 
     def __init__(self, backend: RedisBackend[Any]) -> None:
@@ -133,13 +145,25 @@ class Inspector:
     # ------------------------------------------------------------------ reading
 
     async def job_names(self) -> list[str]:
-        """The names of the jobs the fleet registered, sorted (their names alone: cheap
-        at any number of jobs)."""
+        """The names of the jobs the fleet registered (their names alone: cheap at any
+        number of jobs).
+
+        Returns:
+            The names, sorted.
+        """
         return sorted(str(name) for name in await self._execute(("HKEYS", self._keys.jobs)))
 
     async def jobs(self, names: Sequence[str] | None = None) -> list[JobInfo]:
-        """Every job the fleet registered (or those of ``names`` that it did), by name. A
-        job whose stored definition is malformed is left out (and ``quarantined``)."""
+        """Every job the fleet registered, by name. A job whose stored definition is
+        malformed is left out (and quarantined: ``anarchon inspect`` shows it).
+
+        Args:
+            names: Only these jobs (those of them that the fleet registered); None:
+                every job.
+
+        Returns:
+            The jobs, sorted by name.
+        """
         definitions, _ = await self._definitions(names)
         now_ms = int(time.time() * 1000)
         names = sorted(definitions)  # those of ``names`` the store knows and can read
@@ -196,9 +220,18 @@ class Inspector:
     async def leases(
         self, job: str | None = None, *, names: Sequence[str] | None = None
     ) -> list[LeaseInfo]:
-        """The runs in progress (holding a live lease, or waiting for their next attempt),
-        of every lease-strategy job (or of ``job``, or of those of ``names``), oldest slot
-        first."""
+        """The runs in progress (holding a live lease, or waiting for their next attempt)
+        of the lease-strategy jobs.
+
+        Args:
+            job: Only this job's (an ``InvalidJobError`` if the fleet did not register
+                it); None: every job's, or those of ``names``.
+            names: Only these jobs' (those of them that the fleet registered), when
+                ``job`` is None; None: every job's.
+
+        Returns:
+            The runs, oldest slot first.
+        """
         definitions, malformed = await self._definitions([job] if job is not None else names)
         if job is not None:
             names = [self._check_job(job, definitions, malformed)]
@@ -234,11 +267,17 @@ class Inspector:
         return sorted(found, key=lambda lease: (lease.slot_ms, lease.job))
 
     async def instances(self, limit: int = INSTANCES_READ_MAX) -> list[InstanceInfo]:
-        """The instances alive (registered, and renewing), by id: at most ``limit`` of
-        them (``instance_count`` counts them all), and of each registration at most
-        ``INSTANCE_BYTES_MAX`` bytes (a longer one is a ``CutInstanceInfo``, with the
-        jobs that came first). A registration that is malformed is left out (and
-        ``quarantined``)."""
+        """The instances alive (registered, and renewing). Of each registration, at most
+        64 KiB is read: a longer one lists the jobs that came first. A registration that
+        is malformed is left out (and quarantined: ``anarchon inspect`` shows it).
+
+        Args:
+            limit: How many at most (default 200): the first to expire;
+                ``instance_count`` counts them all.
+
+        Returns:
+            The instances, sorted by id.
+        """
         now_ms = await self._server_now_ms()
         scored = await self._execute(
             ("ZRANGEBYSCORE", self._keys.instances, now_ms, "+inf", "WITHSCORES",
@@ -286,13 +325,26 @@ class Inspector:
 
     async def instance_count(self) -> int:
         """How many instances are alive (registered, and renewing): one command, whatever
-        they registered."""
+        they registered.
+
+        Returns:
+            The number of instances.
+        """
         now_ms = await self._server_now_ms()
         return int(await self._execute(("ZCOUNT", self._keys.instances, now_ms, "+inf")))
 
     async def history(self, job: str, limit: int = 100) -> list[RunResult]:
-        """The newest ``limit`` recorded attempts of ``job`` (and its skipped slots),
-        newest first."""
+        """The newest recorded attempts of ``job`` (and its skipped slots).
+
+        Args:
+            job: The name of a job the fleet registered (an ``InvalidJobError``
+                otherwise).
+            limit: How many at most (1 or more; default 100; an
+                ``InvalidOptionError`` otherwise).
+
+        Returns:
+            The attempts' results, newest first.
+        """
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
             raise InvalidOptionError(f"limit must be a whole number, 1 or more, got {limit!r}")
         definitions, malformed = await self._definitions([job])
@@ -306,8 +358,17 @@ class Inspector:
     async def recent(
         self, limit: int = 100, names: Sequence[str] | None = None
     ) -> dict[str, list[RunResult]]:
-        """Every job's (or those of ``names``') newest ``limit`` recorded attempts, newest
-        first, by job name."""
+        """Every job's newest recorded attempts.
+
+        Args:
+            limit: How many at most per job (1 or more; default 100; an
+                ``InvalidOptionError`` otherwise).
+            names: Only these jobs (those of them that the fleet registered); None:
+                every job.
+
+        Returns:
+            Each job's results, newest first, by job name.
+        """
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
             raise InvalidOptionError(f"limit must be a whole number, 1 or more, got {limit!r}")
         definitions, _ = await self._definitions(names)
@@ -322,15 +383,29 @@ class Inspector:
         }
 
     async def failures(self, limit: int = 20) -> list[RunResult]:
-        """The newest ``limit`` attempts, across the jobs, that failed, were interrupted
-        (their runner vanished) or were cancelled."""
+        """The newest attempts, across the jobs, that failed, were interrupted (their
+        runner vanished) or were cancelled.
+
+        Args:
+            limit: How many at most (default 20). They are looked for among each job's
+                newest ``max(5 * limit, 100)`` results.
+
+        Returns:
+            The attempts' results, newest first.
+        """
         return newest_failures(await self.recent(max(limit * 5, 100)), limit)
 
     async def timer_kind_names(self, limit: int | None = None) -> list[str]:
-        """The names of the timer kinds the fleet registered, sorted: all of them, or
-        ``limit`` of them, the first by name while there are at most
-        ``_NAMES_SORTED_MAX`` kinds, else those one step of a scan finds (what is read
-        stays bounded whatever the store holds)."""
+        """The names of the timer kinds the fleet registered.
+
+        Args:
+            limit: How many at most: the first by name while there are at most 1000
+                kinds, else those one step of a scan finds (what is read stays bounded
+                whatever the store holds). None: all of them.
+
+        Returns:
+            The names, sorted.
+        """
         key = self._keys.timer_kinds
         if limit is not None and await self.timer_kind_count() > _NAMES_SORTED_MAX:
             _, found = await self._execute(("HSCAN", key, 0, "COUNT", max(limit, 1)))
@@ -340,16 +415,30 @@ class Inspector:
         return sorted(names)[:limit]
 
     async def timer_kind_count(self) -> int:
-        """How many timer kinds the fleet registered (one command)."""
+        """How many timer kinds the fleet registered (one command).
+
+        Returns:
+            The number of kinds.
+        """
         return int(await self._execute(("HLEN", self._keys.timer_kinds)))
 
     async def timers(
         self, kinds: Sequence[str] | None = None, *, limit: int | None = None
     ) -> list[TimerKindInfo]:
-        """Each kind of timer the fleet fires (or those of ``kinds`` it registered; the
-        first ``limit`` by name): how many keys have one pending, and the first to fall
-        due. A kind whose registration is malformed (its number of buckets out of what
-        anarchon allows, say) is left out, and ``quarantined``: it is never read."""
+        """Each kind of timer the fleet fires: how many keys have one pending, and the
+        first to fall due. A kind whose registration is malformed (its number of buckets
+        out of what anarchon allows, say) is left out, and quarantined: it is never
+        read.
+
+        Args:
+            kinds: Only these kinds (those of them that the fleet registered); None:
+                every kind.
+            limit: How many kinds at most, as ``timer_kind_names`` takes it (the first
+                by name of ``kinds``, when given). None: all of them.
+
+        Returns:
+            The kinds, sorted by name.
+        """
         if kinds is not None:
             names = sorted(set(kinds))[:limit]
         else:
@@ -402,15 +491,31 @@ class Inspector:
     # -------------------------------------------------------------- operating
 
     async def pause(self, job: str) -> bool:
-        """Pause ``job`` across the fleet (see ``Scheduler.pause``); False if it was paused
-        already."""
+        """Pause ``job`` across the fleet, as ``Scheduler.pause`` does (lease strategy
+        only).
+
+        Args:
+            job: The name of a job the fleet registered (an ``InvalidJobError``
+                otherwise) that uses the lease strategy (an ``InvalidOptionError``
+                otherwise).
+
+        Returns:
+            True if this call paused it, False if it was paused already.
+        """
         state = await self._lease_state_key(job, "pause")
         by = f"{self._who()} at {datetime.now().astimezone().isoformat(timespec='seconds')}"
         with _answered_in_time():
             return await set_paused(self._require(), state, by)
 
     async def resume(self, job: str) -> bool:
-        """Resume ``job``: its next slot runs; False if it was not paused."""
+        """Resume ``job``: its next slot runs, as ``Scheduler.resume`` does.
+
+        Args:
+            job: The name of a job the fleet registered that uses the lease strategy.
+
+        Returns:
+            True if this call resumed it, False if it was not paused.
+        """
         state = await self._lease_state_key(job, "resume")
         with _answered_in_time():
             return await set_paused(self._require(), state, None)
@@ -419,9 +524,21 @@ class Inspector:
         """Ask the fleet to run ``job`` now, once: the run is stored as due, and the
         instances that run the job hear of it on the hint channel (any one of them takes
         it; without hints, the first to claim the job's next slot does). It is one
-        attempt, recorded with trigger ``"manual"``; overlap rules apply. Returns the
-        run's slot id (its history entries carry it): the run asked for before, if
-        that one still waits for its first attempt (asking again adds nothing)."""
+        attempt, recorded with trigger ``"manual"``; overlap rules apply.
+
+        Args:
+            job: The name of a job the fleet registered that uses the lease strategy.
+
+        Returns:
+            The run's slot id (its history entries carry it): that of the run asked for
+            before, if that one still waits for its first attempt (asking again adds
+            nothing).
+
+        Raises:
+            InvalidJobError: The fleet did not register the job, or no instance alive
+                runs it.
+            InvalidOptionError: The job does not use the lease strategy.
+        """
         await self._lease_state_key(job, "run-now")
         instances = await self.instances()
         unread = await self.instance_count() > len(instances)

@@ -83,20 +83,40 @@ async def serve(
       again with a backoff (up to 5 s between tries) for ``wait_for_server_sec``, then
       raises. 0 fails at once. Any other error at start (a store of another format, an
       unsupported server) raises at once.
-    - ``health_file``: a JSON file (``health_of``) rewritten every few seconds while it
-      runs and removed when it stops; ``anarchon health FILE`` checks it.
-      ``health_port``: an HTTP endpoint on ``health_host`` (this machine only, unless
-      given: an orchestrator that probes the pod's address, as Kubernetes' ``httpGet``
-      does, needs ``"0.0.0.0"``): ``GET /live`` answers 200 while the scheduler runs
-      (and while it waits for its server at start), ``GET /ready`` 200 while it runs
-      and its server answers, 503 otherwise, each with a JSON body of ``live``,
-      ``ready``, ``state`` and ``server`` (what the fleet runs is in the health file,
-      not on the port).
+    - The health file, if asked for, is rewritten every few seconds while it runs and
+      removed when it stops; ``anarchon health FILE`` checks it.
+    - The health port, if asked for, answers ``GET /live`` with 200 while the scheduler
+      runs (and while it waits for its server at start), ``GET /ready`` with 200 while
+      it runs and its server answers, 503 otherwise, each with a JSON body of
+      ``live``, ``ready``, ``state`` and ``server`` (what the fleet runs is in the
+      health file, not on the port).
 
     Call it from the main thread when it handles signals (``stop_signals=()`` handles
     none)::
 
         anyio.run(anarchon.serve, scheduler)
+
+    Args:
+        scheduler: The scheduler to run (``serve`` starts it).
+        wait_for_server_sec: How long to keep trying to reach the server at start, in
+            seconds (0 or more; default 60; 0: fail at once).
+        stop_signals: The signals that stop it: the first gracefully, a second at once
+            (default SIGINT and SIGTERM; ``()``: none, for a call outside the main
+            thread).
+        health_file: A path to keep a JSON file of the scheduler's health at: ``live``,
+            ``ready``, its state, its instance id, pid, jobs, timer kinds and running
+            handlers. None: no file.
+        health_port: A TCP port to answer health probes on (``/live``, ``/ready``).
+            None: no port.
+        health_host: The address the health port listens on (default ``"127.0.0.1"``:
+            this machine only; an orchestrator that probes the pod's address, as
+            Kubernetes' ``httpGet`` does, needs ``"0.0.0.0"``).
+
+    Raises:
+        ConnectionFailedError: The server did not answer within
+            ``wait_for_server_sec``.
+        InvalidOptionError: ``scheduler`` is not a ``Scheduler``,
+            ``wait_for_server_sec`` is negative, or the health port cannot be bound.
     """
     if not isinstance(scheduler, Scheduler):
         raise InvalidOptionError(f"serve() runs a Scheduler, got {type(scheduler).__name__}")

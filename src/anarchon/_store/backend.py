@@ -32,11 +32,16 @@ __all__ = ["ClaimOnly", "K", "Leases", "RedisBackend", "StoreOptions", "ValkeyBa
 
 
 class Leases:
-    """Type marker: a backend whose strategy holds leases (``"lease"``)."""
+    """Type marker: a backend whose strategy holds leases (``"lease"``), as in
+    ``RedisBackend[Leases]`` and ``Scheduler[Leases]``. Type checkers infer it from the
+    backend's ``strategy``; it is never made."""
 
 
 class ClaimOnly:
-    """Type marker: a backend whose strategy only decides who runs each slot."""
+    """Type marker: a backend whose strategy only decides who runs each slot
+    (``"stream-id"``, ``"idmp"``, ``"script"``), as in ``RedisBackend[ClaimOnly]`` and
+    ``Scheduler[ClaimOnly]``: the lease options are a type error there. Type checkers
+    infer it from the backend's ``strategy``; it is never made."""
 
 
 K = TypeVar("K", Leases, ClaimOnly)
@@ -63,20 +68,41 @@ def _validate_prefix(prefix: object) -> str:
 
 
 class RedisBackend(Generic[K]):
-    """Keeps the scheduler's state in Redis 5+ (or Valkey).
+    """Keeps the scheduler's state in Redis 5+ (or Valkey), and chooses one winner for
+    each slot by its strategy::
 
-    ``redis`` takes a URL (``redis://``, ``rediss://`` for TLS, ``unix://``; user,
-    password and database in the URL), an options mapping (``host``, ``port``,
-    ``password``, ``username``, ``db``, ``tls``), or a client object. A
-    connection anarchon opens itself is closed on stop; a client you pass is
-    left open.
+        backend = RedisBackend(redis="redis://localhost:6379", prefix="billing:cron:")
+        claim_only = RedisBackend(strategy={"name": "script", "window_ms": 600_000})
 
-    ``strategy`` is how one winner is chosen: ``"lease"`` (the default: leases,
-    backups, retries, overlap protection, catch-up), or one of the claim-only
-    strategies ``"stream-id"``, ``"idmp"`` (Redis 8.6+) and ``"script"``. Settings
-    go inside it: ``{"name": "script", "window_ms": 600_000}``.
+    Nothing is sent to the server until a scheduler, ``Timers`` or ``Inspector`` opens
+    it; the options are checked here. A connection anarchon opens itself is closed on
+    stop; a client you pass is left open. A type checker reads the strategy: a
+    ``RedisBackend[Leases]`` or a ``RedisBackend[ClaimOnly]``.
 
-    >>> backend = RedisBackend(redis="redis://localhost:6379", prefix="billing:cron:")
+    Args:
+        redis: The server: a URL (``redis://``, ``rediss://`` for TLS, ``unix://``,
+            ``redis+sentinel://``, or their ``valkey`` forms; user, password and
+            database in the URL); an options mapping (``host``, ``port``,
+            ``password``, ``username``, ``db``, ``tls``, ``tls_ca_certs``,
+            ``tls_certfile``, ``tls_keyfile``, ``tls_check_hostname``, ``sentinel``); or
+            a client object (redis-py, valkey-py, Valkey GLIDE, or any object with
+            ``send(command, args)``). Default: ``"redis://localhost:6379"``.
+        strategy: How one winner is chosen: ``"lease"`` (the default: leases, backups,
+            retries, overlap protection, catch-up), or one of the claim-only strategies
+            ``"stream-id"``, ``"idmp"`` (Redis 8.6+) and ``"script"``; a name, or a
+            mapping with its settings (``LeaseStrategy``, ``StreamIdStrategy``,
+            ``IdmpStrategy``, ``ScriptStrategy``).
+        prefix: What every key of the store begins with: a string that ends with
+            ``:``, without spaces, control characters or braces (default
+            ``"cron:"``). Schedulers that share a prefix share their jobs' state.
+
+    Raises:
+        InvalidOptionError: A URL of another scheme, an unknown connection option, an
+            unknown strategy or setting (or one out of its bounds), or a prefix that
+            cannot be used.
+
+    Attributes:
+        prefix: The prefix of the store's keys.
     """
 
     @overload
@@ -117,7 +143,8 @@ class RedisBackend(Generic[K]):
 
     @property
     def strategy(self) -> str:
-        """The strategy's name."""
+        """The strategy's name: ``"lease"``, ``"stream-id"``, ``"idmp"`` or
+        ``"script"``."""
         return self._strategy.name
 
     @property
@@ -173,8 +200,12 @@ class RedisBackend(Generic[K]):
         return self._strategy.open(conn, server, self.prefix, options)
 
     def where(self) -> str:
-        """The server as the logs name it: the URL without its password, host:port, or
-        the client's type; with the server's name and version once connected."""
+        """The server as the logs name it.
+
+        Returns:
+            The URL without its password, ``host:port``, or the client's type; with the
+            server's name and version once connected.
+        """
         spec = self._connection_spec
         if isinstance(spec, str) and is_sentinel_url(spec):
             place = SentinelSpec.from_url(spec).describe()
@@ -197,6 +228,18 @@ class ValkeyBackend(RedisBackend[K]):
     strategies Valkey supports are accepted (no ``idmp``).
 
     >>> backend = ValkeyBackend(valkey={"host": "localhost", "port": 6390})
+
+    Args:
+        valkey: The server, as ``RedisBackend``'s ``redis`` takes it. Default:
+            ``"redis://localhost:6379"``.
+        strategy: ``"lease"`` (the default), ``"stream-id"`` or ``"script"``, or a
+            mapping with its settings (``LeaseStrategy``, ``StreamIdStrategy``,
+            ``ScriptStrategy``).
+        prefix: What every key of the store begins with, as ``RedisBackend`` takes it
+            (default ``"cron:"``).
+
+    Raises:
+        InvalidOptionError: As ``RedisBackend``; and for the ``"idmp"`` strategy.
     """
 
     @overload

@@ -37,22 +37,38 @@ __all__ = [
 
 
 class LeaseStrategy(TypedDict):
-    """``{"name": "lease"}``: leases, backups, retries, overlap protection, catch-up."""
+    """``{"name": "lease"}``: leases, backups, retries, overlap protection, catch-up
+    (the same as ``strategy="lease"``, the default).
+
+    Attributes:
+        name: ``"lease"``.
+    """
 
     name: Literal["lease"]
 
 
 class StreamIdStrategy(TypedDict):
-    """``{"name": "stream-id"}``: the slot is the stream entry id; remembers forever."""
+    """``{"name": "stream-id"}``: the slot is the stream entry id; remembers forever
+    (the same as ``strategy="stream-id"``). A claim-only strategy.
+
+    Attributes:
+        name: ``"stream-id"``.
+    """
 
     name: Literal["stream-id"]
 
 
 class IdmpStrategy(TypedDict, total=False):
-    """``{"name": "idmp", "duration_sec": 300, "max_size": 1000}`` (Redis 8.6+).
+    """``{"name": "idmp", "duration_sec": 300, "max_size": 1000}``: idempotent XADD
+    (Redis 8.6+; not with ``ValkeyBackend``). A claim-only strategy. A setting out of
+    its bounds is an ``InvalidOptionError`` when the backend is made.
 
-    ``duration_sec`` (1 to 86400): how long Redis remembers a run's id;
-    ``max_size`` (1 to 10000): how many run ids Redis keeps per job.
+    Attributes:
+        name: ``"idmp"`` (required).
+        duration_sec: How long Redis remembers a run's id, in seconds: 1 to 86400
+            (default 300). It must be greater than every job's
+            ``jitter_ms + max_late_ms``.
+        max_size: How many run ids Redis keeps per job: 1 to 10000 (default 1000).
     """
 
     name: Required[Literal["idmp"]]
@@ -61,8 +77,16 @@ class IdmpStrategy(TypedDict, total=False):
 
 
 class ScriptStrategy(TypedDict, total=False):
-    """``{"name": "script", "window_ms": 300000}``: how long a claimed run is remembered;
-    it must be greater than every job's ``jitter_ms + max_late_ms``."""
+    """``{"name": "script", "window_ms": 300000}``: a Lua script remembers each claimed
+    run for a window. A claim-only strategy. A setting out of its bounds is an
+    ``InvalidOptionError`` when the backend is made.
+
+    Attributes:
+        name: ``"script"`` (required).
+        window_ms: How long a claimed run is remembered, in milliseconds: 1 to 2^53
+            (default 300 000). It must be greater than every job's
+            ``jitter_ms + max_late_ms``.
+    """
 
     name: Required[Literal["script"]]
     window_ms: int
