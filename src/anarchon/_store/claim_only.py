@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from .._errors import InvalidOptionError
 from .._model.values import RunResult
@@ -47,25 +47,6 @@ class ClaimOnlyStore(Store):
     strategy: ClassVar[str]
     #: Whether history older than history_ttl_ms also leaves the runs stream.
     trims_runs: ClassVar[bool] = True
-
-    def __init__(
-        self,
-        conn: Connection,
-        *,
-        prefix: str,
-        runner: str,
-        history_size: int,
-        history_ttl_ms: int | None = None,
-        trim_runs_by_id: bool = False,
-    ) -> None:
-        self.conn = conn
-        self.prefix = prefix
-        self.runner = runner
-        self.history_size = history_size
-        self.history_ttl_ms = history_ttl_ms or 0
-        #: History older than history_ttl_ms also leaves the streams (XTRIM MINID,
-        #: Redis 6.2+ and Valkey); older servers bound them by history_size alone.
-        self.trim_runs_by_id = trim_runs_by_id
 
     def keys(self, job: str) -> ClaimOnlyKeys:
         return ClaimOnlyKeys.for_job(self.prefix, job)
@@ -198,25 +179,9 @@ class IdmpStore(ClaimOnlyStore):
     strategy = "idmp"
 
     def __init__(
-        self,
-        conn: Connection,
-        *,
-        prefix: str,
-        runner: str,
-        history_size: int,
-        history_ttl_ms: int | None = None,
-        trim_runs_by_id: bool = False,
-        duration_sec: int = 300,
-        max_size: int = 1000,
+        self, conn: Connection, *, duration_sec: int = 300, max_size: int = 1000, **common: Any
     ) -> None:
-        super().__init__(
-            conn,
-            prefix=prefix,
-            runner=runner,
-            history_size=history_size,
-            history_ttl_ms=history_ttl_ms,
-            trim_runs_by_id=trim_runs_by_id,
-        )
+        super().__init__(conn, **common)
         self.duration_sec = duration_sec
         self.max_size = max_size
         self._configured: set[str] = set()
@@ -270,25 +235,8 @@ class ScriptStore(ClaimOnlyStore):
     strategy = "script"
     trims_runs = False
 
-    def __init__(
-        self,
-        conn: Connection,
-        *,
-        prefix: str,
-        runner: str,
-        history_size: int,
-        history_ttl_ms: int | None = None,
-        trim_runs_by_id: bool = False,
-        window_ms: int = 300_000,
-    ) -> None:
-        super().__init__(
-            conn,
-            prefix=prefix,
-            runner=runner,
-            history_size=history_size,
-            history_ttl_ms=history_ttl_ms,
-            trim_runs_by_id=trim_runs_by_id,
-        )
+    def __init__(self, conn: Connection, *, window_ms: int = 300_000, **common: Any) -> None:
+        super().__init__(conn, **common)
         self.window_ms = window_ms
 
     async def claim_many(

@@ -114,11 +114,29 @@ class Store(ABC):
     (``strategy.py``). What only leasing has (heartbeats, pauses, runs given back) has a
     meaning here for every store, so the engine never asks which one it holds."""
 
-    conn: Connection
-    prefix: str
     #: Whether runs are given back and asked for over the prefix's hint channel (the
     #: instances running jobs then listen to it).
     hints_for_jobs: ClassVar[bool] = False
+
+    def __init__(
+        self,
+        conn: Connection,
+        *,
+        prefix: str,
+        runner: str,
+        history_size: int,
+        history_ttl_ms: int | None = None,
+        trim_runs_by_id: bool = False,
+    ) -> None:
+        self.conn = conn
+        self.prefix = prefix
+        #: The instance whose runs this store records.
+        self.runner = runner
+        self.history_size = history_size
+        self.history_ttl_ms = history_ttl_ms or 0
+        #: History older than history_ttl_ms also leaves the streams (XTRIM MINID,
+        #: Redis 6.2+ and Valkey); older servers bound them by history_size alone.
+        self.trim_runs_by_id = trim_runs_by_id
 
     async def prepare_jobs(self, jobs: Sequence[str]) -> None:  # noqa: B027 - optional
         """Ready the store for these jobs before their first claim (nothing by default)."""

@@ -109,25 +109,6 @@ class LeaseStore(Store):
 
     hints_for_jobs = True
 
-    def __init__(
-        self,
-        conn: Connection,
-        *,
-        prefix: str,
-        runner: str,
-        history_size: int,
-        history_ttl_ms: int | None,
-        trim_runs_by_id: bool = False,
-    ) -> None:
-        self.conn = conn
-        self.prefix = prefix
-        self.runner = runner
-        self.history_size = history_size
-        self.history_ttl_ms = history_ttl_ms or 0
-        #: History older than history_ttl_ms also leaves the runs stream (XTRIM MINID,
-        #: Redis 6.2+ and Valkey); older servers bound it by history_size alone.
-        self.trim_runs_by_id = trim_runs_by_id
-
     def keys(self, job: str) -> JobKeys:
         return JobKeys.for_job(self.prefix, job)
 

@@ -11,8 +11,8 @@ chose it.
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from abc import ABC
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, Required, TypedDict
 
@@ -109,6 +109,8 @@ class Strategy(ABC):
     settings: ClassVar[Mapping[str, tuple[int, int]]] = {}
     #: The options its schedulers, jobs and timer kinds take.
     rules: ClassVar[OptionRules]
+    #: The class of its store, which takes its settings as keywords.
+    store: ClassVar[Callable[..., Store]]
 
     def check_job(self, job: Job) -> None:  # noqa: B027 - most strategies take every job
         """Refuse a job that this strategy cannot run as promised (none by default)."""
@@ -116,17 +118,26 @@ class Strategy(ABC):
     def check_server(self, server: ServerInfo) -> None:  # noqa: B027 - most run on any
         """Refuse a server this strategy cannot run on (none by default)."""
 
-    @abstractmethod
     def open(
         self, conn: Connection, server: ServerInfo, prefix: str, options: StoreOptions
     ) -> Store:
-        """Its store on a checked connection."""
+        """Its store on a checked connection, with its settings."""
+        return self.store(
+            conn,
+            prefix=prefix,
+            runner=options["runner"],
+            history_size=options["history_size"],
+            history_ttl_ms=options["history_ttl_ms"],
+            trim_runs_by_id=server.trims_streams_by_id,
+            **{name: getattr(self, name) for name in self.settings},
+        )
 
 
 class Leasing(Strategy):
     """The lease strategy: leases, heartbeats, backups, retries, overlap, catch-up, timers."""
 
     name = "lease"
+    store = LeaseStore
     rules = OptionRules(
         strategy="lease",
         job_options=COMMON_JOB_OPTIONS | LEASE_JOB_OPTIONS,
@@ -134,18 +145,6 @@ class Leasing(Strategy):
         max_attempts_default=3,
         timers_refused=None,
     )
-
-    def open(
-        self, conn: Connection, server: ServerInfo, prefix: str, options: StoreOptions
-    ) -> Store:
-        return LeaseStore(
-            conn,
-            prefix=prefix,
-            runner=options["runner"],
-            history_size=options["history_size"],
-            history_ttl_ms=options["history_ttl_ms"],
-            trim_runs_by_id=server.trims_streams_by_id,
-        )
 
 
 def _claim_only_rules(name: str) -> OptionRules:
@@ -166,19 +165,8 @@ class StreamIds(Strategy):
     """The stream-id strategy: the slot is the runs stream's entry id."""
 
     name = "stream-id"
+    store = StreamIdStore
     rules = _claim_only_rules("stream-id")
-
-    def open(
-        self, conn: Connection, server: ServerInfo, prefix: str, options: StoreOptions
-    ) -> Store:
-        return StreamIdStore(
-            conn,
-            prefix=prefix,
-            runner=options["runner"],
-            history_size=options["history_size"],
-            history_ttl_ms=options["history_ttl_ms"],
-            trim_runs_by_id=server.trims_streams_by_id,
-        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,6 +177,7 @@ class Idmp(Strategy):
     max_size: int = 1000
 
     name = "idmp"
+    store = IdmpStore
     settings: ClassVar[Mapping[str, tuple[int, int]]] = {
         "duration_sec": (1, 86_400),
         "max_size": (1, 10_000),
@@ -212,20 +201,6 @@ class Idmp(Strategy):
                 f"{server.version[1]}: use 'lease' (the default), 'script' or 'stream-id'"
             )
 
-    def open(
-        self, conn: Connection, server: ServerInfo, prefix: str, options: StoreOptions
-    ) -> Store:
-        return IdmpStore(
-            conn,
-            prefix=prefix,
-            runner=options["runner"],
-            history_size=options["history_size"],
-            history_ttl_ms=options["history_ttl_ms"],
-            trim_runs_by_id=server.trims_streams_by_id,
-            duration_sec=self.duration_sec,
-            max_size=self.max_size,
-        )
-
 
 @dataclass(frozen=True, slots=True)
 class Scripted(Strategy):
@@ -234,6 +209,7 @@ class Scripted(Strategy):
     window_ms: int = 300_000
 
     name = "script"
+    store = ScriptStore
     settings: ClassVar[Mapping[str, tuple[int, int]]] = {"window_ms": (1, 2**53)}
     rules = _claim_only_rules("script")
 
@@ -245,19 +221,6 @@ class Scripted(Strategy):
                 "late claim could find the slot forgotten and run it again; lower max_late_ms "
                 "or raise window_ms"
             )
-
-    def open(
-        self, conn: Connection, server: ServerInfo, prefix: str, options: StoreOptions
-    ) -> Store:
-        return ScriptStore(
-            conn,
-            prefix=prefix,
-            runner=options["runner"],
-            history_size=options["history_size"],
-            history_ttl_ms=options["history_ttl_ms"],
-            trim_runs_by_id=server.trims_streams_by_id,
-            window_ms=self.window_ms,
-        )
 
 
 _STRATEGIES: dict[str, type[Strategy]] = {
