@@ -18,6 +18,7 @@ import anyio
 from .._errors import InvalidOptionError
 from .._model.text import visible
 from .._ops.serve import WAIT_FOR_SERVER_SEC
+from .dev_server import add_dev_server_command, run_dev_server
 from .store import COMMANDS as STORE_COMMANDS
 from .store import add_prefix_option, add_store_commands, run_store_command
 from .usage import MissingExtra, UsageError
@@ -97,6 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _event_loop_option(demo)
     demo.add_argument("-v", "--verbose", action="store_true", help="log what the scheduler does")
+    add_dev_server_command(commands, _port)
     _run_parser(commands)
     add_store_commands(commands)
     add_web_command(commands, _port)
@@ -257,6 +259,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run_store_command(args)
         if args.command == "web":
             return run_web(args)
+        if args.command == "dev-server":
+            return run_dev_server(args)
         if args.command == "acl":
             from .._store.acl import acl_rules
             from .._store.backend import RedisBackend
