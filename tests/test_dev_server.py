@@ -30,14 +30,16 @@ _URL = re.compile(r"listening on (redis://127\.0\.0\.1:(\d+))$")
 
 
 @contextmanager
-def dev_server(*options: str) -> Iterator[tuple[subprocess.Popen[str], str, int]]:
-    """``anarchon dev-server`` started as from a terminal, once it has printed its URL;
-    killed at the end if it still runs."""
+def dev_server(
+    *options: str, sigint: signal.Handlers = signal.SIG_DFL
+) -> Iterator[tuple[subprocess.Popen[str], str, int]]:
+    """``anarchon dev-server`` started as from a terminal (SIGINT as ``sigint`` says), once
+    it has printed its URL; killed at the end if it still runs."""
     process = subprocess.Popen(
         [sys.executable, "-m", "anarchon", "dev-server", *options],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         # As from a terminal: a process started in the background may ignore SIGINT.
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        preexec_fn=lambda: signal.signal(signal.SIGINT, sigint),
     )  # fmt: skip
     try:
         assert process.stdout is not None
@@ -89,6 +91,17 @@ def test_the_url_it_prints_answers_and_a_signal_stops_it_and_frees_the_port(
     assert "Traceback" not in err, err
     assert not _listened_on(port)
     assert _can_bind(port), f"port {port} is still held"
+
+
+def test_sigint_stops_it_even_when_it_was_started_with_sigint_ignored() -> None:
+    """A shell script's background job starts with SIGINT ignored: Ctrl-C, as asked for,
+    still stops it."""
+    with dev_server("--port", "0", sigint=signal.SIG_IGN) as (process, _, port):
+        process.send_signal(signal.SIGINT)
+        out, err = process.communicate(timeout=30)
+    assert process.returncode == 0, err
+    assert f"stopped; port {port} is free" in out, out
+    assert not _listened_on(port)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal")

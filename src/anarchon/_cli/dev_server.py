@@ -51,8 +51,12 @@ def run_dev_server(args: argparse.Namespace) -> int:
     if binary is None:
         raise MissingExtra(_no_embedded_server())
     server = EmbeddedServer(binary, port=args.port, ends_with_this_process=True)
-    # SIGTERM stops it as Ctrl-C does; the server also ends if this process is killed.
-    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    # SIGINT and SIGTERM stop it, even where it was started with SIGINT ignored (in the
+    # background of a script); the server also ends if this process is killed.
+    previous = {
+        number: signal.signal(number, signal.default_int_handler)
+        for number in (signal.SIGINT, signal.SIGTERM)
+    }
     try:
         try:
             server.start()
@@ -91,7 +95,8 @@ def run_dev_server(args: argparse.Namespace) -> int:
         return 1
     finally:
         server.stop()
-        signal.signal(signal.SIGTERM, previous)
+        for number, handler in previous.items():
+            signal.signal(number, handler)
 
 
 def _version(binary: Path) -> str:
