@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import psutil
 import pytest
 import redis
 
@@ -114,6 +115,30 @@ def test_a_killed_dev_server_leaves_no_server_running() -> None:
     while _listened_on(port):
         assert time.monotonic() < deadline, f"a server still listens on port {port}"
         time.sleep(0.05)
+
+
+def test_a_server_shut_down_by_a_client_ends_it_with_exit_0() -> None:
+    with dev_server("--port", "0") as (process, url, _):
+        client = redis.Redis.from_url(url)
+        try:
+            client.shutdown(nosave=True)
+        except redis.ConnectionError:
+            pass  # the server may close the connection before it answers
+        finally:
+            client.close()
+        out, err = process.communicate(timeout=30)
+    assert process.returncode == 0, err
+    assert "the server was shut down" in out, out
+
+
+def test_a_server_that_dies_is_said_with_its_log_and_exit_1() -> None:
+    with dev_server("--port", "0") as (process, _, _):
+        (valkey,) = psutil.Process(process.pid).children()
+        valkey.kill()
+        out, err = process.communicate(timeout=30)
+    assert process.returncode == 1, (out, err)
+    assert "the server ended by itself (exit code -9)" in err, err
+    assert "its log ends with" in err and "Traceback" not in err, err
 
 
 def test_a_port_that_is_taken_is_said_in_one_line_and_exit_1() -> None:

@@ -75,28 +75,27 @@ def run_dev_server(args: argparse.Namespace) -> int:
             "Ctrl-C stops it.",
             flush=True,
         )
-        try:
-            code = server.wait()
-        except KeyboardInterrupt:
-            server.stop()
-            print(f"stopped; port {server.port} is free", flush=True)
-            return 0
-        # Ended without this process: shut down by a client, or a signal sent to it.
+        code = server.wait()
         log = server.log_tail(600)
+    except KeyboardInterrupt:
+        # Ctrl-C or SIGTERM, whenever it comes (even before the URL was printed).
         server.stop()
-        if code == 0:
-            print("the server was shut down", flush=True)
-            return 0
-        print(
-            f"anarchon dev-server: the server ended by itself (exit code {code}); its log "
-            f"ends with:\n{log}",
-            file=sys.stderr,
-        )
-        return 1
+        print(f"stopped; port {server.port} is free" if server.port else "stopped", flush=True)
+        return 0
     finally:
         server.stop()
         for number, handler in previous.items():
             signal.signal(number, handler)
+    # Ended without this process: shut down by a client, or by a signal sent to it alone.
+    if code == 0:
+        print("the server was shut down", flush=True)
+        return 0
+    print(
+        f"anarchon dev-server: the server ended by itself (exit code {code}); its log ends "
+        f"with:\n{log}",
+        file=sys.stderr,
+    )
+    return 1
 
 
 def _version(binary: Path) -> str:
