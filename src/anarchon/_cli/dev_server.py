@@ -31,8 +31,9 @@ def add_dev_server_command(commands: Any, port: Any) -> None:
         "'anarchon[embedded]') in the foreground, on 127.0.0.1 only, without a password and "
         "without persistence (its data is gone when it stops), and prints its URL. Ctrl-C "
         "or SIGTERM stops it and frees its port. For trying anarchon and developing against "
-        "it, not for production. Exit codes: 0 stopped, 1 it could not start (the extra is "
-        "missing, the port is taken) or it ended by itself.",
+        "it, not for production. Exit codes: 0 stopped (by a signal, or a client's "
+        "SHUTDOWN), 1 it could not start (the extra is missing, the port is taken) or the "
+        "server died.",
     )
     command.add_argument(
         "--port",
