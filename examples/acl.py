@@ -1,5 +1,5 @@
 """A scheduler that connects as an ACL user with no more rights than it needs: the rules
-``anarchon acl --prefix cron:`` prints (its keys, its hint channel, its commands).
+``anarchon acl --prefix acl-example:`` prints (its keys, its hint channel, its commands).
 
     read -rs REDIS_URL && export REDIS_URL && python acl.py
 
@@ -23,7 +23,7 @@ log = logging.getLogger("app")
 scheduler = Scheduler(
     RedisBackend(
         redis=os.environ["REDIS_URL"],  # the user and its password are in the URL
-        prefix=os.environ.get("ANARCHON_PREFIX", "cron:"),
+        prefix=os.environ.get("ANARCHON_PREFIX", "acl-example:"),
     )
 )
 

@@ -30,7 +30,7 @@ async def invoices(run: Run) -> None:
 async def main() -> None:
     client = RedisCluster.from_url(os.environ["REDIS_URL"])  # an asyncio client: asyncio only
     scheduler = Scheduler(
-        RedisBackend(redis=client, prefix=os.environ.get("ANARCHON_PREFIX", "cron:"))
+        RedisBackend(redis=client, prefix=os.environ.get("ANARCHON_PREFIX", "cluster-example:"))
     )
     scheduler.add_job(orders, "*/5 * * * * *")  # every five seconds
     scheduler.add_job(invoices, "*/5 * * * * *")

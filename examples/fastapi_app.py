@@ -24,7 +24,7 @@ log = logging.getLogger("app")
 scheduler = Scheduler(
     RedisBackend(
         redis=os.environ.get("REDIS_URL", "redis://localhost:6379"),
-        prefix=os.environ.get("ANARCHON_PREFIX", "cron:"),
+        prefix=os.environ.get("ANARCHON_PREFIX", "fastapi-app:"),  # one prefix per application
     ),
     stop_grace_ms=10_000,  # what a running job gets to finish when the server stops
 )

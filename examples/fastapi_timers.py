@@ -17,7 +17,7 @@ from anarchon import RedisBackend, Timers
 
 backend = RedisBackend(
     redis=os.environ.get("REDIS_URL", "redis://localhost:6379"),
-    prefix=os.environ.get("ANARCHON_PREFIX", "cron:"),
+    prefix=os.environ.get("ANARCHON_PREFIX", "reminders:"),  # the prefix of reminders.py
 )
 
 

@@ -61,7 +61,7 @@ class BlockingTimers:
 timers = BlockingTimers(
     RedisBackend(
         redis=os.environ.get("REDIS_URL", "redis://localhost:6379"),
-        prefix=os.environ.get("ANARCHON_PREFIX", "cron:"),
+        prefix=os.environ.get("ANARCHON_PREFIX", "reminders:"),  # the prefix of reminders.py
     )
 )
 app = Flask(__name__)

@@ -10,7 +10,7 @@ from anarchon import RedisBackend, Run, Scheduler
 
 url = os.environ.get("REDIS_URL", "redis://localhost:6379")
 # A short lease, so that a backup takes over within seconds of a runner's death.
-scheduler = Scheduler(RedisBackend(redis=url), lease_ms=6_000)
+scheduler = Scheduler(RedisBackend(redis=url, prefix="getting-started:"), lease_ms=6_000)
 
 
 @scheduler.job("*/5 * * * * *")

@@ -30,7 +30,7 @@ tracer = trace.get_tracer("billing")
 scheduler = Scheduler(
     RedisBackend(
         redis=os.environ.get("REDIS_URL", "redis://localhost:6379"),
-        prefix=os.environ.get("ANARCHON_PREFIX", "cron:"),
+        prefix=os.environ.get("ANARCHON_PREFIX", "otel-tracing:"),
     )
 )
 instrument(scheduler)  # before the start; the global tracer provider set above

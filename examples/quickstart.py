@@ -10,7 +10,7 @@ from anarchon import RedisBackend, Run, Scheduler, serve
 
 logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
 url = os.environ.get("REDIS_URL", "redis://localhost:6379")
-scheduler = Scheduler(RedisBackend(redis=url))
+scheduler = Scheduler(RedisBackend(redis=url, prefix="quickstart:"))  # one prefix per app
 
 
 @scheduler.job("*/5 * * * * *")  # six fields, seconds first: every five seconds

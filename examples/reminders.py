@@ -15,7 +15,8 @@ log = logging.getLogger("reminders")
 scheduler = Scheduler(
     RedisBackend(
         redis=os.environ.get("REDIS_URL", "redis://localhost:6379"),
-        prefix=os.environ.get("ANARCHON_PREFIX", "cron:"),
+        # One prefix per application: the web apps that set these timers use it too.
+        prefix=os.environ.get("ANARCHON_PREFIX", "reminders:"),
     )
 )
 

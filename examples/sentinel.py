@@ -21,7 +21,7 @@ log = logging.getLogger("app")
 scheduler = Scheduler(
     RedisBackend(
         redis=os.environ["REDIS_URL"],
-        prefix=os.environ.get("ANARCHON_PREFIX", "cron:"),
+        prefix=os.environ.get("ANARCHON_PREFIX", "sentinel-example:"),
     )
 )
 

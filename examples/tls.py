@@ -23,7 +23,7 @@ log = logging.getLogger("app")
 scheduler = Scheduler(
     RedisBackend(
         redis=os.environ["REDIS_URL"],  # rediss:// (or valkeys://): TLS
-        prefix=os.environ.get("ANARCHON_PREFIX", "cron:"),
+        prefix=os.environ.get("ANARCHON_PREFIX", "tls-example:"),
     )
 )
 

@@ -86,3 +86,32 @@ def test_acl_prints_the_line_without_client_setinfo_for_redis_7_0(
     without = capsys.readouterr().out.split()
     assert "+client|setinfo" in full
     assert [rule for rule in full if rule != "+client|setinfo"] == without
+
+
+def test_every_option_says_its_default_and_every_command_what_it_does() -> None:
+    """``anarchon COMMAND --help`` (and the generated reference page) shows each option's
+    default, and each command has a line in the list and a description of its own. A
+    flag (on or off, off by default) and --help and --version are the exceptions."""
+    import argparse
+
+    parser = build_parser()
+    (subparsers,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    listed = {choice.dest: choice.help for choice in subparsers._choices_actions}
+    flags = (
+        argparse._HelpAction,
+        argparse._VersionAction,
+        argparse._StoreTrueAction,
+        argparse._StoreFalseAction,
+    )
+    unsaid = []
+    for name, command in subparsers.choices.items():
+        if not listed.get(name):
+            unsaid.append(f"{name}: no line in the list of commands")
+        if not command.description:
+            unsaid.append(f"{name}: no description")
+        for action in command._actions:
+            optional = action.option_strings and not isinstance(action, flags)
+            if optional and "default" not in (action.help or ""):
+                unsaid.append(f"{name} {'/'.join(action.option_strings)}: no default said")
+    assert subparsers.choices, "no command found: the check above would check nothing"
+    assert not unsaid, unsaid

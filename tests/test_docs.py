@@ -284,3 +284,42 @@ def test_the_getting_started_app_runs_its_jobs_under_anarchon_run_and_stops_on_s
     shown = out.read_text()
     assert "Traceback" not in shown, shown
     assert "instance a stopped" in shown, shown
+
+
+#: The delivery promise, worded once: the pages, the README, the package's description
+#: and the ``Scheduler`` docstring each carry it as it stands here.
+PROMISE = (
+    "Each attempt of a slot is started by exactly one instance, each slot that starts runs "
+    "at least once (a new attempt follows a failure, a stop or a lost lease, while attempts "
+    "are left), and a slot that does not start (skipped by the overlap policy, a pause or "
+    "lateness) is recorded or logged, never silently lost."
+)
+
+
+def _words(text: str) -> str:
+    """Text with its line breaks, Markdown quote marks and emphasis folded away."""
+    text = re.sub(r"^\s*>\s?", "", text, flags=re.M)
+    return " ".join(text.replace("**", "").split())
+
+
+def test_the_promise_is_worded_the_same_everywhere_it_is_made() -> None:
+    import tomllib
+
+    from anarchon import Scheduler
+
+    places = {
+        name: (ROOT / name).read_text()
+        for name in (
+            "README.md",
+            "docs/index.md",
+            "docs/getting-started.md",
+            "docs/concepts/index.md",
+            "docs/concepts/leases.md",
+        )
+    }
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    places["pyproject.toml description"] = project["description"]
+    places["the Scheduler docstring"] = Scheduler.__doc__ or ""
+    unworded = [name for name, text in places.items() if PROMISE not in _words(text)]
+    assert not unworded, f"the promise is not worded as in tests/test_docs.py in {unworded}"
+    assert "each slot runs at least once" not in " ".join(map(_words, places.values())).lower()

@@ -50,7 +50,7 @@ def test_the_sdist_can_run_the_tests_and_the_metadata_says_what_is_promised(
     tmp_path: Path,
 ) -> None:
     """The sdist holds what its tests import (conftest.py, chaos/, bench/) and the
-    license; the metadata promises what the README does (at least once per slot), has
+    license; the metadata promises what the README does (at least once per started slot), has
     one version (the package's), and says which Pythons and systems it serves."""
     subprocess.run(
         [sys.executable, "-m", "build", "--sdist", "--wheel", "--outdir", str(tmp_path),

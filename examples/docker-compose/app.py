@@ -18,7 +18,7 @@ log = logging.getLogger("app")
 scheduler = Scheduler(
     RedisBackend(
         redis=os.environ.get("REDIS_URL", "redis://localhost:6379"),
-        prefix=os.environ.get("ANARCHON_PREFIX", "cron:"),
+        prefix=os.environ.get("ANARCHON_PREFIX", "myapp:"),  # one prefix per application
     ),
     # What a running job gets to finish when the copy is stopped: keep it shorter than
     # the grace period of whatever stops it (compose.yaml's stop_grace_period,

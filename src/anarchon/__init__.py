@@ -1,9 +1,14 @@
 """anarchon: distributed cron and durable timers on Redis and Valkey.
 
 Many copies of an application run the same jobs; for every scheduled fire
-time one copy runs the job, and another takes it over if that copy dies (each
-slot runs at least once, each attempt is started by one copy). Business code
-sets per-key timers that fire on one copy of the fleet and survive restarts.
+time one copy runs the job, and another takes it over if that copy dies.
+Each attempt of a slot is started by exactly one instance, each slot that
+starts runs at least once (a new attempt follows a failure, a stop or a lost
+lease, while attempts are left), and a slot that does not start (skipped by
+the overlap policy, a pause or lateness) is recorded or logged, never silently
+lost.
+Business code sets per-key timers that fire on one copy of the fleet and
+survive restarts.
 This module is the whole public API.
 """
 

@@ -34,9 +34,10 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 class Scheduler(Generic[K]):
-    """Runs jobs across all instances: each attempt of a scheduled slot is started by one
-    instance, and each slot runs at least once (again, as a new attempt, after its runner
-    failed, stopped or lost its lease).
+    """Runs jobs across all instances. Each attempt of a slot is started by exactly one
+    instance, each slot that starts runs at least once (a new attempt follows a failure, a
+    stop or a lost lease, while attempts are left), and a slot that does not start (skipped
+    by the overlap policy, a pause or lateness) is recorded or logged, never silently lost.
 
     Start it with ``async with``; leaving the block stops it gracefully::
 

@@ -20,7 +20,7 @@ TIME_ZONE = "UTC"
 
 # anarchon: where the scheduler keeps its state.
 ANARCHON_REDIS_URL = os.environ.get("REDIS_URL", "redis://localhost:6379")
-ANARCHON_PREFIX = os.environ.get("ANARCHON_PREFIX", "cron:")
+ANARCHON_PREFIX = os.environ.get("ANARCHON_PREFIX", "mysite:")  # one prefix per application
 
 # anarchon logs each run, and each error, on the logger "anarchon".
 LOGGING = {

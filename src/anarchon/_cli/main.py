@@ -18,6 +18,7 @@ import anyio
 from .._errors import InvalidOptionError
 from .._model.text import visible
 from .._ops.serve import WAIT_FOR_SERVER_SEC
+from .dev_server import add_dev_server_command, run_dev_server
 from .store import COMMANDS as STORE_COMMANDS
 from .store import add_prefix_option, add_store_commands, run_store_command
 from .usage import MissingExtra, UsageError
@@ -68,12 +69,36 @@ def build_parser() -> argparse.ArgumentParser:
         "each slot, and ends with a summary: slots, runs, duplicates, misses, takeovers, "
         "retries, timers fired.",
     )
-    demo.add_argument("--redis", metavar="URL", help="use this server instead of an embedded one")
-    demo.add_argument("--seconds", type=_positive(float), default=10.0, help="default: 10")
-    demo.add_argument("--instances", type=_positive(int), default=3, help="default: 3")
-    demo.add_argument("--jobs", type=_positive(int), default=3, help="default: 3")
-    demo.add_argument("--event-loop", choices=("asyncio", "trio"), default="asyncio")
+    demo.add_argument(
+        "--redis",
+        metavar="URL",
+        help="use this server instead of an embedded one (default: an embedded Valkey)",
+    )
+    demo.add_argument(
+        "--seconds",
+        type=_positive(float),
+        default=10.0,
+        metavar="SECONDS",
+        help="how long the jobs fire (default: 10)",
+    )
+    demo.add_argument(
+        "--instances",
+        type=_positive(int),
+        default=3,
+        metavar="N",
+        help="scheduler instances, each a process (default: 3)",
+    )
+    demo.add_argument(
+        "--jobs",
+        type=_positive(int),
+        default=3,
+        metavar="N",
+        help="jobs that fire every second, besides the slow, the failing one and the timer "
+        "(default: 3)",
+    )
+    _event_loop_option(demo)
     demo.add_argument("-v", "--verbose", action="store_true", help="log what the scheduler does")
+    add_dev_server_command(commands, _port)
     _run_parser(commands)
     add_store_commands(commands)
     add_web_command(commands, _port)
@@ -100,7 +125,12 @@ def _run_parser(commands: Any) -> None:
         choices=("DEBUG", "INFO", "WARNING", "ERROR"),
         help="default: INFO",
     )
-    run.add_argument("--log-format", default="plain", choices=("plain", "json"))
+    run.add_argument(
+        "--log-format",
+        default="plain",
+        choices=("plain", "json"),
+        help="plain lines, or one JSON object per line (default: plain)",
+    )
     run.add_argument(
         "--wait-for-server",
         type=_at_least_zero,
@@ -112,13 +142,14 @@ def _run_parser(commands: Any) -> None:
     run.add_argument(
         "--health-file",
         metavar="PATH",
-        help="keep a health file here (check it with: anarchon health PATH)",
+        help="keep a health file here (check it with: anarchon health PATH; default: none)",
     )
     run.add_argument(
         "--health-port",
         type=_port,
         metavar="PORT",
-        help="answer GET /live and /ready on this port (200 or 503, with a JSON body)",
+        help="answer GET /live and /ready on this port (200 or 503, with a JSON body; "
+        "default: none, no probes served)",
     )
     run.add_argument(
         "--health-host",
@@ -129,14 +160,15 @@ def _run_parser(commands: Any) -> None:
         "--metrics-port",
         type=_port,
         metavar="PORT",
-        help="serve Prometheus metrics on this port, GET /metrics (needs anarchon[prometheus])",
+        help="serve Prometheus metrics on this port, GET /metrics (needs "
+        "anarchon[prometheus]; default: none, no metrics served)",
     )
     run.add_argument(
         "--metrics-host",
         default="127.0.0.1",
         help="default: 127.0.0.1 (this machine only; a scraper of the pod's address needs 0.0.0.0)",
     )
-    run.add_argument("--event-loop", choices=("asyncio", "trio"), default="asyncio")
+    _event_loop_option(run)
 
     health = commands.add_parser(
         "health",
@@ -145,7 +177,13 @@ def _run_parser(commands: Any) -> None:
         "seconds (and, with --ready, its server answers), else prints why and exits 1.",
     )
     health.add_argument("path", metavar="PATH")
-    health.add_argument("--max-age", type=_positive(float), default=30.0, metavar="SECONDS")
+    health.add_argument(
+        "--max-age",
+        type=_positive(float),
+        default=30.0,
+        metavar="SECONDS",
+        help="the file must have been written within this many seconds (default: 30)",
+    )
     health.add_argument("--ready", action="store_true", help="also require a server that answers")
     completion = commands.add_parser(
         "completion",
@@ -164,7 +202,7 @@ def _run_parser(commands: Any) -> None:
         "password where it says >PASSWORD.",
     )
     add_prefix_option(acl)
-    acl.add_argument("--user", default="anarchon", help="default: anarchon")
+    acl.add_argument("--user", default="anarchon", help="the user's name (default: anarchon)")
     acl.add_argument(
         "--idmp", action="store_true", help="also what the idmp strategy needs (Redis 8.6+)"
     )
@@ -173,6 +211,15 @@ def _run_parser(commands: Any) -> None:
         action="store_true",
         help="leave out CLIENT SETINFO, which Redis 7.0 refuses in a rule (its clients "
         "send it and carry on when it is refused)",
+    )
+
+
+def _event_loop_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--event-loop",
+        choices=("asyncio", "trio"),
+        default="asyncio",
+        help="the event loop to run under (default: asyncio; trio needs trio installed)",
     )
 
 
@@ -212,6 +259,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run_store_command(args)
         if args.command == "web":
             return run_web(args)
+        if args.command == "dev-server":
+            return run_dev_server(args)
         if args.command == "acl":
             from .._store.acl import acl_rules
             from .._store.backend import RedisBackend

@@ -78,16 +78,36 @@ def add_store_commands(commands: Any) -> None:
         "alive; the timer kinds; the recent failures; the store's malformed entries (met "
         "here, and reported by the instances), which are left out of the rest.",
     )
-    inspect.add_argument("--failures", type=int, default=10, metavar="N", help="default: 10")
+    inspect.add_argument(
+        "--failures",
+        type=int,
+        default=10,
+        metavar="N",
+        help="list this many recent failures (default: 10; 0: none)",
+    )
     history = commands.add_parser(
-        "history", parents=[common], help="show a job's recorded attempts, newest first"
+        "history",
+        parents=[common],
+        help="show a job's recorded attempts, newest first",
+        description="Reads a job's history from the store (no scheduler needs to run "
+        "here): each attempt, newest first, with its slot, attempt number, trigger "
+        "(schedule, retry, takeover, catch-up, manual), status, runner, duration and "
+        "error; a slot skipped by the overlap policy or a pause is there too (status "
+        "skipped, attempt 0).",
     )
     history.add_argument("job", metavar="JOB")
-    history.add_argument("--limit", type=int, default=20, metavar="N", help="default: 20")
-    leases = commands.add_parser(
-        "leases", parents=[common], help="show the runs in progress (of one job, or all)"
+    history.add_argument(
+        "--limit", type=int, default=20, metavar="N", help="show at most N (default: 20)"
     )
-    leases.add_argument("job", metavar="JOB", nargs="?")
+    leases = commands.add_parser(
+        "leases",
+        parents=[common],
+        help="show the runs in progress (of one job, or all)",
+        description="Reads the runs in progress from the store (no scheduler needs to run "
+        "here): of JOB, or of every job without it, each with its slot, status, attempt, "
+        "runner, fence and the time left on its lease.",
+    )
+    leases.add_argument("job", metavar="JOB", nargs="?", help="one job (default: every job)")
     for name, text in (
         ("pause", "pause a job across the fleet (its slots are recorded as skipped)"),
         ("resume", "resume a paused job"),

@@ -60,8 +60,12 @@ def add_web_command(commands: Any, port: Any) -> None:
         "with --allow-actions, to whoever gives the token (--token or $ANARCHON_WEB_TOKEN; "
         "one is made up and printed when neither is given).",
     )
-    web.add_argument("--host", default="127.0.0.1", help="default: 127.0.0.1")
-    web.add_argument("--port", type=port, default=8765, help="default: 8765")
+    web.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="listen on this address (default: 127.0.0.1, this machine only)",
+    )
+    web.add_argument("--port", type=port, default=8765, help="listen on this port (default: 8765)")
     web.add_argument(
         "--allow-actions",
         action="store_true",
@@ -103,7 +107,7 @@ def add_web_command(commands: Any, port: Any) -> None:
         help="a name the pages answer to in the Host header (a proxy's, say ops.example.com, "
         "if it passes the name on; *.example.com for its subdomains), besides the loopback "
         "names when bound to loopback; then only these names are answered. May be given more "
-        "than once",
+        "than once (default: none, the loopback names alone; bound elsewhere, one is needed)",
     )
 
 

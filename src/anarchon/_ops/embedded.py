@@ -1,7 +1,8 @@
-"""Starting a throwaway Redis or Valkey server on loopback (the demo and the test suites).
+"""Starting a throwaway Redis or Valkey server on loopback (the demo, ``anarchon
+dev-server`` and the test suites).
 
-The server runs in a temporary directory, without persistence, on a free port,
-and is shut down on exit.
+The server runs in a temporary directory, without persistence, on a free port (or the
+one asked for), and is shut down on exit.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from types import TracebackType
 __all__ = [
     "EMBEDDED_PLATFORMS",
     "EmbeddedServer",
+    "PortTakenError",
     "embedded_platform",
     "free_port",
     "launch",
@@ -94,6 +96,11 @@ def _is_free(port: int) -> bool:
         except OSError:
             return False
         return True
+
+
+class PortTakenError(RuntimeError):
+    """The port asked for is taken on 127.0.0.1 (by a server, perhaps one that answers
+    PING: it is found before the start, since the new server's PING would reach it)."""
 
 
 def ping(port: int, timeout_sec: float = 0.5) -> bool:
@@ -181,11 +188,14 @@ class EmbeddedServer:
         extra_args: Sequence[str] = (),
         *,
         ends_with_this_process: bool = False,
+        port: int | None = None,
     ) -> None:
         self.binary = Path(binary)
         self.extra_args = list(extra_args)
         #: The server stops when this process ends, even killed (see ``launch``).
         self.ends_with_this_process = ends_with_this_process
+        #: The port asked for; None (or 0): a free one, found at the start.
+        self.wanted_port = port or None
         self.port = 0
         self._process: subprocess.Popen[bytes] | None = None
         self._dir: tempfile.TemporaryDirectory[str] | None = None
@@ -195,10 +205,18 @@ class EmbeddedServer:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self, timeout_sec: float = 15.0) -> EmbeddedServer:
+        """Start the server and wait until it answers PING; ``PortTakenError`` if the
+        port asked for is taken, RuntimeError (with the end of its log) if it does not
+        answer."""
+        if self.wanted_port is not None and not _is_free(self.wanted_port):
+            raise PortTakenError(f"port {self.wanted_port} is taken on 127.0.0.1")
         self._dir = tempfile.TemporaryDirectory(prefix="anarchon-server-")
         log_path = Path(self._dir.name) / "server.log"
-        for _ in range(5):  # a free port can be taken between finding and binding it
-            self.port = free_port(with_bus_port="--cluster-enabled" in self.extra_args)
+        # A free port can be taken between finding and binding it: another, then.
+        for _ in range(5 if self.wanted_port is None else 1):
+            self.port = self.wanted_port or free_port(
+                with_bus_port="--cluster-enabled" in self.extra_args
+            )
             args = ["--save", "", "--appendonly", "no", "--dir", self._dir.name, *self.extra_args]
             self._process = launch(
                 self.binary,
@@ -210,9 +228,25 @@ class EmbeddedServer:
             )
             if self._process is not None:
                 return self
-        log_text = log_path.read_text(errors="replace")[-2000:]
+        log_text = self.log_tail()
         self.stop()
         raise RuntimeError(f"{self.binary} did not start; its log ends with:\n{log_text}")
+
+    def log_tail(self, chars: int = 2000) -> str:
+        """The end of the server's log ("" once stopped)."""
+        if self._dir is None:
+            return ""
+        try:
+            return (Path(self._dir.name) / "server.log").read_text(errors="replace")[-chars:]
+        except OSError:
+            return ""
+
+    def wait(self) -> int:
+        """Wait until the server process ends (by itself, or stopped from elsewhere); its
+        exit code, negative for the signal that ended it. Stops nothing."""
+        if self._process is None:
+            raise RuntimeError("the server was not started")
+        return self._process.wait()
 
     def _kill(self) -> None:
         if self._process is not None and self._process.poll() is None:
