@@ -141,7 +141,11 @@ class ManualRuns:
                     return await store.claim_manual(request), sent
                 except ServerReplyError as exc:
                     if not is_transient(exc):
-                        raise  # the server's answer: its kind says why (NOPERM, ...)
+                        # The server's answer, its kind kept (NOPERM, WRONGTYPE, ...).
+                        raise ServerReplyError(
+                            f"the server refused the manual claim of {job.name!r}: {reason(exc)}",
+                            kind=exc.kind,
+                        ) from exc
                     failure = exc
                 except Exception as exc:
                     failure = exc
