@@ -52,9 +52,10 @@ async def three_instants(
     server_url: str, prefix: str, jobs: int
 ) -> tuple[list[Run], CountingConnection]:
     """Runs ``jobs`` jobs firing every second until three instants have run, counting
-    the round trips after start."""
+    the round trips after start. Unbounded (``max_concurrent=None``): the parts are
+    the claim batches', not the room an instance has."""
     runs: list[Run] = []
-    scheduler = Scheduler(RedisBackend(redis=server_url, prefix=prefix))
+    scheduler = Scheduler(RedisBackend(redis=server_url, prefix=prefix), max_concurrent=None)
     for index in range(jobs):
 
         async def handler(run: Run) -> None:

@@ -14,6 +14,7 @@ from ._engine.instance import Instance
 from ._errors import InvalidOptionError
 from ._model.job import Handler
 from ._model.options import (
+    DEFAULT_MAX_CONCURRENT,
     JobOptions,
     LeaseJobOptions,
     SchedulerSettings,
@@ -92,6 +93,10 @@ class Scheduler(Generic[K]):
         max_timer_payload_bytes: The largest payload a timer may hold as stored, in
             bytes (1 or more; default 1 MiB): a larger one is refused before anything
             is sent.
+        max_concurrent: The most handlers (jobs' and timers' together) that run on
+            this instance at once: 1 to 1,000,000 (default 100), or None for no bound.
+            An instance at its bound claims nothing more: what is due stays in the
+            store for the other instances, and is claimed here as runs end.
 
     Raises:
         InvalidOptionError: An option out of its bounds, a lease option with a
@@ -123,6 +128,7 @@ class Scheduler(Generic[K]):
         retry_delay_ms: int = 1_000,
         timer_poll_ms: int = 1_000,
         max_timer_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+        max_concurrent: int | None = DEFAULT_MAX_CONCURRENT,
     ) -> None: ...
 
     @overload
@@ -135,6 +141,7 @@ class Scheduler(Generic[K]):
         instance_id: str | None = None,
         stop_grace_ms: int = 30_000,
         max_timer_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+        max_concurrent: int | None = DEFAULT_MAX_CONCURRENT,
     ) -> None: ...
 
     def __init__(
@@ -150,6 +157,7 @@ class Scheduler(Generic[K]):
         retry_delay_ms: int | None = None,
         timer_poll_ms: int | None = None,
         max_timer_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+        max_concurrent: int | None = DEFAULT_MAX_CONCURRENT,
     ) -> None:
         if backend is None:
             backend = RedisBackend()
@@ -168,6 +176,7 @@ class Scheduler(Generic[K]):
             stop_grace_ms=stop_grace_ms,
             retry_delay_ms=retry_delay_ms,
             timer_poll_ms=timer_poll_ms,
+            max_concurrent=max_concurrent,
         )
         self.lease_ms = settings.lease_ms
         self.heartbeat_ms = settings.heartbeat_ms

@@ -172,6 +172,9 @@ class Agenda:
         self.timer_claims: dict[str, DueTimers] = {}
         #: The kinds of timer this instance fires.
         self.timer_kinds = context.timer_kinds
+        #: Claims of due timers that found no room here, by tag: made again when a run
+        #: here ends.
+        self._waiting_for_room: dict[str, tuple[str, TimerKeys]] = {}
 
     def wake(self) -> None:
         """Wake the claim loop now (to see an earlier claim, or that the scheduler stops)."""
@@ -277,6 +280,20 @@ class Agenda:
         self._due = [due for due in self._due if due.failures == 0]
         heapq.heapify(self._due)
         return unanswered
+
+    def wait_for_room(self, kind: str, keys: TimerKeys) -> None:
+        """A kind's (bucket's) claim of due timers found this instance at its bound: it
+        is made again as soon as a run here ends (``room_freed``)."""
+        self._waiting_for_room[keys.tag] = (kind, keys)
+
+    def room_freed(self) -> None:
+        """A run here ended (or a claim in flight gave its room back): the claims of due
+        timers that waited for room are due now."""
+        if self._waiting_for_room:
+            waiting, self._waiting_for_room = self._waiting_for_room, {}
+            now_ms = wall_ms()
+            for kind, keys in waiting.values():
+                self.timer_due(kind, keys, now_ms)
 
     def wake_when_run_ends(self, job: Job, due: DueSlot) -> None:
         """Bring ``due`` forward as soon as a run of the job on this instance ends."""
@@ -414,6 +431,22 @@ class Agenda:
             self._context.skipped(job.name, due.slot_ms, "late")
             return
         slots.append(due)
+
+    def still_in_time(self, batch: list[DueSlot], now_ms: float) -> list[DueSlot]:
+        """The claims of ``batch`` that may still be made after waiting for room here: a
+        first claim that has become too late is skipped, loudly, as ``pop_slot`` skips
+        one that comes due too late."""
+        kept = []
+        for due in batch:
+            job = self._context.jobs.get(due.job)
+            if job is None:
+                continue
+            if due.first and due.failures == 0 and not self._in_time(job, due, now_ms):
+                self._log_missed(job, due, now_ms)
+                self._context.skipped(job.name, due.slot_ms, "late")
+                continue
+            kept.append(due)
+        return kept
 
     def _without_stale_backlog(self, batch: list[DueSlot]) -> list[DueSlot]:
         """After an outage or a stall, several scheduled slots of one job can be due at

@@ -67,12 +67,7 @@ class Claimer:
             while self._context.state == "running":
                 batch = await self._agenda.next_batch()
                 slots, timers = batch.slots, batch.timers
-                # A large instant goes in parts: the first runs start while the rest
-                # are claimed, and no round trip outgrows a client's request timeout.
-                for start in range(0, len(slots), _CLAIM_BATCH_MAX):
-                    if self._context.state != "running":
-                        break  # stopping: the parts not sent were never claimed
-                    await self._claim(slots[start : start + _CLAIM_BATCH_MAX])
+                await self._claim_in_parts(slots)
                 if timers and self._context.state == "running":
                     # Each kind (bucket) is a claim of its own; sent together, they share
                     # a round trip.
@@ -81,6 +76,33 @@ class Claimer:
                             group.start_soon(self._timers.claim, due)
         finally:
             self.loop_done.set()
+
+    async def _claim_in_parts(self, slots: list[DueSlot]) -> None:
+        """Claim the slots due together in parts: a large instant goes in round trips of
+        at most 200 (the first runs start while the rest are claimed, and no round trip
+        outgrows a client's request timeout), and never more than this instance has
+        room for (``Capacity``). At its bound it claims nothing and waits for a run to
+        end: the slots stay in the store for the other instances, and a first claim
+        that has become too late meanwhile is skipped, as any late one is."""
+        context, capacity = self._context, self._context.capacity
+        rest = slots
+        while rest and context.state == "running":
+            if capacity.free() <= 0:
+                await capacity.wait()
+                if context.state != "running":
+                    break  # stopping: the parts not sent were never claimed
+                rest = self._agenda.still_in_time(rest, wall_ms())
+            room = min(_CLAIM_BATCH_MAX, capacity.free())
+            part, rest = rest[:room], rest[room:]
+            if not part:
+                continue
+            capacity.reserved += len(part)
+            try:
+                await self._claim(part)
+            finally:
+                capacity.reserved -= len(part)
+                capacity.freed()
+                self._agenda.room_freed()
 
     async def _claim(self, batch: list[DueSlot]) -> None:
         """Claim every slot of the batch in one round trip and act on the answers.

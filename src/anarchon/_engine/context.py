@@ -24,7 +24,7 @@ from .._store.timers import TimerStore
 if TYPE_CHECKING:
     from .work import Leased
 
-__all__ = ["EngineContext", "Running", "ServerHealth", "State"]
+__all__ = ["Capacity", "EngineContext", "Running", "ServerHealth", "State"]
 
 log = logging.getLogger("anarchon")
 
@@ -62,6 +62,36 @@ class ServerHealth:
 
 
 State = Literal["new", "running", "stopping", "stopped"]
+
+
+class Capacity:
+    """How many more handlers may start on this instance: its bound (``max_concurrent``)
+    less those running and those that claims in flight may start. An instance at its
+    bound claims nothing more (backpressure): what is due stays in the store for the
+    other instances, and none of it waits here past a lease."""
+
+    def __init__(self, context: EngineContext) -> None:
+        self._context = context
+        #: Runs that claims in flight may start (each claim reserves its most).
+        self.reserved = 0
+        self._freed = anyio.Event()
+
+    def free(self) -> int:
+        """How many more may start now (a large number without a bound)."""
+        bound = self._context.max_concurrent
+        if bound is None:
+            return 1 << 30
+        return bound - len(self._context.attempts) - self.reserved
+
+    def freed(self) -> None:
+        """A run ended (or the scheduler stops): whoever waits for room looks again."""
+        self._freed.set()
+
+    async def wait(self) -> None:
+        """Return once a run may start here, or the scheduler stops."""
+        while self.free() <= 0 and self._context.state == "running":
+            await self._freed.wait()
+            self._freed = anyio.Event()
 
 
 @dataclass(frozen=True, eq=False, slots=True)
@@ -116,9 +146,14 @@ class EngineContext:
     #: The server's clock minus this instance's, as the last claim of timers saw it
     #: (a recurring timer's next due time is reckoned on the server's clock).
     server_offset_ms: float = 0.0
+    #: The most handlers (jobs' and timers' together) that run here at once (None: no
+    #: bound).
+    max_concurrent: int | None = None
+    capacity: Capacity = field(init=False)
 
     def __post_init__(self) -> None:
         self.health = ServerHealth(self)
+        self.capacity = Capacity(self)
 
     @property
     def round_trip_sec(self) -> float:
@@ -127,6 +162,7 @@ class EngineContext:
     def begin_stopping(self) -> None:
         self.state = "stopping"
         self.stopping.set()
+        self.capacity.freed()
 
     def skipped(self, job: str, slot_ms: int, reason: SkipReason) -> None:
         """Tell the listeners a scheduled slot of ``job`` does not run (logged already)."""

@@ -141,6 +141,7 @@ class Instance:
             retry_delay_ms=settings.retry_delay_ms,
             prefix=backend.prefix,
             timer_poll_ms=settings.timer_poll_ms,
+            max_concurrent=settings.max_concurrent,
         )
         return cls(
             owner,

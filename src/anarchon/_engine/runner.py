@@ -157,6 +157,8 @@ class Runner:
                     del self._context.attempts[leased.registry_key]
                     leased.settled.set()
                     leased.ended_here(self._agenda)
+                    self._context.capacity.freed()
+                    self._agenda.room_freed()
                     if not self._context.attempts:
                         self._idle.set()
 

@@ -12,6 +12,7 @@ from anyio.abc import TaskGroup
 from .._errors import reason
 from .._model.clock import wall_ms
 from .._model.text import visible
+from .._model.timer import TimerKind
 from .._store.timers import TimerClaim, TimerStore
 from ..clients import ServerReplyError, is_transient
 from .agenda import Agenda, DueTimers
@@ -50,17 +51,40 @@ class TimerClaimer:
         self._refused: set[str] = set()
 
     async def claim(self, due: DueTimers) -> None:
-        """Claim a kind's (bucket's) due timers, up to a batch; run what was won, and put
-        the next claim on the agenda: at once if the batch was full, else when the
-        earliest timer needs attention, but no later than the poll interval (a timer
-        set elsewhere to fire sooner is seen by then). A claim whose round trip failed
-        is sent again with its token base: its reply hears of the firings it won."""
+        """Claim a kind's (bucket's) due timers, as many as this instance has room for
+        (``Capacity``), up to a batch. With no room, nothing is claimed: the timers stay
+        in the store for the other instances, and the claim is made again when a run
+        here ends (or at the poll interval). A claim sent again after a failed round
+        trip is always sent: its reply hears of the firings it may have won."""
         context = self._context
         kind = context.timer_kinds.get(due.kind)
-        keys = due.keys
-        timer_store = self._timer_store
         if kind is None:
             return
+        capacity = context.capacity
+        room = capacity.free()
+        if room <= 0 and due.failures == 0:
+            self._agenda.wait_for_room(kind.name, due.keys)
+            self._agenda.timer_due(kind.name, due.keys, wall_ms() + context.timer_poll_ms)
+            return
+        limit = max(min(_TIMER_CLAIM_MAX, room), 0)
+        capacity.reserved += limit
+        try:
+            await self._claim(due, kind, limit)
+        finally:
+            capacity.reserved -= limit
+            if limit:
+                capacity.freed()
+                self._agenda.room_freed()
+
+    async def _claim(self, due: DueTimers, kind: TimerKind, limit: int) -> None:
+        """Claim up to ``limit`` due timers; run what was won, and put the next claim on
+        the agenda: at once if the batch was full, else when the earliest timer needs
+        attention, but no later than the poll interval (a timer set elsewhere to fire
+        sooner is seen by then). A claim whose round trip failed is sent again with its
+        token base: its reply hears of the firings it won."""
+        context = self._context
+        keys = due.keys
+        timer_store = self._timer_store
         sent = time.monotonic()
         claim: TimerClaim | None = None
         failure: BaseException | str = "no reply in time"
@@ -69,7 +93,7 @@ class TimerClaimer:
             try:
                 claim = await timer_store.claim(
                     keys,
-                    limit=_TIMER_CLAIM_MAX,
+                    limit=limit,
                     lease_ms=context.lease_ms,
                     token_base=due.token,
                     max_attempts=kind.max_attempts,
@@ -142,8 +166,8 @@ class TimerClaimer:
                 )
                 group.start_soon(self._settler.fail_firing, kind, keys, win)
         at_ms = received_ms + context.timer_poll_ms
-        if claim.more:
-            at_ms = received_ms
+        if claim.more or len(claim.wins) >= limit > 0:
+            at_ms = received_ms  # more may be due: claimed at once, if there is room
         elif claim.next_ms is not None:
             # next_ms is on the server's clock: so many ms from now on this one.
             at_ms = min(at_ms, received_ms + max(claim.next_ms - claim.server_now_ms, 0))

@@ -258,6 +258,13 @@ def check_instance_id(instance_id: object) -> str:
     return instance_id
 
 
+#: An instance's bound on handlers running at once, unless told otherwise: room for a
+#: small service's work, not for a flood of timers due together to start all at once.
+DEFAULT_MAX_CONCURRENT = 100
+#: The largest bound an instance may be given (None lifts it).
+MAX_CONCURRENT = 1_000_000
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SchedulerSettings:
     """A scheduler's options, checked, with their defaults filled in."""
@@ -273,6 +280,8 @@ class SchedulerSettings:
     stop_grace_ms: int
     retry_delay_ms: int
     timer_poll_ms: int
+    #: The most handlers that run at once on the instance (None: no bound).
+    max_concurrent: int | None = None
 
     @classmethod
     def make(
@@ -287,6 +296,7 @@ class SchedulerSettings:
         stop_grace_ms: int,
         retry_delay_ms: int | None,
         timer_poll_ms: int | None,
+        max_concurrent: int | None = DEFAULT_MAX_CONCURRENT,
     ) -> SchedulerSettings:
         refuse_lease_options(
             rules,
@@ -332,6 +342,9 @@ class SchedulerSettings:
             timer_poll_ms=check_duration_ms(
                 "timer_poll_ms", 1_000 if timer_poll_ms is None else timer_poll_ms
             ),
+            max_concurrent=None
+            if max_concurrent is None
+            else check_count("max_concurrent", max_concurrent, most=MAX_CONCURRENT),
         )
 
 

@@ -1,0 +1,139 @@
+"""An instance's bound on handlers running at once (``max_concurrent``), with
+backpressure: at its bound an instance claims nothing more, what is due stays in the
+store for the other instances, and every timer and slot still runs once."""
+
+from __future__ import annotations
+
+import collections
+from contextlib import AsyncExitStack
+
+import anyio
+import pytest
+
+from anarchon import (
+    IntervalSchedule,
+    InvalidOptionError,
+    RedisBackend,
+    Run,
+    Scheduler,
+    TimerRun,
+    TimerSetting,
+)
+from tests.helpers import wait_until
+
+pytestmark = [pytest.mark.anyio, pytest.mark.engine_tier]
+
+TIMERS = 200
+BOUND = 10
+HANDLER_SEC = 0.2
+
+
+class Peaks:
+    """How many handlers run at once on each instance, and the most there ever were."""
+
+    def __init__(self) -> None:
+        self.now: collections.Counter[str] = collections.Counter()
+        self.most: collections.Counter[str] = collections.Counter()
+        self.fired: collections.Counter[str] = collections.Counter()
+
+    async def run(self, runner: str, key: str) -> None:
+        self.now[runner] += 1
+        self.most[runner] = max(self.most[runner], self.now[runner])
+        try:
+            await anyio.sleep(HANDLER_SEC)
+            self.fired[key] += 1
+        finally:
+            self.now[runner] -= 1
+
+
+def timer_fleet(url: str, prefix: str, peaks: Peaks, n: int) -> list[Scheduler]:  # type: ignore[type-arg]
+    schedulers = []
+    for i in range(n):
+        scheduler = Scheduler(
+            RedisBackend(redis=url, prefix=prefix),
+            instance_id=f"i{i}",
+            lease_ms=3000,
+            max_concurrent=BOUND,
+        )
+
+        async def remind(fire: TimerRun) -> None:
+            await peaks.run(fire.runner, fire.key)
+
+        scheduler.add_timer(remind, "remind")
+        schedulers.append(scheduler)
+    return schedulers
+
+
+async def test_timers_due_together_run_at_most_the_bound_at_once_and_each_once(
+    server_url: str, prefix: str
+) -> None:
+    """200 timers due at once, two instances bounded at 10: neither runs more than 10
+    handlers at any moment, and every timer fires once; the work is shared."""
+    peaks = Peaks()
+    schedulers = timer_fleet(server_url, prefix, peaks, 2)
+    async with AsyncExitStack() as stack:
+        for scheduler in schedulers:
+            await stack.enter_async_context(scheduler)
+        await schedulers[0].set_timers(
+            "remind", [TimerSetting(f"k{n}", delay_ms=0) for n in range(TIMERS)]
+        )
+        await wait_until(lambda: len(peaks.fired) == TIMERS, 60, "every timer to fire")
+    assert max(peaks.most.values()) <= BOUND, peaks.most
+    assert set(peaks.fired.values()) == {1}, [k for k, n in peaks.fired.items() if n > 1]
+    assert len(peaks.most) == 2, peaks.most  # both instances took a share
+
+
+async def test_an_instance_stopped_at_its_bound_loses_no_timer(
+    server_url: str, prefix: str
+) -> None:
+    """One instance takes its bound of the timers and is stopped mid-way without grace:
+    the firings it gives back and the timers it never claimed all fire on the other,
+    which never runs more than its bound either."""
+    peaks = Peaks()
+    first, second = timer_fleet(server_url, prefix, peaks, 2)
+    async with first:
+        await first.set_timers(
+            "remind", [TimerSetting(f"k{n}", delay_ms=0) for n in range(TIMERS // 4)]
+        )
+        await wait_until(lambda: peaks.now["i0"] == BOUND, 20, "the first at its bound")
+        await first.stop(grace_ms=0)
+    async with second:
+        await wait_until(lambda: len(peaks.fired) == TIMERS // 4, 60, "every timer to fire")
+        await anyio.sleep(HANDLER_SEC * 2)  # a second firing of any key would show now
+    assert peaks.most["i1"] <= BOUND and peaks.most["i0"] <= BOUND, peaks.most
+    assert set(peaks.fired.values()) == {1}, [k for k, n in peaks.fired.items() if n > 1]
+
+
+async def test_slots_due_together_run_at_most_the_bound_at_once(
+    server_url: str, prefix: str
+) -> None:
+    """Twelve jobs due every second on one instance bounded at 4: at most 4 run at once
+    (the slots it has no room for wait in the store, or are skipped as late)."""
+    running = 0
+    most = 0
+    started: list[float] = []
+    scheduler = Scheduler(RedisBackend(redis=server_url, prefix=prefix), max_concurrent=4)
+
+    async def job(run: Run) -> None:
+        nonlocal running, most
+        running += 1
+        most = max(most, running)
+        started.append(anyio.current_time())
+        try:
+            await anyio.sleep(0.3)
+        finally:
+            running -= 1
+
+    for n in range(12):
+        scheduler.add_job(job, IntervalSchedule(1000), name=f"j{n}", max_late_ms=2000)
+    async with scheduler:
+        await wait_until(lambda: len(started) >= 24, 20, "two seconds of slots")
+    assert most <= 4, most
+
+
+def test_max_concurrent_takes_a_whole_number_or_none() -> None:
+    Scheduler(RedisBackend(), max_concurrent=None)
+    Scheduler(RedisBackend(), max_concurrent=1)
+    for bad in (0, -1, 1.5, True, "10"):
+        with pytest.raises(InvalidOptionError, match="max_concurrent"):
+            Scheduler(RedisBackend(), max_concurrent=bad)  # type: ignore[arg-type]
