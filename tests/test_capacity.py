@@ -9,6 +9,7 @@ from contextlib import AsyncExitStack
 
 import anyio
 import pytest
+from prometheus_client import CollectorRegistry
 
 from anarchon import (
     IntervalSchedule,
@@ -19,6 +20,7 @@ from anarchon import (
     TimerRun,
     TimerSetting,
 )
+from anarchon.prometheus import instrument
 from tests.helpers import wait_until
 
 pytestmark = [pytest.mark.anyio, pytest.mark.engine_tier]
@@ -137,3 +139,27 @@ def test_max_concurrent_takes_a_whole_number_or_none() -> None:
     for bad in (0, -1, 1.5, True, "10"):
         with pytest.raises(InvalidOptionError, match="max_concurrent"):
             Scheduler(RedisBackend(), max_concurrent=bad)  # type: ignore[arg-type]
+
+
+async def test_the_metrics_show_the_room_left_and_what_waited_for_it(
+    server_url: str, prefix: str
+) -> None:
+    """An instance bounded at 10 with 100 timers due: its Prometheus metrics show the
+    bound's room (10 once idle) and the timer claims it put off for want of room."""
+    peaks = Peaks()
+    (scheduler,) = timer_fleet(server_url, prefix, peaks, 1)
+    registry = CollectorRegistry()
+    instrument(scheduler, registry)
+    async with scheduler:
+        await scheduler.set_timers(
+            "remind", [TimerSetting(f"k{n}", delay_ms=0) for n in range(TIMERS // 2)]
+        )
+        await wait_until(lambda: len(peaks.fired) == TIMERS // 2, 60, "every timer to fire")
+        await wait_until(lambda: scheduler.running == 0, 10, "the last firing to settle")
+        labels = {"instance": scheduler.instance_id}
+        assert registry.get_sample_value("anarchon_capacity_room", labels) == BOUND
+        deferred = registry.get_sample_value(
+            "anarchon_capacity_deferred_timer_claims_total", labels
+        )
+    assert deferred is not None and deferred >= 1, deferred
+    assert peaks.most["i0"] <= BOUND, peaks.most

@@ -340,6 +340,7 @@ class SchedulerMetrics(Collector):
         for job, count in sorted(totals.items()):
             held.add_metric([job], count)
         yield held
+        yield from _room(sources)
         alive = GaugeMetricFamily(
             "anarchon_instances_alive",
             "Instances registered and renewing under the prefix (fleet-wide, from the store).",
@@ -378,6 +379,38 @@ class SchedulerMetrics(Collector):
 _registered: weakref.WeakKeyDictionary[CollectorRegistry, SchedulerMetrics] = (
     weakref.WeakKeyDictionary()
 )
+
+
+def _room(sources: list[_Source]) -> Iterator[Metric]:
+    """An instance's room under its bound on handlers at once, and what waited for it."""
+    room = GaugeMetricFamily(
+        "anarchon_capacity_room",
+        "Handlers that may still start on this instance under its max_concurrent "
+        "(absent without a bound).",
+        labels=["instance"],
+    )
+    waited = CounterMetricFamily(
+        "anarchon_capacity_wait_seconds",
+        "Time this instance's claim loop waited for room under max_concurrent: slots "
+        "due meanwhile stayed in the store for the other instances.",
+        labels=["instance"],
+    )
+    deferred = CounterMetricFamily(
+        "anarchon_capacity_deferred_timer_claims",
+        "Claims of due timers this instance put off for want of room under "
+        "max_concurrent (the timers stayed in the store).",
+        labels=["instance"],
+    )
+    for source in sources:
+        name = source.scheduler.instance_id
+        bound, left, waited_sec, put_off = Instance.of(source.scheduler).room()
+        if bound is not None:
+            room.add_metric([name], left)
+        waited.add_metric([name], waited_sec)
+        deferred.add_metric([name], put_off)
+    yield room
+    yield waited
+    yield deferred
 
 
 def instrument(

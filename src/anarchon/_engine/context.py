@@ -74,6 +74,10 @@ class Capacity:
         self._context = context
         #: Runs that claims in flight may start (each claim reserves its most).
         self.reserved = 0
+        #: How long the claim loop has waited for room here, in all (seconds).
+        self.waited_sec = 0.0
+        #: How many claims of due timers found no room here and were put off.
+        self.deferred = 0
         self._freed = anyio.Event()
 
     def free(self) -> int:
@@ -89,9 +93,13 @@ class Capacity:
 
     async def wait(self) -> None:
         """Return once a run may start here, or the scheduler stops."""
-        while self.free() <= 0 and self._context.state == "running":
-            await self._freed.wait()
-            self._freed = anyio.Event()
+        began = time.monotonic()
+        try:
+            while self.free() <= 0 and self._context.state == "running":
+                await self._freed.wait()
+                self._freed = anyio.Event()
+        finally:
+            self.waited_sec += time.monotonic() - began
 
 
 @dataclass(frozen=True, eq=False, slots=True)

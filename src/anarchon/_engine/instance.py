@@ -15,7 +15,8 @@ all that code outside the engine uses (``tests/test_architecture.py`` holds it s
 ``Instance.of(scheduler)`` is for anarchon's integrations, and they use only:
 
 - ``server_down_since``, ``disabled``: ``serve``'s health probes;
-- ``leases_held()``, ``read_beside(reader)``: ``anarchon.prometheus``'s gauges, and
+- ``leases_held()``, ``room()``, ``read_beside(reader)``: ``anarchon.prometheus``'s
+  gauges, and
   its reader of the store on the instance's connection from its start to its stop;
 - ``trace_with(tracing)``: spans of attempts and claims (``anarchon.otel``);
 - ``running_store()``: the store while it runs (tests and benchmarks).
@@ -207,6 +208,15 @@ class Instance:
     def server_offset_ms(self) -> float:
         """The server's clock minus this host's, as the last claim of timers saw it."""
         return self.context.server_offset_ms
+
+    def room(self) -> tuple[int | None, int, float, int]:
+        """This instance's bound on handlers at once (None: none), the room left under
+        it, how long its claim loop has waited for room (seconds, in all), and how many
+        claims of due timers were put off for room (``Capacity``)."""
+        capacity = self.context.capacity
+        bound = self.context.max_concurrent
+        room = 0 if bound is None else max(bound - len(self.context.attempts), 0)
+        return bound, room, capacity.waited_sec, capacity.deferred
 
     def leases_held(self) -> dict[str, int]:
         """The attempts (and timer firings) this instance runs, by job (timer kind).

@@ -63,6 +63,7 @@ class TimerClaimer:
         capacity = context.capacity
         room = capacity.free()
         if room <= 0 and due.failures == 0:
+            capacity.deferred += 1
             self._agenda.wait_for_room(kind.name, due.keys)
             self._agenda.timer_due(kind.name, due.keys, wall_ms() + context.timer_poll_ms)
             return
