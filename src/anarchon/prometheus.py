@@ -382,32 +382,35 @@ _registered: weakref.WeakKeyDictionary[CollectorRegistry, SchedulerMetrics] = (
 
 
 def _room(sources: list[_Source]) -> Iterator[Metric]:
-    """An instance's room under its bound on handlers at once, and what waited for it."""
+    """The room left under the bound on handlers at once, and what waited for it, over
+    the schedulers of this registry (the scrape's own ``instance`` label tells the
+    processes apart)."""
     room = GaugeMetricFamily(
         "anarchon_capacity_room",
-        "Handlers that may still start on this instance under its max_concurrent "
-        "(absent without a bound).",
-        labels=["instance"],
+        "Handlers that may still start here under max_concurrent (absent without a bound).",
     )
     waited = CounterMetricFamily(
         "anarchon_capacity_wait_seconds",
-        "Time this instance's claim loop waited for room under max_concurrent: slots "
-        "due meanwhile stayed in the store for the other instances.",
-        labels=["instance"],
+        "Time the claim loop waited for room under max_concurrent: slots due meanwhile "
+        "stayed in the store for the other instances.",
     )
     deferred = CounterMetricFamily(
         "anarchon_capacity_deferred_timer_claims",
-        "Claims of due timers this instance put off for want of room under "
-        "max_concurrent (the timers stayed in the store).",
-        labels=["instance"],
+        "Claims of due timers put off for want of room under max_concurrent (the timers "
+        "stayed in the store).",
     )
+    left_total, bounded, waited_total, deferred_total = 0, False, 0.0, 0
     for source in sources:
-        name = source.scheduler.instance_id
         bound, left, waited_sec, put_off = Instance.of(source.scheduler).room()
         if bound is not None:
-            room.add_metric([name], left)
-        waited.add_metric([name], waited_sec)
-        deferred.add_metric([name], put_off)
+            bounded = True
+            left_total += left
+        waited_total += waited_sec
+        deferred_total += put_off
+    if bounded:
+        room.add_metric([], left_total)
+    waited.add_metric([], waited_total)
+    deferred.add_metric([], deferred_total)
     yield room
     yield waited
     yield deferred
