@@ -179,6 +179,9 @@ class InstanceConfig:
     heartbeat_ms: int | None = None
     stop_grace_ms: int | None = None
     history_size: int = 1000
+    #: The instance's bound on handlers at once: ``"default"`` (the library's), a
+    #: number, or None (no bound).
+    max_concurrent: int | str | None = "default"
     #: How long each handler runs (ms); -1: until the process is killed.
     handler_ms: float = 0
     #: Print one line per handler start as it happens (for takeover).

@@ -160,6 +160,8 @@ def main() -> None:
     schedule = schedule_for(config["period_ms"], config["phase_ms"])
     options: dict[str, Any] = {"instance_id": config["name"]}
     options["history_size"] = config["history_size"]
+    if config["max_concurrent"] != "default":
+        options["max_concurrent"] = config["max_concurrent"]
     for name in ("lease_ms", "heartbeat_ms", "stop_grace_ms"):
         if config[name] is not None:
             options[name] = config[name]

@@ -160,3 +160,106 @@ async def test_the_metrics_show_the_room_left_and_what_waited_for_it(
         deferred = registry.get_sample_value("anarchon_capacity_deferred_timer_claims_total")
     assert deferred is not None and deferred >= 1, deferred
     assert peaks.most["i0"] <= BOUND, peaks.most
+
+
+async def test_a_timer_kind_s_own_bound_holds_it_alone(server_url: str, prefix: str) -> None:
+    """A kind bounded at 3 runs at most 3 firings at once here, while another kind's
+    timers due at the same moment go on past it; the metrics count the claims put off."""
+    peaks = {"slow": Peaks(), "fast": Peaks()}
+    scheduler = Scheduler(
+        RedisBackend(redis=server_url, prefix=prefix), lease_ms=3000, max_concurrent=None
+    )
+
+    async def slow(fire: TimerRun) -> None:
+        await peaks["slow"].run(fire.runner, fire.key)
+
+    async def fast(fire: TimerRun) -> None:
+        await peaks["fast"].run(fire.runner, fire.key)
+
+    scheduler.add_timer(slow, "slow", max_concurrent=3)
+    scheduler.add_timer(fast, "fast")
+    registry = CollectorRegistry()
+    instrument(scheduler, registry)
+    waiting: list[float] = []
+    async with scheduler:
+        for kind in ("slow", "fast"):
+            await scheduler.set_timers(kind, [TimerSetting(f"k{n}", delay_ms=0) for n in range(24)])
+
+        def fired_all() -> bool:
+            waiting.append(registry.get_sample_value("anarchon_capacity_waiting") or 0)
+            return all(len(p.fired) == 24 for p in peaks.values())
+
+        await wait_until(fired_all, 60, "every timer to fire")
+    assert peaks["slow"].most[scheduler.instance_id] <= 3, peaks["slow"].most
+    assert peaks["fast"].most[scheduler.instance_id] > 3, peaks["fast"].most
+    assert all(set(p.fired.values()) == {1} for p in peaks.values())
+    assert max(waiting) >= 1, "the slow kind's claims were never seen waiting for room"
+
+
+async def test_a_job_s_own_bound_holds_it_alone(server_url: str, prefix: str) -> None:
+    """A job with overlap="allow" due every 100 ms, whose runs take 600 ms, bounded at 2:
+    never more than 2 of its runs at once here, while another job due as often is not
+    held back by it."""
+    scheduler = Scheduler(RedisBackend(redis=server_url, prefix=prefix), max_concurrent=None)
+    running: collections.Counter[str] = collections.Counter()
+    most: collections.Counter[str] = collections.Counter()
+    starts: collections.Counter[str] = collections.Counter()
+
+    async def job(run: Run) -> None:
+        running[run.job] += 1
+        most[run.job] = max(most[run.job], running[run.job])
+        starts[run.job] += 1
+        try:
+            await anyio.sleep(0.6)
+        finally:
+            running[run.job] -= 1
+
+    schedule = IntervalSchedule(100)
+    scheduler.add_job(job, schedule, name="bounded", overlap="allow", max_concurrent=2)
+    scheduler.add_job(job, schedule, name="free", overlap="allow")
+    async with scheduler:
+        await wait_until(lambda: starts["free"] >= 20, 30, "twenty runs of the free job")
+        assert most["free"] > 2, most  # the bounded job's waiting claims held nothing up
+    assert most["bounded"] == 2, most
+    assert starts["bounded"] >= 3, starts
+
+
+async def test_run_now_waits_for_room_under_the_bound(server_url: str, prefix: str) -> None:
+    """At its bound an instance starts a run_now only once a run here ends."""
+    scheduler = Scheduler(RedisBackend(redis=server_url, prefix=prefix), max_concurrent=1)
+    release = anyio.Event()
+    started: list[str] = []
+
+    async def hold(fire: TimerRun) -> None:
+        started.append("timer")
+        await release.wait()
+
+    async def report() -> None:
+        started.append("report")
+
+    scheduler.add_timer(hold, "hold")
+    scheduler.add_job(report, "0 0 1 1 *")
+    async with scheduler, anyio.create_task_group() as group:
+        await scheduler.set_timer("hold", "k", delay_ms=0)
+        await wait_until(lambda: started == ["timer"], 20, "the timer to take the room")
+        group.start_soon(scheduler.run_now, "report")
+        await anyio.sleep(0.3)
+        assert started == ["timer"], "run_now started past the bound"
+        release.set()
+        await wait_until(lambda: started == ["timer", "report"], 20, "run_now once room is made")
+
+
+def test_a_job_s_or_kind_s_max_concurrent_takes_a_whole_number_or_none() -> None:
+    scheduler = Scheduler(RedisBackend())
+
+    async def handler() -> None:
+        pass
+
+    scheduler.add_job(handler, "* * * * *", name="a", max_concurrent=None)
+    scheduler.add_job(handler, "* * * * *", name="b", max_concurrent=5)
+    scheduler.add_timer(handler, "k", max_concurrent=1)
+    for n, bad in enumerate((0, -1, 1.5, True, "10", 1_000_001)):
+        with pytest.raises(InvalidOptionError, match="max_concurrent"):
+            scheduler.add_job(handler, "* * * * *", name=f"x{n}", max_concurrent=bad)  # type: ignore[arg-type]
+        with pytest.raises(InvalidOptionError, match="max_concurrent"):
+            scheduler.add_timer(handler, f"t{n}", max_concurrent=bad)  # type: ignore[arg-type]

@@ -24,6 +24,7 @@ from anarchon import (
     Scheduler,
     TimerRun,
 )
+from anarchon._model.options import DEFAULT_MAX_CONCURRENT
 from anarchon._store.keys import JobKeys, RegistryKeys
 from anarchon._store.registry import REGISTRATION_TTL_MS
 from tests.faults import FaultProxy
@@ -94,6 +95,7 @@ async def test_the_inspector_sees_jobs_leases_instances_and_history_of_a_running
     for instance in instances:
         assert instance.jobs == ("long", "report") and instance.timer_kinds == ("remind",)
         assert 0 < instance.expires_in_ms <= REGISTRATION_TTL_MS
+        assert instance.max_concurrent == DEFAULT_MAX_CONCURRENT
     (kind,) = timers
     assert (kind.kind, kind.pending, kind.next_key) == ("remind", 1, "user:42")
 

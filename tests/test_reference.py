@@ -571,6 +571,7 @@ def test_the_options_of_a_job_and_a_timer_kind_are_checked(
         "max_attempts",
         "retry_delay_ms",
         "buckets",
+        "max_concurrent",
     }
     assert not undocumented_options(report)
     report.documented_options.discard("anarchon._scheduler.Scheduler.job:overlap")

@@ -346,6 +346,8 @@ def poison(direct: redis.Redis, prefix: str) -> None:
     pipe.zadd(registry.instances, {"ghost": now_ms + 60_000, "\x1b[2Jwipe": now_ms + 60_000})
     pipe.set(registry.instance("ghost"), "{not json", px=60_000)
     pipe.set(registry.instance("\x1b[2Jwipe"), '{"jobs": 5, "pid": "x"}', px=60_000)
+    pipe.zadd(registry.instances, {"greedy": now_ms + 60_000})
+    pipe.set(registry.instance("greedy"), '{"started_ms": 1, "max_concurrent": "all"}', px=60_000)
     # the quarantine report itself
     pipe.zadd(registry.quarantine, {"not json": now_ms, '{"key": 1}': now_ms})
     pipe.execute()
@@ -417,7 +419,7 @@ async def test_a_store_poisoned_in_every_field_costs_only_the_poisoned_entries(
                 assert all(0 <= r.fence <= MAX_WHOLE for r in history)
             assert await inspector.history("good")
             await inspector.leases()
-            await inspector.instances()
+            alive = {instance.id for instance in await inspector.instances()}
             await inspector.timers()
             await inspector.failures()
             shown = await inspector.quarantined(limit=1000)
@@ -438,8 +440,10 @@ async def test_a_store_poisoned_in_every_field_costs_only_the_poisoned_entries(
         (registry.jobs, "not-json"),
         (registry.jobs, "a-list"),
         (registry.first_seen, "alpha"),
+        (registry.instance("greedy"), ""),
     }
     assert expected <= met, sorted(expected - met)
+    assert "greedy" not in alive and {first.instance_id, second.instance_id} <= alive
     for entry in shown:
         assert "\x1b" not in entry.key + entry.field + entry.problem + entry.excerpt
     counted = re.search(

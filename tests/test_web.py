@@ -303,6 +303,9 @@ def test_the_dashboard_shows_a_running_fleet_and_pauses_a_job_only_with_its_toke
     assert sorted(texts(browser, section("Instances alive") + "//tbody/tr/td[1]")) == [
         "east", "west",
     ]  # fmt: skip
+    # Each one's handlers at its last renewal, of its bound (the default).
+    running = texts(browser, section("Instances alive") + "//tbody/tr/td[last()]")
+    assert running and all(re.fullmatch(r"\d+ of 100", cell) for cell in running), running
     assert texts(browser, section("Timers") + "//tbody/tr/td[position() <= 2]") == [
         "remind", "3",
     ]  # fmt: skip

@@ -253,6 +253,12 @@ class Scheduler(Generic[K]):
                 a plain function sees ``run.lease_lost`` set (it cannot be interrupted,
                 and is waited for), and the attempt is recorded as failed with a
                 ``TimeoutError`` (retried like any failure, if ``retry_on`` allows it).
+            max_concurrent (int | None): The most of the job's runs that go on at once
+                on one instance (1 to 1 000 000; None: the instance's
+                ``max_concurrent`` alone). A slot due while the job is at its bound here
+                is claimed once one of its runs here ends (other instances may take it
+                meanwhile); it matters for ``overlap="allow"``, since otherwise one run
+                of the job goes on at a time in the fleet.
             overlap (Literal['skip', 'wait', 'allow'] | bool | None): What a slot does
                 while an older run of the job is unsettled (*lease strategy only*):
                 ``"skip"`` (the default; the slot is recorded as skipped), ``"wait"``
@@ -320,9 +326,9 @@ class Scheduler(Generic[K]):
                 worker thread), taking the ``Run`` or nothing.
             schedule: When the job fires, as ``job()`` takes it.
             **options: The job's options, as ``job()`` takes them (``every_ms``,
-                ``name``, ``timezone``, ``jitter_ms``, ``max_late_ms``, ``timeout_ms``;
-                with the lease strategy ``overlap``, ``max_attempts``, ``catch_up_ms``,
-                ``retry_delay_ms``, ``retry_on``).
+                ``name``, ``timezone``, ``jitter_ms``, ``max_late_ms``, ``timeout_ms``,
+                ``max_concurrent``; with the lease strategy ``overlap``,
+                ``max_attempts``, ``catch_up_ms``, ``retry_delay_ms``, ``retry_on``).
 
         Raises:
             InvalidJobError: The name is taken or cannot be used, or the handler cannot
@@ -380,6 +386,11 @@ class Scheduler(Generic[K]):
                 instance writes the number in the store; an instance that gives another
                 refuses to start, and a process that only sets timers reads it from
                 there.
+            max_concurrent (int | None): The most of the kind's firings that go on at
+                once on one instance (1 to 1 000 000; None: the instance's
+                ``max_concurrent`` alone). Beyond it the kind's due timers stay in the
+                store, for the other instances or until a firing here ends; the other
+                kinds and the jobs go on.
 
         Returns:
             A decorator that registers the function and returns it unchanged.
@@ -410,7 +421,7 @@ class Scheduler(Generic[K]):
                 worker thread), taking the ``TimerRun`` or nothing.
             kind: The kind's name, as ``timer()`` takes it.
             **options: The kind's options, as ``timer()`` takes them
-                (``max_attempts``, ``retry_delay_ms``, ``buckets``).
+                (``max_attempts``, ``retry_delay_ms``, ``buckets``, ``max_concurrent``).
 
         Raises:
             InvalidJobError: The kind's name is taken or cannot be used, or the handler
@@ -718,7 +729,9 @@ class Scheduler(Generic[K]):
         ``RunOverlapError`` while another run of the job is unsettled (running,
         waiting for its retry, or orphaned). Its claim is sent again (with the same
         token) after a lost reply or a transient error reply, a few times within about
-        a second plus the round-trip deadlines; then it raises ``ConnectionFailedError``::
+        a second plus the round-trip deadlines; then it raises ``ConnectionFailedError``.
+        At the instance's ``max_concurrent`` (or the job's own) it waits for a run here
+        to end before it claims::
 
             result = await scheduler.run_now("report")
             assert result.status == "ok"

@@ -399,21 +399,29 @@ def _room(sources: list[_Source]) -> Iterator[Metric]:
         "Claims of due timers put off for want of room under max_concurrent (the timers "
         "stayed in the store).",
     )
-    left_total, bounded, waited_total, deferred_total = 0, False, 0.0, 0
+    waiting = GaugeMetricFamily(
+        "anarchon_capacity_waiting",
+        "Claims put off for room now: slots of jobs at their own max_concurrent, and "
+        "kinds' due timers (the work stays in the store for the other instances).",
+    )
+    left_total, bounded, waited_total, deferred_total, waiting_total = 0, False, 0.0, 0, 0
     for source in sources:
-        bound, left, waited_sec, put_off = Instance.of(source.scheduler).room()
-        if bound is not None:
+        room_now = Instance.of(source.scheduler).room()
+        if room_now.bound is not None:
             bounded = True
-            left_total += left
-        waited_total += waited_sec
-        deferred_total += put_off
+            left_total += room_now.left
+        waited_total += room_now.waited_sec
+        deferred_total += room_now.deferred
+        waiting_total += room_now.waiting
     if bounded:
         room.add_metric([], left_total)
     waited.add_metric([], waited_total)
     deferred.add_metric([], deferred_total)
+    waiting.add_metric([], waiting_total)
     yield room
     yield waited
     yield deferred
+    yield waiting
 
 
 def instrument(

@@ -55,7 +55,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from ._errors import AnarchonError, ConnectionFailedError, InvalidJobError, InvalidOptionError
 from ._model.text import visible
 from ._model.values import InstanceInfo, JobInfo, LeaseInfo, RunResult, TimerKindInfo
-from ._ops.inspector import Inspector, jobs_cut, may_run, newest_failures, runners
+from ._ops.inspector import Inspector, jobs_cut, may_run, newest_failures, runners, running_text
 from ._store.backend import RedisBackend
 from ._store.quarantine import Quarantined
 from .clients import ServerReplyError
@@ -688,7 +688,7 @@ def _instances_table(instances: list[InstanceInfo]) -> str:
             _when(i.started),
             _names(i.jobs, jobs_cut(i)),
             _names(i.timer_kinds),
-            "-" if jobs_cut(i) else str(i.running),
+            _esc(running_text(i)),
         ]
         for i in instances
     ]
@@ -699,7 +699,7 @@ def _instances_table(instances: list[InstanceInfo]) -> str:
         "started",
         "jobs",
         "timer kinds",
-        "running (last renewal)",
+        "running of bound (last renewal)",
     ]
     return _table(head, rows, "No instance alive.")
 

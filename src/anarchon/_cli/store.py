@@ -23,7 +23,7 @@ from .._errors import InvalidScheduleError
 from .._model.schedule import load_timezone
 from .._model.text import visible
 from .._model.values import InstanceInfo, JobInfo, LeaseInfo, RunResult, TimerKindInfo
-from .._ops.inspector import Inspector, jobs_cut, may_run, runners
+from .._ops.inspector import Inspector, jobs_cut, may_run, runners, running_text
 from .._store.backend import RedisBackend
 from .._store.quarantine import Quarantined
 
@@ -315,7 +315,7 @@ def _instances_table(instances: list[InstanceInfo]) -> Table:
             _when(instance.started),
             ", ".join(instance.jobs) + (" and more (read in part)" if jobs_cut(instance) else "")
             or "-",
-            "-" if jobs_cut(instance) else str(instance.running),
+            running_text(instance),
         )
     if not instances:
         _add_row(table, "(none)")

@@ -98,6 +98,9 @@ class DueSlot(Claim):
     #: overlapping run after its first claim found the slot not started. A backup's
     #: or a retry's claim of a slot whose state was forgotten must not start it again.
     may_start: bool = field(kw_only=True, default=False)
+    #: Put back on the agenda for want of room for its job here (the job's own
+    #: ``max_concurrent``): its successor is on the agenda already.
+    held: bool = field(kw_only=True, default=False)
 
     def noted(self, agenda: Agenda) -> None:
         if not self.first:
@@ -175,6 +178,10 @@ class Agenda:
         #: Claims of due timers that found no room here, by tag: made again when a run
         #: here ends.
         self._waiting_for_room: dict[str, tuple[str, TimerKeys]] = {}
+        #: Claims of slots of a job at its own bound here: made again when a run of the
+        #: job here ends.
+        self._room_waiters: dict[str, list[DueSlot]] = {}
+        context.capacity.on_freed(self.room_freed)
 
     def wake(self) -> None:
         """Wake the claim loop now (to see an earlier claim, or that the scheduler stops)."""
@@ -295,6 +302,22 @@ class Agenda:
             for kind, keys in waiting.values():
                 self.timer_due(kind, keys, now_ms)
 
+    def hold_for_room(self, due: DueSlot) -> None:
+        """``due``'s job is at its own bound here (``max_concurrent``): claim it again as
+        soon as a run of the job here ends, or a poll interval from now. Meanwhile it
+        stays in the store for the other instances; a first claim that has become too
+        late by then is skipped, as any late one is."""
+        due.held = True
+        due.at_ms = wall_ms() + self._context.timer_poll_ms
+        due.seq = next(self._seq)
+        self.push(due)
+        self._room_waiters.setdefault(due.job, []).append(due)
+
+    def waiting_for_room(self) -> int:
+        """Claims put off here for want of room: of slots (their job at its bound) and of
+        kinds' due timers."""
+        return sum(map(len, self._room_waiters.values())) + len(self._waiting_for_room)
+
     def wake_when_run_ends(self, job: Job, due: DueSlot) -> None:
         """Bring ``due`` forward as soon as a run of the job on this instance ends."""
         self._overlap_waiters.setdefault(job.name, []).append(due)
@@ -305,8 +328,9 @@ class Agenda:
         return bool(self._overlap_waiters.get(job.name))
 
     def run_ended(self, job: Job) -> None:
-        """A run of ``job`` on this instance ended: claims waiting behind it are due now."""
-        waiters = self._overlap_waiters.pop(job.name, [])
+        """A run of ``job`` on this instance ended: claims waiting behind it, or for room
+        of its own, are due now."""
+        waiters = self._overlap_waiters.pop(job.name, []) + self._room_waiters.pop(job.name, [])
         if waiters:
             now_ms = wall_ms()
             for due in waiters:
@@ -411,13 +435,14 @@ class Agenda:
     def pop_slot(self, due: DueSlot, slots: list[DueSlot], now_ms: float) -> None:
         """A slot's claim is due: into ``slots``, unless its job is gone or disabled, or
         it came too late (then skipped, loudly)."""
-        waiters = self._overlap_waiters.get(due.job)
-        if waiters and due in waiters:
-            waiters.remove(due)  # claimed now: nothing left to wake
+        for waiting in (self._overlap_waiters, self._room_waiters):
+            waiters = waiting.get(due.job)
+            if waiters and due in waiters:
+                waiters.remove(due)  # claimed now: nothing left to wake
         job = self._context.jobs.get(due.job)
         if job is None or job.name in self._context.disabled:
             return
-        if due.first and due.failures == 0:
+        if due.first and due.failures == 0 and not due.held:
             self._schedule_next_slot(job, due.slot_ms, now_ms)
         if due.first and not self._in_time(job, due, now_ms):
             if due.failures == 0:

@@ -83,7 +83,9 @@ class Claimer:
         outgrows a client's request timeout), and never more than this instance has
         room for (``Capacity``). At its bound it claims nothing and waits for a run to
         end: the slots stay in the store for the other instances, and a first claim
-        that has become too late meanwhile is skipped, as any late one is."""
+        that has become too late meanwhile is skipped, as any late one is. A slot of a
+        job at its own bound (``max_concurrent``) waits on the agenda instead, so that
+        the other jobs go on."""
         context, capacity = self._context, self._context.capacity
         rest = slots
         while rest and context.state == "running":
@@ -92,17 +94,34 @@ class Claimer:
                 if context.state != "running":
                     break  # stopping: the parts not sent were never claimed
                 rest = self._agenda.still_in_time(rest, wall_ms())
-            room = min(_CLAIM_BATCH_MAX, capacity.free())
-            part, rest = rest[:room], rest[room:]
+            part, rest = self._part(rest, min(_CLAIM_BATCH_MAX, capacity.free()))
             if not part:
                 continue
-            capacity.reserved += len(part)
+            capacity.reserve(len(part))
             try:
                 await self._claim(part)
             finally:
-                capacity.reserved -= len(part)
-                capacity.freed()
-                self._agenda.room_freed()
+                capacity.unreserve(len(part))
+
+    def _part(self, slots: list[DueSlot], room: int) -> tuple[list[DueSlot], list[DueSlot]]:
+        """The next part to claim (at most ``room``) and the rest; a slot of a job at its
+        own bound is held on the agenda (``Agenda.hold_for_room``)."""
+        capacity = self._context.capacity
+        part: list[DueSlot] = []
+        taken: dict[str, int] = {}
+        for index, due in enumerate(slots):
+            if len(part) >= room:
+                return part, slots[index:]
+            job = self._context.jobs.get(due.job)
+            bound = None if job is None else job.max_concurrent
+            if bound is not None:
+                count = taken.get(due.job, 0)
+                if capacity.free(("job", due.job), bound) <= count:
+                    self._agenda.hold_for_room(due)
+                    continue
+                taken[due.job] = count + 1
+            part.append(due)
+        return part, []
 
     async def _claim(self, batch: list[DueSlot]) -> None:
         """Claim every slot of the batch in one round trip and act on the answers.

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, NamedTuple
 
 import anyio
 from anyio.abc import TaskGroup
@@ -24,7 +25,7 @@ from .._store.timers import TimerStore
 if TYPE_CHECKING:
     from .work import Leased
 
-__all__ = ["Capacity", "EngineContext", "Running", "ServerHealth", "State"]
+__all__ = ["Capacity", "EngineContext", "Owner", "Room", "Running", "ServerHealth", "State"]
 
 log = logging.getLogger("anarchon")
 
@@ -64,11 +65,31 @@ class ServerHealth:
 State = Literal["new", "running", "stopping", "stopped"]
 
 
+class Room(NamedTuple):
+    """An instance's room under its bound on handlers at once, as the metrics read it."""
+
+    #: Its bound (None: none).
+    bound: int | None
+    #: How many more may start now (0 without a bound).
+    left: int
+    #: How long its claim loop has waited for room, in all (seconds).
+    waited_sec: float
+    #: How many claims of due timers were put off for room, in all.
+    deferred: int
+    #: Claims put off for room now: slots of jobs at their own bound, kinds' due timers.
+    waiting: int
+
+
+#: Whose runs a bound counts: ``("job", name)`` or ``("timer", kind)``.
+Owner = tuple[str, str]
+
+
 class Capacity:
     """How many more handlers may start on this instance: its bound (``max_concurrent``)
-    less those running and those that claims in flight may start. An instance at its
-    bound claims nothing more (backpressure): what is due stays in the store for the
-    other instances, and none of it waits here past a lease."""
+    less those running and those that claims in flight may start; and the same for a
+    job or timer kind with a bound of its own. An instance at its bound claims nothing
+    more (backpressure): what is due stays in the store for the other instances, and
+    none of it waits here past a lease."""
 
     def __init__(self, context: EngineContext) -> None:
         self._context = context
@@ -78,28 +99,75 @@ class Capacity:
         self.waited_sec = 0.0
         #: How many claims of due timers found no room here and were put off.
         self.deferred = 0
+        #: Runs going on here, and runs reserved, of each job or kind with a bound.
+        self._running: dict[Owner, int] = {}
+        self._reserved_for: dict[Owner, int] = {}
         self._freed = anyio.Event()
+        self._listeners: list[Callable[[], None]] = []
 
-    def free(self) -> int:
-        """How many more may start now (a large number without a bound)."""
-        bound = self._context.max_concurrent
-        if bound is None:
-            return 1 << 30
-        return bound - len(self._context.attempts) - self.reserved
+    def free(self, owner: Owner | None = None, bound: int | None = None) -> int:
+        """How many more may start now (a large number without a bound); given a job's
+        or a kind's own ``bound``, how many more of ``owner``'s."""
+        most = self._context.max_concurrent
+        room = 1 << 30 if most is None else most - len(self._context.attempts) - self.reserved
+        if owner is not None and bound is not None:
+            taken = self._running.get(owner, 0) + self._reserved_for.get(owner, 0)
+            room = min(room, bound - taken)
+        return room
+
+    def reserve(self, count: int, owner: Owner | None = None) -> None:
+        """A claim in flight may start ``count`` runs (of ``owner``'s)."""
+        self.reserved += count
+        if owner is not None:
+            self._reserved_for[owner] = self._reserved_for.get(owner, 0) + count
+
+    def unreserve(self, count: int, owner: Owner | None = None) -> None:
+        """Its reply came (or did not): what it won runs, and the rest is room again."""
+        self.reserved -= count
+        if owner is not None:
+            _less(self._reserved_for, owner, count)
+        if count:
+            self.freed()
+
+    def started(self, owner: Owner) -> None:
+        self._running[owner] = self._running.get(owner, 0) + 1
+
+    def ended(self, owner: Owner) -> None:
+        _less(self._running, owner, 1)
+        self.freed()
+
+    def running_of(self, owner: Owner) -> int:
+        return self._running.get(owner, 0)
+
+    def on_freed(self, listener: Callable[[], None]) -> None:
+        """Call ``listener`` whenever room may have been made."""
+        self._listeners.append(listener)
 
     def freed(self) -> None:
-        """A run ended (or the scheduler stops): whoever waits for room looks again."""
+        """A run ended, a claim gave its room back, or the scheduler stops: whoever
+        waits for room looks again."""
         self._freed.set()
+        for listener in self._listeners:
+            listener()
 
-    async def wait(self) -> None:
-        """Return once a run may start here, or the scheduler stops."""
+    async def wait(self, owner: Owner | None = None, bound: int | None = None) -> None:
+        """Return once a run (of ``owner``'s, under its ``bound``) may start here, or the
+        scheduler stops."""
         began = time.monotonic()
         try:
-            while self.free() <= 0 and self._context.state == "running":
+            while self.free(owner, bound) <= 0 and self._context.state == "running":
                 await self._freed.wait()
                 self._freed = anyio.Event()
         finally:
             self.waited_sec += time.monotonic() - began
+
+
+def _less(counts: dict[Owner, int], owner: Owner, count: int) -> None:
+    left = counts.get(owner, 0) - count
+    if left > 0:
+        counts[owner] = left
+    else:
+        counts.pop(owner, None)
 
 
 @dataclass(frozen=True, eq=False, slots=True)

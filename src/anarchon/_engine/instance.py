@@ -61,7 +61,7 @@ from .._version import __version__
 from ..clients import Connection
 from .agenda import Agenda
 from .claimer import Claimer
-from .context import EngineContext, Running, State
+from .context import EngineContext, Room, Running, State
 from .hints import Hints
 from .lease_keeper import LeaseKeeper
 from .manual import ManualRuns
@@ -209,14 +209,13 @@ class Instance:
         """The server's clock minus this host's, as the last claim of timers saw it."""
         return self.context.server_offset_ms
 
-    def room(self) -> tuple[int | None, int, float, int]:
-        """This instance's bound on handlers at once (None: none), the room left under
-        it, how long its claim loop has waited for room (seconds, in all), and how many
-        claims of due timers were put off for room (``Capacity``)."""
+    def room(self) -> Room:
+        """This instance's room under its bound on handlers at once (``Capacity``)."""
         capacity = self.context.capacity
         bound = self.context.max_concurrent
-        room = 0 if bound is None else max(bound - len(self.context.attempts), 0)
-        return bound, room, capacity.waited_sec, capacity.deferred
+        left = 0 if bound is None else max(bound - len(self.context.attempts), 0)
+        waiting = self.agenda.waiting_for_room()
+        return Room(bound, left, capacity.waited_sec, capacity.deferred, waiting)
 
     def leases_held(self) -> dict[str, int]:
         """The attempts (and timer firings) this instance runs, by job (timer kind).
@@ -367,6 +366,7 @@ class Instance:
             context.instance_id,
             self.backend.strategy,
             store.remembered_slots_key,
+            context.max_concurrent,
         )
         # Also when no kind is registered yet: add_timer may come later.
         timer_store = TimerStore(store.conn, prefix=self.backend.prefix, runner=context.instance_id)

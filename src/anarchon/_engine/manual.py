@@ -59,12 +59,22 @@ class ManualRuns:
         requested_ms = int(wall_ms())
         slot_id = manual_slot_id(requested_ms, secrets.token_hex(4))
         token = secrets.token_hex(8)
-        reply, claim_sent = await self._claim(job, slot_id, requested_ms, token)
+        # Under the instance's bound (and the job's own), as any run here: it waits for
+        # room, then holds it while its claim is in flight.
+        capacity, owner = context.capacity, ("job", job.name)
+        await capacity.wait(owner, job.max_concurrent)
         if context.state != "running":
-            # The stop began while the manual claim was in flight: give the win back.
-            await self._settler.release(job, slot_id, token, reply)
             raise SchedulerStateError("the scheduler stopped before run_now() could start")
-        attempt = self._runner.start_attempt(job, slot_id, token, reply, claim_sent)
+        capacity.reserve(1, owner)
+        try:
+            reply, claim_sent = await self._claim(job, slot_id, requested_ms, token)
+            if context.state != "running":
+                # The stop began while the manual claim was in flight: give the win back.
+                await self._settler.release(job, slot_id, token, reply)
+                raise SchedulerStateError("the scheduler stopped before run_now() could start")
+            attempt = self._runner.start_attempt(job, slot_id, token, reply, claim_sent)
+        finally:
+            capacity.unreserve(1, owner)
         await attempt.settled.wait()
         try:
             with anyio.fail_after(context.round_trip_sec):

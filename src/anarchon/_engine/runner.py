@@ -103,6 +103,7 @@ class Runner:
     def _start(self, leased: Leased, lease_left_ms: int, since: float, name: str) -> None:
         self._lease_keeper.watch(leased, lease_left_ms, since)
         self._context.attempts[leased.registry_key] = leased
+        self._context.capacity.started(leased.owner)
         if self._idle.is_set():
             self._idle = anyio.Event()
         self._group.start_soon(self._run, leased, name=name)
@@ -157,8 +158,7 @@ class Runner:
                     del self._context.attempts[leased.registry_key]
                     leased.settled.set()
                     leased.ended_here(self._agenda)
-                    self._context.capacity.freed()
-                    self._agenda.room_freed()
+                    self._context.capacity.ended(leased.owner)
                     if not self._context.attempts:
                         self._idle.set()
 

@@ -52,30 +52,29 @@ class TimerClaimer:
 
     async def claim(self, due: DueTimers) -> None:
         """Claim a kind's (bucket's) due timers, as many as this instance has room for
-        (``Capacity``), up to a batch. With no room, nothing is claimed: the timers stay
-        in the store for the other instances, and the claim is made again when a run
-        here ends (or at the poll interval). A claim sent again after a failed round
-        trip is always sent: its reply hears of the firings it may have won."""
+        (``Capacity``: under its bound, and the kind's own), up to a batch. With no
+        room, nothing is claimed: the timers stay in the store for the other instances,
+        and the claim is made again when a run here ends (or at the poll interval). A
+        claim sent again after a failed round trip is always sent: its reply hears of
+        the firings it may have won."""
         context = self._context
         kind = context.timer_kinds.get(due.kind)
         if kind is None:
             return
         capacity = context.capacity
-        room = capacity.free()
+        owner = ("timer", kind.name)
+        room = capacity.free(owner, kind.max_concurrent)
         if room <= 0 and due.failures == 0:
             capacity.deferred += 1
             self._agenda.wait_for_room(kind.name, due.keys)
             self._agenda.timer_due(kind.name, due.keys, wall_ms() + context.timer_poll_ms)
             return
         limit = max(min(_TIMER_CLAIM_MAX, room), 0)
-        capacity.reserved += limit
+        capacity.reserve(limit, owner)
         try:
             await self._claim(due, kind, limit)
         finally:
-            capacity.reserved -= limit
-            if limit:
-                capacity.freed()
-                self._agenda.room_freed()
+            capacity.unreserve(limit, owner)
 
     async def _claim(self, due: DueTimers, kind: TimerKind, limit: int) -> None:
         """Claim up to ``limit`` due timers; run what was won, and put the next claim on

@@ -30,6 +30,7 @@ from .._store.contract import (
 from .._store.keys import TimerKeys
 from .._store.timers import TimerStore
 from ..clients import ServerReplyError
+from .context import Owner
 
 __all__ = [
     "Attempt",
@@ -109,6 +110,11 @@ class Leased:
         raise NotImplementedError
 
     @property
+    def owner(self) -> Owner:
+        """Whose run it is, as a bound counts it (``Capacity``)."""
+        raise NotImplementedError
+
+    @property
     def lease_lost(self) -> threading.Event:
         raise NotImplementedError
 
@@ -179,6 +185,10 @@ class Attempt(Leased):
     @property
     def name(self) -> str:
         return self.job.name
+
+    @property
+    def owner(self) -> Owner:
+        return ("job", self.job.name)
 
     @property
     def lease_lost(self) -> threading.Event:
@@ -255,6 +265,10 @@ class Firing(Leased):
     @property
     def name(self) -> str:
         return self.kind.name
+
+    @property
+    def owner(self) -> Owner:
+        return ("timer", self.kind.name)
 
     @property
     def lease_lost(self) -> threading.Event:

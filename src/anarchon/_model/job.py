@@ -211,6 +211,9 @@ class Job:
     retry_delay_ms: int | None = None
     #: The exceptions that are retried (None: every exception).
     retry_on: tuple[type[BaseException], ...] | None = None
+    #: The most of its runs that go on at once on one instance (None: the instance's
+    #: bound alone).
+    max_concurrent: int | None = None
 
     def retries(self, failure: BaseException | None) -> bool:
         """Whether a failure with this exception may be retried (``retry_on``)."""

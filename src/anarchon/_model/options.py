@@ -68,6 +68,8 @@ class JobOptions(TypedDict, total=False):
     max_late_ms: int
     #: How long an attempt may run (default: as long as it likes).
     timeout_ms: int | None
+    #: The most of its runs at once on one instance (default: the instance's bound).
+    max_concurrent: int | None
 
 
 class LeaseJobOptions(JobOptions, total=False):
@@ -186,6 +188,7 @@ def make_job(
         if retry_delay_ms is None
         else check_duration_ms("retry_delay_ms", retry_delay_ms, allow_zero=True),
         retry_on=exception_types("retry_on", options.get("retry_on")),
+        max_concurrent=own_bound(options.get("max_concurrent")),
     )
 
 
@@ -205,6 +208,8 @@ class TimerKindOptions(TypedDict, total=False):
     retry_delay_ms: int | None
     #: The hash tags the kind is spread over (default 1).
     buckets: int
+    #: The most of its firings at once on one instance (default: the instance's bound).
+    max_concurrent: int | None
 
 
 def make_timer_kind(
@@ -242,6 +247,7 @@ def make_timer_kind(
         buckets=check_buckets(options.get("buckets", 1)),
         takes_run=takes_run_argument(handler, name),
         is_async=is_async_callable(handler),
+        max_concurrent=own_bound(options.get("max_concurrent")),
     )
 
 
@@ -256,6 +262,13 @@ def check_instance_id(instance_id: object) -> str:
             f"or control characters, got {instance_id!r}"
         )
     return instance_id
+
+
+def own_bound(max_concurrent: object) -> int | None:
+    """A job's or a timer kind's own bound on its runs at once on an instance, checked."""
+    if max_concurrent is None:
+        return None
+    return check_count("max_concurrent", max_concurrent, most=MAX_CONCURRENT)
 
 
 #: An instance's bound on handlers running at once, unless told otherwise: room for a
@@ -342,9 +355,7 @@ class SchedulerSettings:
             timer_poll_ms=check_duration_ms(
                 "timer_poll_ms", 1_000 if timer_poll_ms is None else timer_poll_ms
             ),
-            max_concurrent=None
-            if max_concurrent is None
-            else check_count("max_concurrent", max_concurrent, most=MAX_CONCURRENT),
+            max_concurrent=own_bound(max_concurrent),
         )
 
 

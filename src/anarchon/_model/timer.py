@@ -129,6 +129,9 @@ class TimerKind:
     buckets: int
     takes_run: bool
     is_async: bool
+    #: The most of its firings that go on at once on one instance (None: the instance's
+    #: bound alone).
+    max_concurrent: int | None = None
 
     async def invoke(self, fire: TimerRun) -> None:
         await invoke_handler(self.handler, self.takes_run, self.is_async, fire)

@@ -466,6 +466,8 @@ class InstanceInfo:
         expires_in_ms: How long its registration lasts unless it renews it, in
             milliseconds (it renews it every 10 s while it runs; one that died expires
             within 30 s).
+        max_concurrent: Its bound on handlers at once (``Scheduler(max_concurrent=)``);
+            None: no bound (or an instance of a version that did not register it).
     """
 
     id: str
@@ -478,6 +480,7 @@ class InstanceInfo:
     timer_kinds: tuple[str, ...]
     running: int
     expires_in_ms: int
+    max_concurrent: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

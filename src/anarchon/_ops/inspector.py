@@ -72,6 +72,7 @@ __all__ = [
     "may_run",
     "newest_failures",
     "runners",
+    "running_text",
 ]
 
 #: Each read is one or a few round trips, each with this deadline.
@@ -319,6 +320,7 @@ class Inspector:
                     timer_kinds=record.timer_kinds,
                     running=record.running,
                     expires_in_ms=int(min(max(expires_ms - now_ms, 0), 2**53)),
+                    max_concurrent=record.max_concurrent,
                 )
             )
         return sorted(found, key=lambda instance: instance.id)
@@ -793,6 +795,17 @@ class CutInstanceInfo(InstanceInfo):
 def jobs_cut(instance: InstanceInfo) -> bool:
     """Whether ``instance``'s job list was read in part (``CutInstanceInfo``)."""
     return isinstance(instance, CutInstanceInfo)
+
+
+def running_text(instance: InstanceInfo) -> str:
+    """How many handlers ``instance`` ran at its last renewal, and of how many its bound
+    lets it (``-`` for a registration read in part, whose count may have been cut)."""
+    if jobs_cut(instance):
+        return "-"
+    bound = instance.max_concurrent
+    if bound is None:
+        return str(instance.running)
+    return f"{instance.running} of {bound}" + (" (full)" if instance.running >= bound else "")
 
 
 def runners(job: str, instances: Iterable[InstanceInfo]) -> list[str]:

@@ -337,6 +337,8 @@ class InstanceRecord:
     timer_kinds: tuple[str, ...]
     running: int
     cut: bool
+    #: Its bound on handlers at once (None: none, or not registered).
+    max_concurrent: int | None = None
 
 
 def decode_instance(key: str, raw: Any, *, cut: bool = False) -> InstanceRecord:
@@ -358,6 +360,9 @@ def decode_instance(key: str, raw: Any, *, cut: bool = False) -> InstanceRecord:
     for field, value in names.items():
         if not isinstance(value, list) or not all(isinstance(name, str) for name in value):
             raise wrong(field)
+    bound = record.get("max_concurrent")
+    if bound is not None and _number(bound) is None:
+        raise wrong("max_concurrent")
     return InstanceRecord(
         host=str(texts["host"]),
         pid=cast(int, numbers["pid"]),
@@ -368,6 +373,7 @@ def decode_instance(key: str, raw: Any, *, cut: bool = False) -> InstanceRecord:
         timer_kinds=tuple(names["timer_kinds"]),
         running=cast(int, numbers["running"]),
         cut=cut,
+        max_concurrent=cast("int | None", bound),
     )
 
 

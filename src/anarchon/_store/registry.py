@@ -58,6 +58,7 @@ def job_definition(job: Job, strategy: str, next_slot_ms: int | None) -> dict[st
         "timeout_ms": job.timeout_ms,
         "retry_delay_ms": job.retry_delay_ms,
         "retry_on": None if job.retry_on is None else [t.__qualname__ for t in job.retry_on],
+        "max_concurrent": job.max_concurrent,
         "next_slot_ms": next_slot_ms,
     }
     return definition
@@ -73,8 +74,12 @@ class Registry:
         instance_id: str,
         strategy: str,
         slots_key: Callable[[str], str],
+        max_concurrent: int | None = None,
     ) -> None:
         self.keys = RegistryKeys.for_prefix(prefix)
+        #: The instance's bound on handlers at once (None: none), shown with its
+        #: registration.
+        self.max_concurrent = max_concurrent
         self.instance_id = instance_id
         self.strategy = strategy
         #: The key a job's remembered slots are scored in (the store's
@@ -104,6 +109,7 @@ class Registry:
             "strategy": self.strategy,
             "timer_kinds": list(kinds),
             "running": running,
+            "max_concurrent": self.max_concurrent,
             # Last: a reader that takes a bounded part of a long registration (thousands
             # of jobs) still has every other field.
             "jobs": list(jobs),
@@ -119,7 +125,12 @@ class Registry:
             definition = job_definition(job, self.strategy, next_slots.get(name))
             args += [name, json.dumps(definition), oldest.get(name, "")]
         for name, kind in kinds.items():
-            args += [name, json.dumps({"buckets": kind.buckets, "max_attempts": kind.max_attempts})]
+            kind_definition = {
+                "buckets": kind.buckets,
+                "max_attempts": kind.max_attempts,
+                "max_concurrent": kind.max_concurrent,
+            }
+            args += [name, json.dumps(kind_definition)]
         call = ScriptCall(
             lease_script("registry"),
             (
