@@ -293,19 +293,27 @@ class Fleet:
         return out
 
     def events(self, timeout_sec: float) -> Iterator[tuple[int, dict[str, Any]]]:
-        """Lines printed by any process, as they come, until ``timeout_sec`` passes."""
+        """Lines printed by any process, as they come, until ``timeout_sec`` passes.
+
+        Read from the pipes' descriptors, not through their line readers: a reader that
+        took two lines at once would hold the second where the selector cannot see it."""
         deadline = time.monotonic() + timeout_sec
+        partial: dict[int, bytes] = {}
         with selectors.DefaultSelector() as selector:
             for index, proc in enumerate(self.procs):
                 assert proc.stdout is not None
-                selector.register(proc.stdout, selectors.EVENT_READ, index)
-            while (left := deadline - time.monotonic()) > 0:
+                selector.register(proc.stdout.fileno(), selectors.EVENT_READ, index)
+                partial[index] = b""
+            while (left := deadline - time.monotonic()) > 0 and selector.get_map():
                 for key, _ in selector.select(left):
-                    line = key.fileobj.readline()  # type: ignore[union-attr]
-                    if not line:
-                        selector.unregister(key.fileobj)
-                    elif line.startswith("{"):
-                        yield key.data, json.loads(line)
+                    chunk = os.read(key.fd, 1 << 16)
+                    if not chunk:
+                        selector.unregister(key.fd)
+                        continue
+                    *lines, partial[key.data] = (partial[key.data] + chunk).split(b"\n")
+                    for line in lines:
+                        if line.startswith(b"{"):
+                            yield key.data, json.loads(line)
 
     def kill(self, index: int) -> None:
         self.procs[index].send_signal(signal.SIGKILL)

@@ -24,6 +24,10 @@ minutes, ``--smoke`` each scenario at its smallest size, as CI does):
 - ``observe``: instance CPU per run at 1 x 1000 jobs/s with Prometheus metrics, an
   events stream and OpenTelemetry spans on, next to the same load with them off
   (twice): the ceiling is 5% more.
+- ``backpressure``: 2,000 timers due at once, 2 s handlers, instances bounded at 100
+  (``max_concurrent``): the most each ran at once, every timer fired, and the time it
+  took next to its floor (timers / (instances x bound) x handler); the same with no
+  bound, and with one instance killed mid-way.
 
 Each scenario starts its own server(s) and writes ``bench/results/<name>.json``
 and a Markdown table on stdout; with matplotlib (extra ``bench``) also plots:

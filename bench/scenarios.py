@@ -22,6 +22,7 @@ from anarchon._store.contract import AttemptEnd, ClaimRequest
 from anarchon._store.keys import JobKeys
 from anarchon._store.lease import LeaseStore
 from anarchon.clients import open_connection
+from bench.backpressure import markdown_backpressure, scenario_backpressure
 from bench.common import (
     KEEP_MS,
     CommandLog,
@@ -937,4 +938,5 @@ SCENARIOS: dict[str, Scenario] = {
     "scaling": Scenario(scenario_scaling, markdown_scaling),
     "timers": Scenario(scenario_timers, markdown_timers),
     "observe": Scenario(scenario_observe, markdown_observe),
+    "backpressure": Scenario(scenario_backpressure, markdown_backpressure),
 }

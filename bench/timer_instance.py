@@ -4,7 +4,10 @@
         (url, prefix, name; optional loop, lease_ms, heartbeat_ms, hang: each handler runs
         until its process dies, printing {"event": "start", ...} as it begins; cluster: the
         url is a cluster node's, reached through redis-py's asyncio cluster client;
-        buckets: the kind's buckets; keys: the result lists each firing's key too)
+        buckets: the kind's buckets; keys: the result lists each firing's key too;
+        handler_ms: each handler sleeps so long; max_concurrent: the instance's bound,
+        "default" or absent for the library's; progress: print {"event": "start"|"done",
+        "key": ..., "t": ...} as each handler begins and ends)
 
 Registers the timer kind ``bench``, prints ``{"ready": true}``, reads ``{"start_at": t,
 "end_at": t}`` (wall clock) from stdin, runs the scheduler from ``start_at`` to
@@ -40,6 +43,12 @@ def main() -> None:
             event = {"event": "start", "t": started_ms / 1000, "attempt": fire.attempt}
             print(json.dumps(event), flush=True)
             await anyio.sleep_forever()
+        progress = bool(config.get("progress"))
+        if progress:
+            print(json.dumps({"event": "start", "key": fire.key, "t": started_ms / 1000}))
+        await anyio.sleep(config.get("handler_ms", 0) / 1000)
+        if progress:
+            print(json.dumps({"event": "done", "key": fire.key, "t": time.time()}), flush=True)
 
     async def sample_cpu() -> None:
         while True:
@@ -51,6 +60,8 @@ def main() -> None:
         for name in ("lease_ms", "heartbeat_ms"):
             if config.get(name):
                 options[name] = config[name]
+        if config.get("max_concurrent", "default") != "default":
+            options["max_concurrent"] = config["max_concurrent"]
         target: Any = config["url"]
         if config.get("cluster"):  # asyncio only: redis-py's cluster client
             import redis.asyncio

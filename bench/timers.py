@@ -37,12 +37,12 @@ KIND = "bench"
 PAYLOAD = b"p" * 32
 
 
-def _instance_argv(url: str, prefix: str, name: str, **options: Any) -> list[str]:
+def instance_argv(url: str, prefix: str, name: str, **options: Any) -> list[str]:
     config = {"url": url, "prefix": prefix, "name": name, **options}
     return [sys.executable, "-m", "bench.timer_instance", json.dumps(config)]
 
 
-async def _set_many(url: str, prefix: str, dues_ms: list[int], chunk: int = 1000) -> None:
+async def set_many(url: str, prefix: str, dues_ms: list[int], chunk: int = 1000) -> None:
     """Set timers ``t0``, ``t1``, ... due at ``dues_ms``, pipelined (a driver's shortcut:
     the store's own set, in round trips of ``chunk``)."""
     conn = open_connection(url)
@@ -66,14 +66,14 @@ def lateness(url: str, rate: int, instances: int, seconds: float) -> Result:
     """Timers due at ``rate`` per second for ``seconds`` (set beforehand, as timers are),
     fired by ``instances`` processes: due time to handler start."""
     prefix = new_prefix("tl")
-    argvs = [_instance_argv(url, prefix, f"i{i}", keys=True) for i in range(instances)]
+    argvs = [instance_argv(url, prefix, f"i{i}", keys=True) for i in range(instances)]
     with Fleet(argvs) as fleet:
         fleet.wait_ready()
         count = int(rate * seconds)
         # Set first (100,000 take seconds), due from a moment after the fleet starts.
         first_due_ms = int((time.time() + 2.5 + count / 20_000) * 1000)
         dues = [first_due_ms + int(n * 1000 / rate) for n in range(count)]
-        anyio.run(_set_many, url, prefix, dues)
+        anyio.run(set_many, url, prefix, dues)
         start_at = time.time() + 0.5
         if start_at * 1000 > first_due_ms - 500:
             raise RuntimeError("setting the timers took longer than allowed for")
@@ -196,7 +196,7 @@ def memory_and_idle(url: str, pending: int, idle_sec: float) -> Result:
     client = redis_client(url)
     before = int(server_info(url, "memory")["used_memory"])
     due = int(time.time() * 1000) + 86_400_000
-    anyio.run(_set_many, url, prefix, [due + n for n in range(pending)], 5000)
+    anyio.run(set_many, url, prefix, [due + n for n in range(pending)], 5000)
     after = int(server_info(url, "memory")["used_memory"])
     keys = TimerKeys.for_kind(prefix, KIND)
     usage = {
@@ -210,7 +210,7 @@ def memory_and_idle(url: str, pending: int, idle_sec: float) -> Result:
         "usage": usage,
     }
     commands_before = int(server_info(url, "stats")["total_commands_processed"])
-    with Fleet([_instance_argv(url, prefix, "idle")]) as fleet:
+    with Fleet([instance_argv(url, prefix, "idle")]) as fleet:
         start_at, end_at = fleet.start_soon(idle_sec)
         (result,) = fleet.results()
     commands = int(server_info(url, "stats")["total_commands_processed"]) - commands_before
@@ -231,7 +231,7 @@ def takeover(url: str, lease_ms: int, heartbeat_ms: int) -> Result:
     """SIGKILL of the instance firing a timer to attempt 2 starting on the other."""
     prefix = new_prefix("tk")
     argvs = [
-        _instance_argv(url, prefix, f"i{i}", lease_ms=lease_ms, heartbeat_ms=heartbeat_ms,
+        instance_argv(url, prefix, f"i{i}", lease_ms=lease_ms, heartbeat_ms=heartbeat_ms,
                        hang=True)
         for i in range(2)
     ]  # fmt: skip
@@ -239,7 +239,7 @@ def takeover(url: str, lease_ms: int, heartbeat_ms: int) -> Result:
         fleet.wait_ready()
         start_at = time.time() + 0.5
         fleet.go(start_at, start_at + 600)
-        anyio.run(_set_many, url, prefix, [int((start_at + 1) * 1000)])
+        anyio.run(set_many, url, prefix, [int((start_at + 1) * 1000)])
         return kill_the_runner(fleet, heartbeat_ms, lease_ms)
 
 
@@ -288,7 +288,7 @@ def cluster_spread(count: int, instances: int, window_sec: float) -> Result:
         for buckets in (1, 3):
             prefix = new_prefix(f"tc{buckets}")
             argvs = [
-                _instance_argv(url, prefix, f"i{i}", cluster=True, buckets=buckets, keys=True)
+                instance_argv(url, prefix, f"i{i}", cluster=True, buckets=buckets, keys=True)
                 for i in range(instances)
             ]
             with Fleet(argvs) as fleet:

@@ -5,10 +5,12 @@ store for the other instances, and every timer and slot still runs once."""
 from __future__ import annotations
 
 import collections
+import signal
 from contextlib import AsyncExitStack
 
 import anyio
 import pytest
+import redis
 from prometheus_client import CollectorRegistry
 
 from anarchon import (
@@ -22,6 +24,7 @@ from anarchon import (
 )
 from anarchon.prometheus import instrument
 from tests.helpers import wait_until
+from tests.test_timer_faults import HEARTBEAT_MS, LEASE_MS, start_worker
 
 pytestmark = [pytest.mark.anyio, pytest.mark.engine_tier]
 
@@ -263,3 +266,66 @@ def test_a_job_s_or_kind_s_max_concurrent_takes_a_whole_number_or_none() -> None
             scheduler.add_job(handler, "* * * * *", name=f"x{n}", max_concurrent=bad)  # type: ignore[arg-type]
         with pytest.raises(InvalidOptionError, match="max_concurrent"):
             scheduler.add_timer(handler, f"t{n}", max_concurrent=bad)  # type: ignore[arg-type]
+
+
+def test_an_instance_killed_at_its_bound_loses_no_timer(
+    server_url: str, prefix: str, direct: redis.Redis
+) -> None:
+    """40 timers due at once on two instances bounded at 5 (handlers of 0.5 s); one, a
+    process of its own, is SIGKILLed at its bound: the other fires every timer its peer
+    did not finish (those it was running, a lease later), never more than 5 at once, and
+    the killed one never ran more than 5 either."""
+    count, bound = 40, 5
+    worker = start_worker(server_url, prefix, "a", "asyncio", str(bound))
+    peaks = Peaks()
+    log = f"{prefix}log"
+
+    async def fleet() -> None:
+        scheduler = Scheduler(
+            RedisBackend(redis=server_url, prefix=prefix),
+            instance_id="b",
+            lease_ms=LEASE_MS,
+            heartbeat_ms=HEARTBEAT_MS,
+            max_concurrent=bound,
+        )
+
+        async def remind(fire: TimerRun) -> None:
+            await peaks.run(fire.runner, fire.key)
+
+        scheduler.add_timer(remind, "remind")
+        await scheduler.set_timers(
+            "remind", [TimerSetting(f"slow{n}", delay_ms=0) for n in range(count)]
+        )
+
+        def at_its_bound() -> bool:
+            lines = direct.lrange(log, 0, -1)
+            return sum(line.startswith("start|") for line in lines) >= bound
+
+        await wait_until(at_its_bound, 20, "the worker at its bound")
+        async with scheduler:
+            worker.send_signal(signal.SIGKILL)
+            await anyio.to_thread.run_sync(worker.wait)
+
+            def all_done() -> bool:
+                finished = {line.split("|")[2] for line in direct.lrange(log, 0, -1)
+                            if line.startswith("done|")}  # fmt: skip
+                return len(finished | set(peaks.fired)) == count
+
+            await wait_until(all_done, 60, "every timer done")
+
+    try:
+        anyio.run(fleet)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()
+    lines = [line.split("|") for line in direct.lrange(log, 0, -1)]
+    running = most = 0
+    for line in lines:  # in the order the worker pushed them
+        running += 1 if line[0] == "start" else -1
+        most = max(most, running)
+    assert most <= bound, lines
+    assert peaks.most["b"] <= bound, peaks.most
+    started_there = {line[2] for line in lines if line[0] == "start"}
+    done_there = {line[2] for line in lines if line[0] == "done"}
+    assert started_there - done_there <= set(peaks.fired), "a firing of the dead one was lost"

@@ -26,13 +26,15 @@ LEASE_MS = 2000
 HEARTBEAT_MS = 500
 
 
-def start_worker(url: str, prefix: str, name: str, loop: str) -> subprocess.Popen[str]:
+def start_worker(
+    url: str, prefix: str, name: str, loop: str, *more: str
+) -> subprocess.Popen[str]:
     env = dict(os.environ)
     paths = [env.get("PYTHONPATH", ""), str(ROOT / "src"), str(ROOT)]
     env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
     proc = subprocess.Popen(
         [sys.executable, "-m", "tests.timer_worker", url, prefix, name, str(LEASE_MS),
-         str(HEARTBEAT_MS), loop],
+         str(HEARTBEAT_MS), loop, *more],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     assert proc.stdout is not None

@@ -1,10 +1,12 @@
 """A scheduler instance firing timers in a process of its own, for tests that kill one.
 
-    python -m tests.timer_worker URL PREFIX INSTANCE LEASE_MS HEARTBEAT_MS EVENT_LOOP
+    python -m tests.timer_worker URL PREFIX INSTANCE LEASE_MS HEARTBEAT_MS EVENT_LOOP \
+        [MAX_CONCURRENT]
 
 Fires the kind ``remind``. Its handler appends
 ``start|instance|key|attempt|fence|trigger|server_ms`` to the list ``<PREFIX>log``; a
-key starting with ``long`` then works for 30 s. SIGTERM stops the instance gracefully.
+key starting with ``long`` then works for 30 s; one starting with ``slow`` works for
+0.5 s, then appends ``done|instance|key``. SIGTERM stops the instance gracefully.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from tests.helpers import run_until_sigterm
 
 def main() -> None:
     url, prefix, instance, lease_ms, heartbeat_ms, event_loop = sys.argv[1:7]
+    bound = {"max_concurrent": int(sys.argv[7])} if len(sys.argv) > 7 else {}
     log_key = f"{prefix}log"
     direct = redis.Redis.from_url(url, decode_responses=True, protocol=2)
     scheduler = Scheduler(
@@ -28,6 +31,7 @@ def main() -> None:
         lease_ms=int(lease_ms),
         heartbeat_ms=int(heartbeat_ms),
         stop_grace_ms=200,
+        **bound,
     )
 
     def note(fire: TimerRun) -> None:
@@ -43,6 +47,9 @@ def main() -> None:
         await anyio.to_thread.run_sync(note, fire)
         if fire.key.startswith("long"):
             await anyio.sleep(30)
+        elif fire.key.startswith("slow"):
+            await anyio.sleep(0.5)
+            await anyio.to_thread.run_sync(direct.rpush, log_key, f"done|{instance}|{fire.key}")
 
     run_until_sigterm(scheduler, event_loop)
 
