@@ -68,6 +68,9 @@ store cannot wipe it). After every step the machine checks, in words:
    (``stop_grace_ms`` plus a few round-trip deadlines, plus slack for a loaded
    machine), no handler of a stopped instance is left running, and no connection of
    it is left open; an interrupted instance leaves no live lease of its own behind.
+7. No instance ever runs more handlers at once than its ``max_concurrent``, nor more
+   runs of a job with a bound of its own (``burst``, whose runs overlap) than that
+   bound, whatever the faults.
 
 At the end every fault is healed, each instance runs again, the machine waits for
 the last windows to close, checks everything once more, and stops the instances.
@@ -162,7 +165,7 @@ LOST_REPLY_LATE_MS = 700
 LOST_REPLY_JUDGED_AFTER_MS = 1400
 NAMES = ("a", "b", "c")
 
-Behaviour = Literal["quick", "slow", "flaky", "long", "hang", "sync"]
+Behaviour = Literal["quick", "slow", "flaky", "long", "hang", "sync", "burst"]
 
 
 @dataclass(frozen=True)
@@ -197,6 +200,15 @@ QUICK_JOBS = ("tick", "flaky")
 #: A job beside JOBS whose schedule breaks: it disables that job alone (its slots are
 #: not judged), and must end nothing else.
 BRITTLE = JobSpec("brittle", 2000, "quick")
+#: Each instance's bound on handlers at once (``max_concurrent``), above what the jobs
+#: need: a bound the engine keeps under every fault, not one that starves a slot.
+MAX_CONCURRENT = 8
+#: A job beside JOBS whose runs overlap (every 400 ms, each 0.7 s), bounded at one run
+#: at once per instance (its own ``max_concurrent``): with fewer than two instances up
+#: the fleet has rightly no room for all of its slots, so they are not judged; what is
+#: judged is that no instance ever runs more than its bounds allow.
+BURST = JobSpec("burst", 400, "burst", overlap="allow")
+BURST_BOUND = 1
 
 
 class BrittleSchedule:
@@ -306,6 +318,8 @@ async def behave(spec: JobSpec, run: Run) -> None:
             raise RuntimeError(f"attempt {run.attempt} of slot {run.slot_ms} fails")
     elif spec.behaviour == "long":
         await anyio.sleep(1.5)  # longer than the lease: it lives on heartbeats
+    elif spec.behaviour == "burst":
+        await anyio.sleep(0.7)
     elif spec.behaviour == "hang":
         if run.attempt == 1 and index % 4 == 0:
             await anyio.sleep_forever()  # until its lease is lost or its instance stops
@@ -563,6 +577,7 @@ class EngineMachine(RuleBasedStateMachine):
             history_size=HISTORY_SIZE,
             stop_grace_ms=STOP_GRACE_MS,
             instance_id=runner,
+            max_concurrent=MAX_CONCURRENT,
         )
         for spec in JOBS:
             scheduler.add_job(
@@ -577,6 +592,10 @@ class EngineMachine(RuleBasedStateMachine):
         scheduler.add_job(
             make_handler(BRITTLE, self.ledger), BrittleSchedule(), name=BRITTLE.name,
             max_late_ms=MAX_LATE_MS,
+        )  # fmt: skip
+        scheduler.add_job(
+            make_handler(BURST, self.ledger), every_ms=BURST.every_ms, name=BURST.name,
+            overlap=BURST.overlap, max_late_ms=MAX_LATE_MS, max_concurrent=BURST_BOUND,
         )  # fmt: skip
 
         async def host(task_status: TaskStatus[anyio.CancelScope]) -> None:
@@ -1048,6 +1067,33 @@ class EngineMachine(RuleBasedStateMachine):
                 fail(
                     f"{later.job} slot {later.slot_id} started twice with no dead, stalled "
                     f"or cut-off runner in between: {earlier} then {later}"
+                )
+
+    @invariant()
+    def no_instance_runs_more_than_its_bounds(self) -> None:
+        """No runner ever has more handlers running at once than ``max_concurrent``, nor
+        more runs of the bounded job than its own bound: the engine counts a run from
+        before its handler starts until after it ends, so the handlers' own spans (the
+        ledger's) can only be shorter."""
+        now = wall_ms()
+        spans: dict[str, list[tuple[float, int, str]]] = {}
+        for start in self.ledger.snapshot():
+            ended = now if start.ended_ms is None else start.ended_ms
+            spans.setdefault(start.runner, []).extend(
+                [(start.started_ms, 1, start.job), (ended, -1, start.job)]
+            )
+        for runner, marks in spans.items():
+            running = burst = 0
+            for _, step, job in sorted(marks, key=lambda mark: (mark[0], mark[1])):
+                running += step
+                burst += step if job == BURST.name else 0
+                check(
+                    running <= MAX_CONCURRENT,
+                    f"{runner} ran {running} handlers at once, above its bound",
+                )
+                check(
+                    burst <= BURST_BOUND,
+                    f"{runner} ran {burst} runs of {BURST.name} at once, above its own bound",
                 )
 
     @invariant()
