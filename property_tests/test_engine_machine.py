@@ -71,6 +71,10 @@ store cannot wipe it). After every step the machine checks, in words:
 7. No instance ever runs more handlers at once than its ``max_concurrent``, nor more
    runs of a job with a bound of its own (``burst``, whose runs overlap) than that
    bound, whatever the faults.
+8. A run of the job with ``overlap="replace"`` ends within two heartbeats of a newer
+   slot's start (its runner's next heartbeat is refused), or within a lease when its
+   runner or the server was not healthy meanwhile; a slot of the ``buffer_one`` job that
+   a newer one took the place of is recorded skipped (rule 2 judges it so).
 
 At the end every fault is healed, each instance runs again, the machine waits for
 the last windows to close, checks everything once more, and stops the instances.
@@ -188,7 +192,13 @@ JOBS = (
     # Much slower than the lease: a dead runner's lease is taken over by a backup (every
     # instance up claimed the slot too), not by the next slot's claim.
     JobSpec("rare", 6000, "long"),
+    # Each run outlasts its job's period: every new slot ends the run in progress
+    # (overlap="replace"), or waits in the one place behind it ("buffer_one").
+    JobSpec("swap", 900, "long", overlap="replace"),
+    JobSpec("buffer", 500, "slow", overlap="buffer_one"),
 )
+#: The job whose new slots end its run in progress.
+REPLACING = "swap"
 #: How each instance connects, per event loop: a URL, a user's send() client, and a
 #: client library's own async client.
 CLIENT_KINDS = {
@@ -1095,6 +1105,32 @@ class EngineMachine(RuleBasedStateMachine):
                     burst <= BURST_BOUND,
                     f"{runner} ran {burst} runs of {BURST.name} at once, above its own bound",
                 )
+
+    @invariant()
+    def a_replaced_run_ends_within_a_heartbeat_or_two(self) -> None:
+        now = wall_ms()
+        starts = sorted(
+            (s for s in self.ledger.snapshot() if s.job == REPLACING and s.trigger != "manual"),
+            key=lambda s: s.started_ms,
+        )
+        for index, earlier in enumerate(starts):
+            later = next((s for s in starts[index + 1 :] if s.slot_ms > earlier.slot_ms), None)
+            if later is None:
+                continue
+            ended_ms = now if earlier.ended_ms is None else earlier.ended_ms
+            overlap_ms = ended_ms - later.started_ms
+            if overlap_ms <= 0:
+                continue
+            told = self._healthy(earlier.runner, later.started_ms, ended_ms) and self._healthy(
+                "server", later.started_ms, ended_ms
+            )
+            bound_ms = (2 * HEARTBEAT_MS if told else LEASE_MS) + 200
+            bound_ms += self._starved_ms(later.started_ms, ended_ms)
+            check(
+                overlap_ms <= bound_ms,
+                f"{REPLACING} slot {earlier.slot_id} ran on {overlap_ms:.0f} ms after slot "
+                f"{later.slot_id} replaced it (bound {bound_ms:.0f} ms): {earlier} then {later}",
+            )
 
     @invariant()
     def fences_grow_across_a_wipe(self) -> None:

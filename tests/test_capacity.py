@@ -329,3 +329,32 @@ def test_an_instance_killed_at_its_bound_loses_no_timer(
     started_there = {line[2] for line in lines if line[0] == "start"}
     done_there = {line[2] for line in lines if line[0] == "done"}
     assert started_there - done_there <= set(peaks.fired), "a firing of the dead one was lost"
+
+
+async def test_every_run_now_waiting_for_room_gets_its_turn(server_url: str, prefix: str) -> None:
+    """Three run_now calls wait at once for the one place an instance bounded at 1 has:
+    each runs in its turn, none is left waiting (a wake-up that one waiter's look took
+    from another would leave it waiting for ever, and a stop behind it)."""
+    scheduler = Scheduler(RedisBackend(redis=server_url, prefix=prefix), max_concurrent=1)
+    release = anyio.Event()
+    ran: list[str] = []
+
+    async def hold(fire: TimerRun) -> None:
+        await release.wait()
+
+    async def report(run: Run) -> None:
+        ran.append(str(run.fence))
+        await anyio.sleep(0.05)
+
+    scheduler.add_timer(hold, "hold")
+    scheduler.add_job(report, "0 0 1 1 *", overlap="allow")
+    async with scheduler:
+        await scheduler.set_timer("hold", "k", delay_ms=0)
+        await wait_until(lambda: scheduler.running == 1, 20, "the timer to take the room")
+        with anyio.fail_after(20):
+            async with anyio.create_task_group() as group:
+                for _ in range(3):
+                    group.start_soon(scheduler.run_now, "report")
+                await anyio.sleep(0.2)
+                release.set()
+    assert len(ran) == 3, ran

@@ -26,9 +26,7 @@ LEASE_MS = 2000
 HEARTBEAT_MS = 500
 
 
-def start_worker(
-    url: str, prefix: str, name: str, loop: str, *more: str
-) -> subprocess.Popen[str]:
+def start_worker(url: str, prefix: str, name: str, loop: str, *more: str) -> subprocess.Popen[str]:
     env = dict(os.environ)
     paths = [env.get("PYTHONPATH", ""), str(ROOT / "src"), str(ROOT)]
     env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)

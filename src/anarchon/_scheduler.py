@@ -259,12 +259,15 @@ class Scheduler(Generic[K]):
                 is claimed once one of its runs here ends (other instances may take it
                 meanwhile); it matters for ``overlap="allow"``, since otherwise one run
                 of the job goes on at a time in the fleet.
-            overlap (Literal['skip', 'wait', 'allow'] | bool | None): What a slot does
-                while an older run of the job is unsettled (*lease strategy only*):
-                ``"skip"`` (the default; the slot is recorded as skipped), ``"wait"``
-                (it runs when that run ends; at most one slot waits) or ``"allow"`` (it
-                runs at once, side by side); ``False`` and ``True`` are aliases of
-                ``"skip"`` and ``"allow"`` (``OverlapPolicy``).
+            overlap (Literal['skip', 'wait', 'allow', 'replace', 'buffer_one'] | bool | None):
+                What a slot does while an older run of the job is unsettled (*lease
+                strategy only*): ``"skip"`` (the default; the slot is recorded as
+                skipped), ``"wait"`` (it runs when that run ends; at most one slot
+                waits), ``"allow"`` (it runs at once, side by side), ``"replace"`` (it
+                ends the older run, recorded cancelled, and runs at once) or
+                ``"buffer_one"`` (the newest slot waits and then runs, older waiting
+                ones are skipped); ``False`` and ``True`` are aliases of ``"skip"`` and
+                ``"allow"`` (``OverlapPolicy``).
             max_attempts (int | None): How many attempts a slot may take, crashed and
                 failed alike (*lease strategy only*): 1 to 1000 (None: 3).
             catch_up_ms (int | None): How far back missed slots are run, in

@@ -101,6 +101,9 @@ class DueSlot(Claim):
     #: Put back on the agenda for want of room for its job here (the job's own
     #: ``max_concurrent``): its successor is on the agenda already.
     held: bool = field(kw_only=True, default=False)
+    #: Waiting behind an older run, it gave its place to a newer slot (overlap
+    #: "buffer_one"): claimed once more, to be recorded as skipped unless it started.
+    superseded: bool = field(kw_only=True, default=False)
 
     def noted(self, agenda: Agenda) -> None:
         if not self.first:
@@ -321,6 +324,24 @@ class Agenda:
     def wake_when_run_ends(self, job: Job, due: DueSlot) -> None:
         """Bring ``due`` forward as soon as a run of the job on this instance ends."""
         self._overlap_waiters.setdefault(job.name, []).append(due)
+
+    def supersede_waiters(self, job: Job, newer_slot_ms: int) -> None:
+        """A slot of ``job`` newer than ``newer_slot_ms``'s waiting ones runs or waits now
+        (overlap "buffer_one"): the older ones waiting here are claimed at once, to be
+        recorded as skipped (``DueSlot.superseded``)."""
+        waiters = self._overlap_waiters.get(job.name)
+        if not waiters:
+            return
+        older = [due for due in waiters if due.slot_ms < newer_slot_ms]
+        if not older:
+            return
+        now_ms = wall_ms()
+        for due in older:
+            waiters.remove(due)
+            due.superseded = True
+            due.at_ms = min(due.at_ms, now_ms)
+        heapq.heapify(self._due)
+        self._wake.set()
 
     def has_waiter(self, job: Job) -> bool:
         """Whether a claim of ``job`` waits behind an older run here (overlap="wait"

@@ -239,13 +239,16 @@ class Claimer:
             keep_ms=job.keep_ms(lease_ms),
             may_start=due.may_start,
             # A scheduled slot blocked by an older run is skipped, unless it may wait
-            # (overlap="wait", and no other slot of the job waits here yet).
+            # (overlap="wait", and no other slot of the job waits here yet; or
+            # "buffer_one", where the newest waits), or ends the older run ("replace").
             skip_if_blocked=due.first
             and due.trigger == "schedule"
             and (
                 job.overlap_policy == "skip"
                 or (job.overlap_policy == "wait" and self._agenda.has_waiter(job))
             ),
+            superseded=due.superseded,
+            replace=due.first and due.trigger == "schedule" and job.overlap_policy == "replace",
         )
 
     def _on_claim_reply(
@@ -256,6 +259,9 @@ class Claimer:
             return
         for orphan in reply.orphans:
             self.take_over(job, orphan, now_ms)
+        if job.overlap_policy == "buffer_one" and due.first and reply.kind in ("won", "overlap"):
+            # A newer slot runs or waits: the older ones waiting here give it their place.
+            self._agenda.supersede_waiters(job, due.slot_ms)
         if reply.kind == "won":
             if (job.name, due.slot_id) in self._context.attempts:
                 return  # a repeated claim of an attempt that runs here already
@@ -287,6 +293,15 @@ class Claimer:
                 extra={"job": job.name, "slot_ms": due.slot_ms},
             )
             self._context.skipped(job.name, due.slot_ms, "paused")
+        elif reply.kind == "done" and reply.status == "superseded":
+            log.info(
+                "%s: slot %s skipped (recorded in history): a newer slot waits in its place "
+                "(overlap='buffer_one')",
+                job.name,
+                iso_ms(due.slot_ms),
+                extra={"job": job.name, "slot_ms": due.slot_ms},
+            )
+            self._context.skipped(job.name, due.slot_ms, "overlap")
         elif reply.kind == "done" and reply.status == "skipped" and due.failures > 0:
             # This instance's own skip whose reply was lost (or another's, which its
             # failed first claim missed): the warning is not lost with the reply.

@@ -145,8 +145,12 @@ class Capacity:
 
     def freed(self) -> None:
         """A run ended, a claim gave its room back, or the scheduler stops: whoever
-        waits for room looks again."""
-        self._freed.set()
+        waits for room looks again. The event is set and replaced here, by the one who
+        frees, never by a waiter: a waiter that replaced it could leave another waiting
+        on an event nobody will set."""
+        if self._freed.statistics().tasks_waiting:
+            event, self._freed = self._freed, anyio.Event()
+            event.set()
         for listener in self._listeners:
             listener()
 
@@ -157,7 +161,6 @@ class Capacity:
         try:
             while self.free(owner, bound) <= 0 and self._context.state == "running":
                 await self._freed.wait()
-                self._freed = anyio.Event()
         finally:
             self.waited_sec += time.monotonic() - began
 

@@ -110,11 +110,11 @@ def overlap_policy(value: object) -> OverlapPolicy:
         return "skip"
     if value is True:
         return "allow"
-    if value in ("skip", "wait", "allow"):
+    if value in ("skip", "wait", "allow", "replace", "buffer_one"):
         return value
     raise InvalidOptionError(
-        f"overlap must be 'skip' (the default), 'wait' or 'allow' (or False/True for skip/"
-        f"allow), got {value!r}"
+        "overlap must be 'skip' (the default), 'wait', 'allow', 'replace' or 'buffer_one' "
+        f"(or False/True for skip/allow), got {value!r}"
     )
 
 

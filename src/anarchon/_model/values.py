@@ -49,12 +49,13 @@ RunStatus = Literal["ok", "failed", "interrupted", "cancelled", "skipped"]
   died, stalled, or could not reach the server for a whole lease); ``error`` is
   ``"lease expired"``.
 - ``"cancelled"``: the handler was cancelled by a stop, or returned after its lease was
-  lost.
+  lost; or a newer slot replaced the run (the ``"replace"`` overlap policy; ``error``
+  says which slot).
 - ``"skipped"``: the slot did not run at all (``attempt`` 0, fence 0); ``error`` says
-  why: an older run of the job was not settled (the ``"skip"`` overlap policy), or the
-  job was paused.
+  why: an older run of the job was not settled (the ``"skip"`` overlap policy), a newer
+  slot took its place in the wait (``"buffer_one"``), or the job was paused.
 """
-OverlapPolicy = Literal["skip", "wait", "allow"]
+OverlapPolicy = Literal["skip", "wait", "allow", "replace", "buffer_one"]
 """What a slot does while an older run of its job is unsettled (running, waiting for
 its retry, or orphaned); a job's ``overlap`` option, where ``False`` and ``True`` are
 aliases of ``"skip"`` and ``"allow"``:
@@ -64,6 +65,13 @@ aliases of ``"skip"`` and ``"allow"``:
 - ``"wait"``: the slot runs when the older run ends; at most one slot waits, newer ones
   are skipped.
 - ``"allow"``: the slot runs at once, side by side with the older run.
+- ``"replace"``: the slot ends the older run and runs at once: the older run is recorded
+  ``"cancelled"`` (its lease ends in the store, so its heartbeats, its finish and its
+  fence are refused from then on, and its handler is cancelled within a heartbeat,
+  wherever it runs).
+- ``"buffer_one"``: the newest slot waits for the older run to end and then runs; a slot
+  that was waiting is skipped (recorded) when a newer one comes, so after a burst the
+  job runs once more, not once per slot.
 """
 
 

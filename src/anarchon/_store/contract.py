@@ -48,6 +48,12 @@ class ClaimRequest:
     #: A scheduled slot's first claim that skips the slot if an older run blocks it:
     #: the store records it as skipped, once, for every instance.
     skip_if_blocked: bool = False
+    #: A slot waiting behind an older run that a newer slot replaces in the wait
+    #: (overlap "buffer_one"): recorded as skipped unless it has started.
+    superseded: bool = False
+    #: A scheduled slot's first claim that ends the job's older unsettled runs (recorded
+    #: cancelled) and wins (overlap "replace").
+    replace: bool = False
     #: Only ask whether this claim's token holds a live lease (a stopping instance
     #: resolving a claim whose reply was lost); the store changes nothing.
     probe: bool = False

@@ -4,8 +4,12 @@
 -- ARGV: slot, slot_score, token, runner, lease_ms, max_attempts, allow_overlap (0/1),
 --       trigger, keep_ms, history_size, history_ttl_ms, trim_runs_by_id (0/1: XTRIM MINID
 --       exists, Redis 6.2+ and Valkey), may_start (0/1), skip_if_blocked (0/1: a first claim
---       answered overlap records the slot as skipped, once, for every instance),
---       probe (0/1: only ask whether the caller's token holds a live lease; changes nothing)
+--       answered overlap records the slot as skipped, once, for every instance; 2: a slot
+--       waiting behind an older run that a newer slot replaces in the wait, overlap
+--       'buffer_one': recorded as skipped if it has not started, blocked or not),
+--       probe (0/1: only ask whether the caller's token holds a live lease; changes nothing),
+--       replace (0/1: overlap 'replace': a first claim blocked by older runs of the job
+--       ends them, recorded cancelled, and wins)
 -- Every reply is {kind, attempt, fence, ms, text, orphans, malformed}:
 --   {'won', attempt, fence, lease_ms_left, trigger, orphans}  the caller runs this attempt
 --   {'running', 0, 0, ms}   the run is in progress (or waits for its retry): be a backup,
@@ -16,7 +20,8 @@
 --   {'done', 0, 0, 0, status, orphans}  the run is settled ('forgotten': a later claim found
 --                     no state; 'skipped': another instance's first claim found it blocked or
 --                     paused; 'paused': this claim found the job paused, and recorded the slot
---                     as skipped; 'malformed': the slot's state, or the job's fence, does not
+--                     as skipped; 'superseded': this claim (skip_if_blocked 2) recorded it as
+--                     skipped; 'malformed': the slot's state, or the job's fence, does not
 --                     read: nothing starts)
 -- orphans (on a slot's first claim only, at most ORPHANS_MAX): other unsettled slots of
 -- the job that nobody holds any more (lease expired, or retry due). Claiming them is how
@@ -40,7 +45,9 @@ local history_ttl_ms = tonumber(ARGV[11])
 local trim_runs_by_id = ARGV[12] == '1'
 local may_start = ARGV[13] == '1'
 local skip_if_blocked = ARGV[14] == '1'
+local superseded = ARGV[14] == '2'
 local probe = ARGV[15] == '1'
+local replace = ARGV[16] == '1'
 
 local now = server_now_ms()
 
@@ -205,6 +212,30 @@ local function skip(reason)
     history_size, history_ttl_ms, bad)
 end
 
+-- overlap='replace': the job's older unsettled runs (running, waiting for a retry, or
+-- orphaned) end, recorded cancelled with the reason; each leaves the active set, and
+-- its token holds nothing from now on, so its runner's next heartbeat (or finish) is
+-- refused and its handler is cancelled. The holder is seen even if the sample misses it.
+local function replace_older()
+  local members = members_to_scan(active_key)
+  local holder = redis.call('HGET', state_key, HOLDER_FIELD)
+  if holder then members[#members + 1] = holder end
+  for _, other in ipairs(members) do
+    if other ~= slot and is_slot_id(other) then
+      local o = decode_state(redis.call('HGET', state_key, other))
+      if o and (o.status == 'running' or o.status == 'retry') then
+        local score = tonumber(redis.call('ZSCORE', slots_key, other)) or now
+        record_result(results_key, other, score, o, 'cancelled', now,
+          'replaced: slot ' .. slot .. ' started in its place (overlap replace)',
+          history_size, history_ttl_ms, bad)
+        o.status, o.until_ms, o.token = 'cancelled', now, ''
+        redis.call('HSET', state_key, other, encode_state(o))
+        redis.call('SREM', active_key, other)
+      end
+    end
+  end
+end
+
 -- No state: nobody has claimed this run yet.
 if not s then
   trim_old_state()
@@ -215,7 +246,15 @@ if not s then
     local _, orphans = scan_active(true)
     return {'done', 0, 0, 0, 'paused', orphans, bad}
   end
+  if superseded then
+    skip('overlap: a newer slot waits in its place (overlap buffer_one)')
+    return {'done', 0, 0, 0, 'superseded', {}, bad}
+  end
   local blocked_ms, orphans = scan_active(true)
+  if blocked_ms and replace then
+    replace_older()
+    return win(1, trigger, {})
+  end
   if blocked_ms then
     if skip_if_blocked then
       skip('overlap: an older run of the job was not settled')
