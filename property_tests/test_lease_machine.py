@@ -203,10 +203,12 @@ class LeaseMachine(RuleBasedStateMachine):
 
     @staticmethod
     def _reply(raw: list[Any]) -> Reply:
-        """A claim's reply: ``{kind, attempt, fence, ms, text, orphans, malformed}`` (the
-        store here holds nothing malformed: the last list is empty)."""
-        kind, attempt, fence, ms, text, orphans, malformed = raw
+        """A claim's reply: ``{kind, attempt, fence, ms, text, orphans, malformed}``, and a
+        win's progress after them (the store here holds nothing malformed: that list is
+        empty; and no attempt here keeps progress)."""
+        kind, attempt, fence, ms, text, orphans, malformed, *progress = raw
         assert malformed == [], malformed
+        assert progress in ([], [""], [b""]), progress
         if kind == "won":
             return Reply("won", int(attempt), int(fence), int(ms), text, orphans=frozenset(orphans))
         if kind == "overlap":

@@ -376,9 +376,8 @@ ENGINE_MUTANTS: list[Mutant] = [
     _engine(
         "orphan-takeover-deleted",
         "_engine/claimer.py",
-        "        for orphan in reply.orphans:\n            self.take_over(job, orphan, now_ms)\n"
-        '        if reply.kind == "won":',
-        '        if reply.kind == "won":',
+        "        for orphan in reply.orphans:\n            self.take_over(job, orphan, now_ms)\n",
+        "",
         "the claimer takes over the orphans a claim reports",
         "tests/test_dead_runs_settle.py",
     ),

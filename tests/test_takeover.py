@@ -22,7 +22,7 @@ LEASE_MS = 2000
 HEARTBEAT_MS = 500
 
 
-def start_worker(url: str, prefix: str, name: str, loop: str) -> subprocess.Popen[str]:
+def start_worker(url: str, prefix: str, name: str, loop: str, *more: str) -> subprocess.Popen[str]:
     env = dict(os.environ)
     # The caller's path first: a mutant's copy of src/ (python -m tests.mutants) must
     # be the anarchon the workers run.
@@ -30,7 +30,7 @@ def start_worker(url: str, prefix: str, name: str, loop: str) -> subprocess.Pope
     env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
     proc = subprocess.Popen(
         [sys.executable, "-m", "tests.worker", url, prefix, name, str(LEASE_MS),
-         str(HEARTBEAT_MS), loop],
+         str(HEARTBEAT_MS), loop, *more],
         cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip

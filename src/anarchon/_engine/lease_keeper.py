@@ -11,14 +11,21 @@ from __future__ import annotations
 import logging
 import math
 import time
+from typing import Any
 
 import anyio
 
-from .._store.contract import Store
+from .._errors import ConnectionFailedError, LeaseLostError
+from .._model.job import Job
+from .._model.progress import encode_progress
+from .._store.contract import Store, describe_slot
+from .._store.keys import JobKeys
+from .._store.quarantine import MalformedEntry, quarantine_of
+from .._store.records import decode_progress
 from .._store.timers import TimerStore
 from ..clients import ServerReplyError
 from .context import EngineContext
-from .work import Leased
+from .work import Attempt, Leased
 
 __all__ = ["LeaseKeeper"]
 
@@ -89,6 +96,55 @@ class LeaseKeeper:
             "no heartbeat got through before the lease would expire (the server does not "
             "answer in time); a backup may take over",
         )
+
+    def progress_of(self, job: Job, slot_id: str, text: str) -> Any:
+        """What a won claim said the slot's last attempt kept (``Run.progress``): None
+        for none, and for one that does not read (quarantined, logged: the attempt
+        starts from the beginning)."""
+        if not text:
+            return None
+        key = JobKeys.for_job(self._context.prefix, job.name).state
+        try:
+            return decode_progress(key, f"p:{slot_id}", text)
+        except MalformedEntry as entry:
+            quarantine_of(self._context.prefix).add(entry, f"the progress of {job.name}")
+            log.warning(
+                "%s %s: the progress its last attempt kept does not read (%s); this attempt "
+                "starts without it",
+                job.name,
+                describe_slot(slot_id),
+                entry.problem,
+            )
+            return None
+
+    async def save_progress(self, attempt: Attempt, value: object) -> None:
+        """``Run.save_progress``: keep ``value`` while the attempt holds its lease; a
+        refusal (the fence) loses the lease here too."""
+        text = encode_progress(value)
+        if attempt.lease_lost.is_set():
+            raise LeaseLostError(f"{attempt.describe()} no longer holds its lease: nothing kept")
+        refused: str | None = None
+        with anyio.move_on_after(self._context.round_trip_sec) as deadline:
+            try:
+                refused = await self._store.save_progress(
+                    attempt.job.name, attempt.slot_id, attempt.token, text
+                )
+            except ServerReplyError:
+                raise
+            except Exception as exc:
+                raise ConnectionFailedError(
+                    f"{attempt.describe()}: the progress could not be kept ({exc}); it may "
+                    "or may not be"
+                ) from exc
+        if deadline.cancelled_caught:
+            raise ConnectionFailedError(
+                f"{attempt.describe()}: no answer in time when keeping its progress; it may "
+                "or may not be kept"
+            )
+        if refused is not None:
+            reason = f"the store refused its progress: the run is {refused}"
+            self.lose(attempt, reason)
+            raise LeaseLostError(f"{attempt.describe()}: {reason}; nothing kept")
 
     def lose(self, attempt: Leased, reason: str) -> None:
         """The attempt (or firing) no longer holds its lease: its handler is cancelled

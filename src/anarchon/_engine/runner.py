@@ -61,6 +61,11 @@ class Runner:
         """Run an attempt this instance won. ``claim_sent`` is when the winning claim
         was sent (monotonic): the lease is counted from then, not from the reply."""
         slot_ms = slot_ms_of(slot_id)
+        started: list[Attempt] = []
+
+        async def save_progress(value: object) -> None:
+            await self._lease_keeper.save_progress(started[0], value)
+
         run = Run(
             job=job.name,
             slot=from_epoch_ms(slot_ms),
@@ -69,8 +74,11 @@ class Runner:
             trigger=reply.trigger,
             runner=self._context.instance_id,
             fence=reply.fence,
+            progress=self._lease_keeper.progress_of(job, slot_id, reply.progress),
         )
+        run.keep_progress_with(save_progress)
         attempt = Attempt(job=job, run=run, slot_id=slot_id, token=token)
+        started.append(attempt)
         self._start(attempt, reply.wait_ms, claim_sent, f"anarchon {job.name} {slot_id}")
         return attempt
 

@@ -1,7 +1,7 @@
 """Value types that handlers and readers of history see."""
 
 import threading
-from collections.abc import Awaitable, Generator
+from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
@@ -114,6 +114,8 @@ class Run:
         lease_lost: Set when this attempt must stop: it no longer holds its lease (a
             heartbeat was refused, or none got through in time), the scheduler is
             stopping, or the job's ``timeout_ms`` has passed.
+        progress: What the slot's last attempt kept with ``save_progress`` (decoded
+            JSON), or None: the first attempt, or none was kept.
     """
 
     job: str
@@ -124,6 +126,55 @@ class Run:
     runner: str
     fence: int
     lease_lost: threading.Event = field(default_factory=threading.Event, compare=False)
+    progress: Any = field(default=None, compare=False)
+    _saver: Callable[[Any], Awaitable[None]] | None = field(
+        default=None, init=False, compare=False, repr=False
+    )
+
+    def keep_progress_with(self, saver: Callable[[Any], Awaitable[None]]) -> None:
+        """The scheduler's: where ``save_progress`` keeps its value (a run made by hand
+        keeps none).
+
+        Args:
+            saver: Keeps a value for the run's slot, fenced by the run's lease.
+        """
+        object.__setattr__(self, "_saver", saver)
+
+    async def save_progress(self, value: Any) -> None:
+        """Keep ``value`` as this slot's progress: the slot's next attempt (a retry, or a
+        takeover after this instance died) gets it as ``run.progress``. Fenced: it is
+        kept only while this attempt holds its lease, so a stale attempt never
+        overwrites a newer one's; once the slot's run settles for good it is gone::
+
+            @scheduler.job("0 2 * * *", max_attempts=5)
+            async def export(run: Run) -> None:
+                offset = run.progress or 0
+                for batch in batches(after=offset):
+                    await write(batch, fence=run.fence)
+                    offset = batch.end
+                    await run.save_progress(offset)
+
+        A plain function (in a worker thread) calls it with
+        ``anyio.from_thread.run(run.save_progress, value)``.
+
+        Args:
+            value: What JSON holds (dicts, lists, text, numbers, True, False, None), at
+                most 64 KiB encoded: where the work is, not the work's data.
+
+        Raises:
+            InvalidOptionError: A value JSON cannot hold or too large, or a run that
+                keeps no progress (one made by hand, or a claim-only strategy's).
+            LeaseLostError: This attempt no longer holds its lease: nothing was kept,
+                and the handler should stop (async ones are cancelled anyway).
+            ConnectionFailedError: The server did not answer in time: the progress may
+                or may not be kept.
+        """
+        if self._saver is None:
+            raise InvalidOptionError(
+                "this run keeps no progress: save_progress needs a run the scheduler made, "
+                "with the lease strategy"
+            )
+        await self._saver(value)
 
     def raise_if_lost(self) -> None:
         """Raise ``LeaseLostError`` if this attempt must stop (``lease_lost`` is set).

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
+from .._errors import InvalidOptionError
 from .._model.schedule import iso_ms
 from .._model.values import RunResult, Trigger
 from ..clients import Connection, ServerReplyError
@@ -73,6 +74,9 @@ class ClaimReply:
     #: Other unsettled slots of the job that nobody holds (a dead runner's, or a
     #: retry that is due): reported on a slot's first claim, for backups to claim.
     orphans: tuple[str, ...] = ()
+    #: What the slot's last attempt kept (``Run.save_progress``), as the store holds it
+    #: (JSON text, read with ``records.decode_progress``); "" for none.
+    progress: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,6 +173,15 @@ class Store(ABC):
         """Extend leases in one round trip; False means that lease is lost. A store whose
         runs hold no lease has none to extend."""
         return [True for _ in beats]
+
+    async def save_progress(self, job: str, slot_id: str, token: str, text: str) -> str | None:
+        """Keep an attempt's progress (JSON text) for the slot's next attempt, while the
+        attempt (``token``) holds its lease: None when kept, else why not (the run's
+        status, ``"expired"``). A store whose runs hold no lease keeps none."""
+        raise InvalidOptionError(
+            "save_progress needs the lease strategy: a claim-only strategy's runs have no "
+            "next attempt to resume"
+        )
 
     @abstractmethod
     async def finish(self, end: AttemptEnd) -> FinishReply:

@@ -7,6 +7,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, cast
 
+from .._model.progress import PROGRESS_BYTES_MAX
 from .._model.values import RunResult, Trigger
 from ..clients import Connection, ServerReplyError
 from .contract import (
@@ -94,6 +95,7 @@ def _claim_reply(raw: list[Any], keys: JobKeys, prefix: str) -> ClaimReply:
             wait_ms=wait_ms,
             trigger=cast(Trigger, _text(raw[4])),
             orphans=tuple(orphans),
+            progress=_text(raw[7]) if len(raw) > 7 else "",
         )
     if kind == "done":
         return ClaimReply("done", status=_text(raw[4]), orphans=tuple(orphans))
@@ -164,6 +166,17 @@ class LeaseStore(Store):
 
     def held_until(self, lease_left_ms: int, sent: float) -> float:
         return sent + lease_left_ms / 1000
+
+    async def save_progress(self, job: str, slot_id: str, token: str, text: str) -> str | None:
+        call = ScriptCall(
+            lease_script("save_progress"),
+            (self.keys(job).state,),
+            (slot_id, token, text, PROGRESS_BYTES_MAX),
+        )
+        (reply,) = await run_scripts(self.conn, [call])
+        if isinstance(reply, ServerReplyError):
+            raise reply
+        return None if int(reply[0]) == 1 else _text(reply[1])
 
     async def heartbeat_many(
         self, beats: Sequence[HeartbeatRequest]

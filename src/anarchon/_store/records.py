@@ -16,6 +16,7 @@ from typing import Any, cast
 
 from .._errors import InvalidOptionError, InvalidScheduleError
 from .._model.options import check_buckets
+from .._model.progress import PROGRESS_BYTES_MAX
 from .._model.schedule import from_epoch_ms, load_timezone
 from .._model.values import RunResult, RunStatus, TimerStatus, Trigger
 from ..clients import Command, Connection
@@ -307,6 +308,19 @@ def decode_definition(key: str, name: str, raw: Any) -> dict[str, Any]:
         except InvalidScheduleError:
             raise wrong(f"timezone {timezone!r} is no time zone this machine knows") from None
     return definition
+
+
+def decode_progress(key: str, field: str, raw: Any) -> Any:
+    """A slot's progress as an attempt kept it (JSON text in the ``key`` hash's field
+    ``field``), decoded; ``MalformedEntry`` for text that is not JSON or is longer than
+    any attempt may keep."""
+    text = _text(raw)
+    if len(text) > PROGRESS_BYTES_MAX:
+        raise MalformedEntry(key, field, "a progress longer than an attempt may keep", raw)
+    try:
+        return json.loads(text)
+    except ValueError:
+        raise MalformedEntry(key, field, "a progress that is not JSON", raw) from None
 
 
 def decode_timer_kind(key: str, kind: str, raw: Any) -> int:

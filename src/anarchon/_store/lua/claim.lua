@@ -11,7 +11,9 @@
 --       replace (0/1: overlap 'replace': a first claim blocked by older runs of the job
 --       ends them, recorded cancelled, and wins)
 -- Every reply is {kind, attempt, fence, ms, text, orphans, malformed}:
---   {'won', attempt, fence, lease_ms_left, trigger, orphans}  the caller runs this attempt
+--   {'won', attempt, fence, lease_ms_left, trigger, orphans, malformed, progress}  the
+--                     caller runs this attempt; progress: what the slot's last attempt
+--                     saved (run.save_progress), or ''.
 --   {'running', 0, 0, ms}   the run is in progress (or waits for its retry): be a backup,
 --                           ask again in ms
 --   {'overlap', 0, 0, ms, '', orphans}  another run of the job is unsettled (ms: the longest
@@ -137,7 +139,7 @@ local function trim_old_state()
           bad[#bad + 1] = {state_key, other, problem .. ': forgotten with its slot',
             excerpt(raw)}
         end
-        redis.call('HDEL', state_key, other)
+        redis.call('HDEL', state_key, other, PROGRESS_PREFIX .. other)
         redis.call('ZREM', slots_key, other)
       end
     end
@@ -173,7 +175,8 @@ local function win(attempt, win_trigger, orphans)
     -- Entry ids are the server's milliseconds, so the age limit is an id.
     redis.call('XTRIM', runs_key, 'MINID', int(now - history_ttl_ms))
   end
-  return {'won', attempt, int(fence), lease_ms, win_trigger, orphans, bad}
+  local progress = redis.call('HGET', state_key, PROGRESS_PREFIX .. slot) or ''
+  return {'won', attempt, int(fence), lease_ms, win_trigger, orphans, bad, progress}
 end
 
 local raw_state = redis.call('HGET', state_key, slot)
@@ -223,13 +226,15 @@ local function replace_older()
   for _, other in ipairs(members) do
     if other ~= slot and is_slot_id(other) then
       local o = decode_state(redis.call('HGET', state_key, other))
-      if o and (o.status == 'running' or o.status == 'retry') then
-        local score = tonumber(redis.call('ZSCORE', slots_key, other)) or now
+      if o and (o.status == 'retry' or o.status == 'running') then
+        -- The slot's instant: the id of a scheduled slot, the ms after 'm' of a manual one.
+        local score = tonumber(other) or tonumber(string.match(other, '^m(%d+)')) or now
         record_result(results_key, other, score, o, 'cancelled', now,
           'replaced: slot ' .. slot .. ' started in its place (overlap replace)',
           history_size, history_ttl_ms, bad)
         o.status, o.until_ms, o.token = 'cancelled', now, ''
         redis.call('HSET', state_key, other, encode_state(o))
+        redis.call('HDEL', state_key, PROGRESS_PREFIX .. other)
         redis.call('SREM', active_key, other)
       end
     end
@@ -268,7 +273,8 @@ end
 -- while its lease is live. An expired one is not handed back: a backup may take
 -- over at any moment, so the attempt is over, as any expired attempt is.
 if s.status == 'running' and s.token == token and s.until_ms > now then
-  return {'won', s.attempt, int(s.fence), s.until_ms - now, s.trigger, {}, bad}
+  local progress = redis.call('HGET', state_key, PROGRESS_PREFIX .. slot) or ''
+  return {'won', s.attempt, int(s.fence), s.until_ms - now, s.trigger, {}, bad, progress}
 end
 
 if s.status == 'running' then
@@ -281,6 +287,7 @@ if s.status == 'running' then
   if s.attempt >= max_attempts then
     s.status, s.until_ms = 'interrupted', now
     redis.call('HSET', state_key, slot, encode_state(s))
+    redis.call('HDEL', state_key, PROGRESS_PREFIX .. slot)
     redis.call('SREM', active_key, slot)
     return {'done', 0, 0, 0, 'interrupted', {}, bad}
   end

@@ -41,5 +41,9 @@ else
   s.status, s.until_ms = outcome, now
 end
 redis.call('HSET', state_key, slot, encode_state(s))
-if s.status ~= 'retry' then redis.call('SREM', active_key, slot) end
+if s.status ~= 'retry' then
+  -- Settled for good: no attempt will read its progress.
+  redis.call('SREM', active_key, slot)
+  redis.call('HDEL', state_key, PROGRESS_PREFIX .. slot)
+end
 return {'settled', s.status, s.until_ms - now, bad}

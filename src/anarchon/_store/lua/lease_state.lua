@@ -176,6 +176,12 @@ end
 -- without a scan, whatever the active set holds (one claim reads a sample of a large one).
 local HOLDER_FIELD = 'holder'
 
+-- A slot's progress (run.save_progress: JSON text, kept for the slot's next attempt) is
+-- the field of the state hash named for the slot with this in front: slot ids are digits
+-- or start with 'm', so it never meets a slot's own field or the job's. It goes when the
+-- run settles for good, or when the slot is forgotten.
+local PROGRESS_PREFIX = 'p:'
+
 -- How long the holder's lease has left, if it is live and not the caller's (0 if not).
 local function holder_live_ms(state_key, slot, now)
   local holder = redis.call('HGET', state_key, HOLDER_FIELD)
