@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 
+from tests.faults import FaultProxy
 from tests.servers import (
     LOOPS,
     ServerSpec,
@@ -205,6 +206,13 @@ def server(request: pytest.FixtureRequest) -> ServerSpec:
 @pytest.fixture
 def server_url(server: ServerSpec) -> str:
     return running_server(server)
+
+
+@pytest.fixture
+def proxy(server_url: str) -> Iterator[FaultProxy]:
+    """A fault proxy in front of the test's server (``tests.faults``)."""
+    with FaultProxy(server_url) as made:
+        yield made
 
 
 @pytest.fixture(scope="session", autouse=True)

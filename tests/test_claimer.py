@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import secrets
 import time
-from collections.abc import Iterator
 
 import anyio
 import pytest
@@ -36,12 +35,6 @@ from tests.faults import FaultProxy, oom
 from tests.helpers import NEVER, OneShot, claim_as, claim_for_a_dead_runner, wait_until
 
 pytestmark = [pytest.mark.anyio, pytest.mark.engine_tier]
-
-
-@pytest.fixture
-def proxy(server_url: str) -> Iterator[FaultProxy]:
-    with FaultProxy(server_url) as made:
-        yield made
 
 
 def errors_answered(direct: redis.Redis, code: str) -> int:

@@ -13,8 +13,10 @@ from typing import Any
 import anyio
 import pytest
 
+from anarchon import TransportError
 from anarchon._store.coalesce import pipeline
 from anarchon.clients import Command, Connection, ServerReplyError, open_connection
+from tests.faults import FaultProxy
 
 pytestmark = [pytest.mark.anyio, pytest.mark.engine_tier]
 
@@ -118,3 +120,36 @@ async def test_a_batch_whose_sender_is_cancelled_by_asyncio_itself_is_sent_by_an
     # The cancelled caller's own command is not sent: nobody waits for its reply.
     assert sorted(int(reply[0]) for reply in replies.values()) == [1, 2, 3, 4, 5]
     assert spy.calls == [("pipeline", 5)]
+
+
+async def test_those_sharing_a_round_trip_whose_sender_ran_out_of_time_hear_no_answer_came(
+    proxy: FaultProxy, prefix: str
+) -> None:
+    """The server stands still; the task that sends a shared round trip gives up at its
+    own deadline: the others sharing it get a TransportError that says the server did
+    not answer (not that nothing was sent, and no repr of a cancellation), at once."""
+    conn = open_connection(proxy.url)
+    errors: list[TransportError] = []
+
+    async def sender() -> None:
+        with anyio.move_on_after(0.3):
+            await pipeline(conn, [("INCR", f"{prefix}n")])
+
+    async def sharer() -> None:
+        try:
+            await pipeline(conn, [("INCR", f"{prefix}n")])
+        except TransportError as exc:
+            errors.append(exc)
+
+    try:
+        await conn.execute(("PING",))
+        proxy.pause()
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as group:
+                group.start_soon(sender)
+                group.start_soon(sharer)
+    finally:
+        proxy.resume()
+        await conn.aclose()
+    (error,) = errors
+    assert "did not answer" in str(error) and "Cancelled" not in str(error), error

@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -35,12 +34,6 @@ from tests.faults import FaultProxy, oom
 from tests.helpers import NEVER, Ledger, OneShot, claim_as, claim_for_a_dead_runner, wait_until
 
 pytestmark = [pytest.mark.anyio, pytest.mark.engine_tier]
-
-
-@pytest.fixture
-def proxy(server_url: str) -> Iterator[FaultProxy]:
-    with FaultProxy(server_url) as made:
-        yield made
 
 
 class SendClient:

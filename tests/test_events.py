@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import logging
-from collections.abc import Iterator
 from contextlib import AsyncExitStack
 from datetime import UTC, datetime
 from typing import Any
@@ -45,12 +44,6 @@ from tests.helpers import (
 )
 
 pytestmark = [pytest.mark.anyio, pytest.mark.engine_tier]
-
-
-@pytest.fixture
-def proxy(server_url: str) -> Iterator[FaultProxy]:
-    with FaultProxy(server_url) as made:
-        yield made
 
 
 async def collect(stream: EventStream, into: list[Event]) -> None:

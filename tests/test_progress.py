@@ -24,8 +24,8 @@ from anarchon import (
 from anarchon._store.contract import AttemptEnd, ClaimRequest
 from anarchon._store.keys import JobKeys
 from anarchon._store.quarantine import quarantine_of
-from tests.helpers import NEVER, OneShotAtFirstAsk, hand_over_slot, wait_for, wait_until
-from tests.test_takeover import LEASE_MS, start_worker, stop_worker
+from tests.helpers import NEVER, OneShotAtFirstAsk, wait_for, wait_until
+from tests.test_takeover import LEASE_MS, start_at_one_slot, start_worker, stop_worker
 
 pytestmark = pytest.mark.engine_tier
 
@@ -70,13 +70,7 @@ def test_a_takeover_after_kill_9_resumes_from_the_last_offset_kept(
         return [str(e).split("|") for e in direct.lrange(log_key, 0, -1)]
 
     try:
-        for proc in workers.values():
-            assert proc.stdout is not None
-            assert proc.stdout.readline().strip() == "slot?"
-        hand_over_slot([proc.stdin for proc in workers.values() if proc.stdin is not None])
-        for proc in workers.values():
-            assert proc.stdout is not None
-            assert proc.stdout.readline().strip() == "ready"
+        start_at_one_slot(list(workers.values()))
         wait_for(lambda: len([e for e in entries() if e[0] == "kept"]) >= 8, 20, "8 steps")
         victim = next(e[1] for e in entries() if e[0] == "start")
         workers[victim].send_signal(signal.SIGKILL)

@@ -37,6 +37,17 @@ def start_worker(url: str, prefix: str, name: str, loop: str, *more: str) -> sub
     return proc
 
 
+def start_at_one_slot(workers: list[subprocess.Popen[str]]) -> None:
+    """Hand the same slot to workers that asked for it, and wait until each is ready."""
+    for proc in workers:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "slot?"
+    hand_over_slot([proc.stdin for proc in workers if proc.stdin is not None])
+    for proc in workers:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "ready"
+
+
 def stop_worker(proc: subprocess.Popen[str]) -> None:
     """SIGTERM (a graceful stop) and wait for the process to end."""
     proc.send_signal(signal.SIGTERM)
@@ -56,13 +67,7 @@ def test_a_killed_runner_is_replaced_by_a_backup_within_the_lease(
     names = [f"worker-{i}" for i in range(3)]
     workers = {name: start_worker(server_url, prefix, name, event_loop) for name in names}
     try:
-        for proc in workers.values():
-            assert proc.stdout is not None
-            assert proc.stdout.readline().strip() == "slot?"
-        hand_over_slot([proc.stdin for proc in workers.values() if proc.stdin is not None])
-        for proc in workers.values():
-            assert proc.stdout is not None
-            assert proc.stdout.readline().strip() == "ready"
+        start_at_one_slot(list(workers.values()))
         log_key = f"{prefix}log"
 
         def entries() -> list[list[str]]:

@@ -16,6 +16,7 @@ from typing import Any
 import anyio
 import anyio.lowlevel
 
+from .._errors import reason
 from ..clients import Command, Connection, TransportError
 
 __all__ = ["pipeline"]
@@ -87,9 +88,19 @@ class _Coalescer:
             replies = await self.conn.pipeline([c for entry in batch for c in entry.commands])
         except BaseException as exc:
             # The sender gets the exception itself; the others a transport error each,
-            # which their callers retry like any failed round trip.
+            # which their callers retry like any failed round trip. A sender that stopped
+            # waiting (its deadline, or a cancel) leaves them without an answer: their
+            # commands may or may not have been applied.
+            if isinstance(exc, anyio.get_cancelled_exc_class()):
+                why = (
+                    "the server did not answer in time (the task that sent the round trip "
+                    "this call shared stopped waiting for it); the commands may or may not "
+                    "have been applied"
+                )
+            else:
+                why = f"the round trip this call shared failed: {reason(exc)}"
             for entry in batch[1:]:
-                entry.error = TransportError(f"the pipeline was not sent: {exc!r}")
+                entry.error = TransportError(why)
                 assert entry.done is not None
                 entry.done.set()
             raise
