@@ -136,9 +136,6 @@ class Capacity:
         _less(self._running, owner, 1)
         self.freed()
 
-    def running_of(self, owner: Owner) -> int:
-        return self._running.get(owner, 0)
-
     def on_freed(self, listener: Callable[[], None]) -> None:
         """Call ``listener`` whenever room may have been made."""
         self._listeners.append(listener)

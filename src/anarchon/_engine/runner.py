@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import time
 import traceback
+from functools import partial
 
 import anyio
 from anyio.abc import TaskGroup
@@ -61,11 +62,6 @@ class Runner:
         """Run an attempt this instance won. ``claim_sent`` is when the winning claim
         was sent (monotonic): the lease is counted from then, not from the reply."""
         slot_ms = slot_ms_of(slot_id)
-        started: list[Attempt] = []
-
-        async def save_progress(value: object) -> None:
-            await self._lease_keeper.save_progress(started[0], value)
-
         run = Run(
             job=job.name,
             slot=from_epoch_ms(slot_ms),
@@ -76,9 +72,8 @@ class Runner:
             fence=reply.fence,
             progress=self._lease_keeper.progress_of(job, slot_id, reply.progress),
         )
-        run.keep_progress_with(save_progress)
         attempt = Attempt(job=job, run=run, slot_id=slot_id, token=token)
-        started.append(attempt)
+        run.keep_progress_with(partial(self._lease_keeper.save_progress, attempt))
         self._start(attempt, reply.wait_ms, claim_sent, f"anarchon {job.name} {slot_id}")
         return attempt
 
