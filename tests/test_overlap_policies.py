@@ -22,6 +22,7 @@ from anarchon import (
     Run,
     Scheduler,
 )
+from anarchon._store.contract import ClaimRequest, HeartbeatRequest
 from tests.helpers import wait_until
 
 pytestmark = [pytest.mark.anyio, pytest.mark.engine_tier]
@@ -132,3 +133,43 @@ def test_the_overlap_policies_are_named_in_the_error() -> None:
         scheduler.add_job(job, "* * * * *", name=policy, overlap=policy)
     with pytest.raises(InvalidOptionError, match="'replace' or 'buffer_one'"):
         scheduler.add_job(job, "* * * * *", name="bad", overlap="cancel")  # type: ignore[arg-type]
+
+
+@pytest.mark.server_tier
+async def test_the_claim_script_replaces_older_runs_and_records_a_superseded_slot(
+    server_url: str, prefix: str
+) -> None:
+    """On every server: a replacing first claim ends the running older slot (recorded
+    cancelled, naming the new slot; its heartbeat refused from then on) and wins with a
+    higher fence; a superseded claim of a slot nobody started records it skipped, once."""
+    backend = RedisBackend(redis=server_url, prefix=prefix)
+    store = await backend.open({"runner": "a", "history_size": 100, "history_ttl_ms": None})
+    base = (int(time.time() * 1000) // 1000) * 1000
+
+    def claim(slot_ms: int, **flags: bool) -> ClaimRequest:
+        return ClaimRequest(
+            "swap", str(slot_ms), slot_ms, f"t{slot_ms}", "schedule", 30_000, 3, False,
+            600_000, **flags,
+        )  # fmt: skip
+
+    try:
+        (old,) = await store.claim_many([claim(base)])
+        (new,) = await store.claim_many([claim(base + 1000, replace=True)])
+        assert not isinstance(old, Exception) and not isinstance(new, Exception)
+        assert (old.kind, new.kind) == ("won", "won") and new.fence > old.fence
+        beat = HeartbeatRequest("swap", str(base), f"t{base}", 30_000, False)
+        assert await store.heartbeat_many([beat]) == [False]
+        (blocked,) = await store.claim_many([claim(base + 2000)])
+        assert not isinstance(blocked, Exception) and blocked.kind == "overlap"
+        first, again = await store.claim_many(
+            [claim(base + 2000, superseded=True), claim(base + 2000, superseded=True)]
+        )
+        assert not isinstance(first, Exception) and not isinstance(again, Exception)
+        assert (first.status, again.status) == ("superseded", "skipped")
+        history = {r.slot_ms: r for r in await store.history("swap", 10)}
+        assert history[base].status == "cancelled"
+        assert f"slot {base + 1000}" in (history[base].error or "")
+        assert history[base + 2000].status == "skipped"
+        assert "newer slot waits" in (history[base + 2000].error or "")
+    finally:
+        await store.conn.aclose()

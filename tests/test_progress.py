@@ -97,6 +97,7 @@ def test_a_takeover_after_kill_9_resumes_from_the_last_offset_kept(
 
 
 @pytest.mark.anyio
+@pytest.mark.server_tier
 async def test_a_stale_attempt_s_progress_is_refused_and_the_newer_one_s_is_kept(
     server_url: str, prefix: str
 ) -> None:
