@@ -19,7 +19,9 @@ act on them from the test's thread:
   older run of the job, a late takeover after an earlier fault, still held it, or
   waited for its next attempt: then the slot is rightly skipped);
 - ``stall``: one instance's traffic freezes both ways (its heartbeats stop, its
-  handlers go on, as a ``SIGSTOP`` looks from outside), then flows again, late;
+  handlers go on, as a ``SIGSTOP`` looks from outside), then flows again, late
+  (``partition_a_run_as_it_is_replaced``: the runner of the ``replace`` job's run, from
+  just before the slot that replaces it);
 - ``server_error``: the server itself answers OOM, READONLY or BUSY for a while
   (``server_error_past_a_slot``: until just past a slot of a job 1.5 s apart or more);
 - ``freeze_server``: the server stands still (SIGSTOP), then goes on (SIGCONT), applying
@@ -75,6 +77,16 @@ store cannot wipe it). After every step the machine checks, in words:
    slot's start (its runner's next heartbeat is refused), or within a lease when its
    runner or the server was not healthy meanwhile; a slot of the ``buffer_one`` job that
    a newer one took the place of is recorded skipped (rule 2 judges it so).
+9. No more runs of the job with a fleet-wide limit (``permit``, ``max_concurrent_fleet``)
+   go on at once across the fleet than the limit, unless the runner of each one beyond
+   it (or the server) was not healthy since its win (its permit ran out with its lease:
+   a dead, stalled or cut-off runner's handler goes on until it hears); and its permits
+   come back: while the server and an instance were healthy for a lease and two polls,
+   a run of it started.
+10. Resumable attempts are fenced: a later attempt of a ``long`` slot (a takeover, or a
+    retry) starts with the progress an earlier attempt of the slot saved (never one
+    whose save was refused), and no older than the newest save answered as kept before
+    the later attempt won (unless the store was wiped meanwhile).
 
 At the end every fault is healed, each instance runs again, the machine waits for
 the last windows to close, checks everything once more, and stops the instances.
@@ -93,7 +105,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import Future
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, ClassVar, Literal, NoReturn
@@ -109,6 +121,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from anarchon import (
     ConnectionFailedError,
+    LeaseLostError,
     OverlapPolicy,
     RedisBackend,
     Run,
@@ -169,7 +182,7 @@ LOST_REPLY_LATE_MS = 700
 LOST_REPLY_JUDGED_AFTER_MS = 1400
 NAMES = ("a", "b", "c")
 
-Behaviour = Literal["quick", "slow", "flaky", "long", "hang", "sync", "burst"]
+Behaviour = Literal["quick", "slow", "flaky", "long", "hang", "sync", "burst", "permit"]
 
 
 @dataclass(frozen=True)
@@ -212,13 +225,22 @@ QUICK_JOBS = ("tick", "flaky")
 BRITTLE = JobSpec("brittle", 2000, "quick")
 #: Each instance's bound on handlers at once (``max_concurrent``), above what the jobs
 #: need: a bound the engine keeps under every fault, not one that starves a slot.
-MAX_CONCURRENT = 8
+MAX_CONCURRENT = 10
 #: A job beside JOBS whose runs overlap (every 400 ms, each 0.7 s), bounded at one run
 #: at once per instance (its own ``max_concurrent``): with fewer than two instances up
 #: the fleet has rightly no room for all of its slots, so they are not judged; what is
 #: judged is that no instance ever runs more than its bounds allow.
 BURST = JobSpec("burst", 400, "burst", overlap="allow")
 BURST_BOUND = 1
+#: A job beside JOBS whose runs overlap (every 300 ms; one in three takes 0.9 s, the
+#: others 0.2 s), at most two at once in the fleet (``max_concurrent_fleet``): its slots
+#: wait for a permit at times, so they are not judged by rule 2; rule 9 judges the limit
+#: and that a dead runner's permits come back.
+PERMITTED = JobSpec("permit", 300, "permit", overlap="allow")
+FLEET_BOUND = 2
+#: How long an instance waits at most between two claims of a slot waiting for a permit
+#: (the scheduler's ``timer_poll_ms``, its default).
+PERMIT_POLL_MS = 1000
 
 
 class BrittleSchedule:
@@ -271,6 +293,11 @@ class Start:
     ended_ms: float | None = None
     #: ok, raised, cancelled (async), lost (a sync handler told its lease is gone)
     outcome: str | None = None
+    #: What ``run.progress`` said at the start (a ``long`` run: an earlier attempt's).
+    progress_seen: object = None
+    #: Each ``save_progress`` of a ``long`` run: (value, "ok" | "refused" | "unknown",
+    #: when it returned).
+    saves: list[tuple[str, str, float]] = field(default_factory=list)
 
 
 class Ledger:
@@ -302,6 +329,12 @@ class Ledger:
             return list(self.starts)
 
 
+def progress_order(value: str) -> tuple[int, int]:
+    """A ``long`` run's progress value (``<fence>:<step>``) in the order it was kept."""
+    fence, _, step = value.partition(":")
+    return int(fence), int(step)
+
+
 def next_slot_ms(every_ms: int, after_ms: float) -> int:
     """The first slot of a job every ``every_ms`` after ``after_ms``."""
     return (int(after_ms) // every_ms + 1) * every_ms
@@ -315,7 +348,20 @@ def slot_index(spec: JobSpec, slot_ms: int) -> int:
     return slot_ms // spec.every_ms
 
 
-async def behave(spec: JobSpec, run: Run) -> None:
+async def save(run: Run, entry: Start, value: str) -> None:
+    """``run.save_progress(value)``, its answer written in the ledger (never raised: the
+    engine ends an attempt that lost its lease on its own)."""
+    try:
+        await run.save_progress(value)
+        outcome = "ok"
+    except LeaseLostError:
+        outcome = "refused"
+    except Exception:
+        outcome = "unknown"  # no answer in time: it may or may not have been applied
+    entry.saves.append((value, outcome, wall_ms()))
+
+
+async def behave(spec: JobSpec, run: Run, entry: Start | None = None) -> None:
     """What a run of ``spec`` does; the same on every instance for the same attempt."""
     index = slot_index(spec, run.slot_ms)
     if spec.behaviour == "quick":
@@ -327,9 +373,17 @@ async def behave(spec: JobSpec, run: Run) -> None:
         if run.attempt == 1 and index % 3 == 0:
             raise RuntimeError(f"attempt {run.attempt} of slot {run.slot_ms} fails")
     elif spec.behaviour == "long":
-        await anyio.sleep(1.5)  # longer than the lease: it lives on heartbeats
+        # Longer than the lease: it lives on heartbeats, and keeps where it is (a value
+        # per step that names its attempt) as a resumable attempt would.
+        for step in (1, 2):
+            await anyio.sleep(0.5)
+            if entry is not None and run.trigger != "manual":
+                await save(run, entry, f"{run.fence}:{step}")
+        await anyio.sleep(0.5)
     elif spec.behaviour == "burst":
         await anyio.sleep(0.7)
+    elif spec.behaviour == "permit":
+        await anyio.sleep(0.9 if index % 3 == 0 else 0.2)
     elif spec.behaviour == "hang":
         if run.attempt == 1 and index % 4 == 0:
             await anyio.sleep_forever()  # until its lease is lost or its instance stops
@@ -357,9 +411,10 @@ def make_handler(spec: JobSpec, ledger: Ledger) -> Callable[..., Any]:
 
     async def handler(run: Run) -> None:
         entry = ledger.started(run)
+        entry.progress_seen = run.progress
         outcome = "cancelled"
         try:
-            await behave(spec, run)
+            await behave(spec, run, entry)
             outcome = "ok"
         except Exception:
             outcome = "raised"
@@ -607,6 +662,11 @@ class EngineMachine(RuleBasedStateMachine):
             make_handler(BURST, self.ledger), every_ms=BURST.every_ms, name=BURST.name,
             overlap=BURST.overlap, max_late_ms=MAX_LATE_MS, max_concurrent=BURST_BOUND,
         )  # fmt: skip
+        scheduler.add_job(
+            make_handler(PERMITTED, self.ledger), every_ms=PERMITTED.every_ms,
+            name=PERMITTED.name, overlap=PERMITTED.overlap, max_late_ms=MAX_LATE_MS,
+            max_concurrent_fleet=FLEET_BOUND,
+        )  # fmt: skip
 
         async def host(task_status: TaskStatus[anyio.CancelScope]) -> None:
             with anyio.CancelScope() as scope:
@@ -828,6 +888,26 @@ class EngineMachine(RuleBasedStateMachine):
     @rule(data=st.data(), ms=st.integers(200, 2500))
     def stall(self, data: st.DataObject, ms: int) -> None:
         instance = data.draw(st.sampled_from(self._up()))
+        with self._impaired(instance.runner, "stall"):
+            instance.proxy.pause()
+            time.sleep(ms / 1000)
+            instance.proxy.resume()
+
+    @precondition(lambda self: bool(self._up()))
+    @rule(ms=st.integers(300, 1500))
+    def partition_a_run_as_it_is_replaced(self, ms: int) -> None:
+        """The runner of the ``replace`` job's run in progress loses touch with the
+        server (both ways) from just before the next slot, whose first claim ends that
+        run: its refused heartbeat cannot reach it, so its handler must end by its own
+        lease (rule 8), and the new slot must not wait for it."""
+        going = [s for s in self.ledger.snapshot() if s.job == REPLACING and s.ended_ms is None]
+        instance = next((i for i in self._up() if going and i.runner == going[-1].runner), None)
+        if instance is None:
+            event("partition at a replace: no run in progress on an instance up")
+            return
+        slot = next_slot_ms(every_ms_of(REPLACING), wall_ms())
+        time.sleep(max(slot - 100 - wall_ms(), 0) / 1000)
+        event("partition at a replace")
         with self._impaired(instance.runner, "stall"):
             instance.proxy.pause()
             time.sleep(ms / 1000)
@@ -1105,6 +1185,83 @@ class EngineMachine(RuleBasedStateMachine):
                     burst <= BURST_BOUND,
                     f"{runner} ran {burst} runs of {BURST.name} at once, above its own bound",
                 )
+
+    @invariant()
+    def a_later_attempt_resumes_from_the_newest_progress_kept(self) -> None:
+        """Rule 10."""
+        long_jobs = {spec.name for spec in JOBS if spec.behaviour == "long"}
+        by_slot: dict[tuple[str, str], list[Start]] = {}
+        for start in self.ledger.snapshot():
+            if start.job in long_jobs and start.trigger != "manual":
+                by_slot.setdefault((start.job, start.slot_id), []).append(start)
+        for starts in by_slot.values():
+            starts.sort(key=lambda s: s.fence)
+            for index, later in enumerate(starts[1:], 1):
+                earlier = starts[:index]
+                if self._wiped(earlier[0].started_ms, later.started_ms):
+                    continue
+                saves = [save for start in earlier for save in list(start.saves)]
+                seen = later.progress_seen
+                if seen is not None:
+                    check(
+                        any(value == seen and how != "refused" for value, how, _ in saves),
+                        f"{later.job} slot {later.slot_id} attempt {later.attempt} started "
+                        f"with progress {seen!r}, which no earlier attempt kept: {saves}",
+                    )
+                won_ms = later.fence / 1000
+                kept = [value for value, how, at_ms in saves if how == "ok" and at_ms < won_ms]
+                if kept:
+                    event("progress: a later attempt of a slot resumed")
+                    newest = max(kept, key=progress_order)
+                    check(
+                        seen is not None and progress_order(str(seen)) >= progress_order(newest),
+                        f"{later.job} slot {later.slot_id} attempt {later.attempt} started "
+                        f"with progress {seen!r}, older than {newest!r}, kept before it won",
+                    )
+
+    @invariant()
+    def no_more_runs_go_on_in_the_fleet_than_its_limit(self) -> None:
+        """Rule 9, the bound: at each start of the ``permit`` job, the runs of it going on
+        then beyond the limit are each explained (their runner, or the server, was not
+        healthy since their win: their permits ran out with their leases)."""
+        starts = sorted(
+            (s for s in self.ledger.snapshot() if s.job == PERMITTED.name),
+            key=lambda s: s.started_ms,
+        )
+        for index, later in enumerate(starts):
+            going = [  # its runs last a second at most, unless their runner stands still
+                s
+                for s in starts[max(index - 50, 0) : index]
+                if s.ended_ms is None or s.ended_ms > later.started_ms
+            ]
+            if len(going) == FLEET_BOUND - 1:
+                event("fleet limit: a start took the last permit")
+            if len(going) < FLEET_BOUND:
+                continue
+            explained = [s for s in going if self._explained(s, later)]
+            if len(going) - len(explained) >= FLEET_BOUND:
+                fail(
+                    f"{len(going) + 1} runs of {PERMITTED.name} at once in the fleet (limit "
+                    f"{FLEET_BOUND}), {len(explained)} of them explained: {going} and {later}"
+                )
+
+    @invariant()
+    def the_permits_come_back(self) -> None:
+        """Rule 9, the liveness: a dead runner's permits are free a lease later, so
+        while the server and an instance were healthy for a lease and two polls (plus
+        whatever the loop stood still), a run of the ``permit`` job started."""
+        now = wall_ms()
+        starts = [s.started_ms for s in self.ledger.snapshot() if s.job == PERMITTED.name]
+        since = max(starts, default=self.began_ms)
+        span_ms = LEASE_MS + 2 * PERMIT_POLL_MS + SETTLE_AFTER_FAULT_MS
+        span_ms += self._starved_ms(since, now)
+        if now - since < span_ms:
+            return
+        check(
+            not self._some_instance_healthy(now - span_ms, now),
+            f"no run of {PERMITTED.name} started for {now - since:.0f} ms while the server "
+            "and an instance were healthy: its permits did not come back",
+        )
 
     @invariant()
     def a_replaced_run_ends_within_a_heartbeat_or_two(self) -> None:

@@ -98,7 +98,9 @@ class LeaseMachine(RuleBasedStateMachine):
         self.now = BASE_MS
         self.manual_runs = 0
         tag = "{" + f"pm{uuid.uuid4().hex[:8]}:job" + "}"
-        self.keys = [f"{tag}:{name}" for name in ("state", "active", "slots", "runs", "results")]
+        self.keys = [
+            f"{tag}:{name}" for name in ("state", "active", "slots", "runs", "results", "permits")
+        ]
         self.model = JobModel(LEASE_MS, allow_overlap=False)
         self.max_attempts = 1
         self.instances: dict[str, Instance] = {}
@@ -166,7 +168,7 @@ class LeaseMachine(RuleBasedStateMachine):
             "claim", self.keys,
             [slot, slot_ms_of(slot), token, instance.name, LEASE_MS, max_attempts,
              1 if self.model.allow_overlap else 0, trigger, KEEP_MS, 10**6, 0, 0,
-             1 if may_start else 0, 1 if skip else 0, 0],
+             1 if may_start else 0, 1 if skip else 0, 0, 0, 0],
         )  # fmt: skip
         self.write_happened()
         got = self._reply(raw)
@@ -325,7 +327,9 @@ class LeaseMachine(RuleBasedStateMachine):
         before = self.client.hget(self.keys[0], slot)
         expected = self.model.heartbeat(slot, held.token, self.now)
         overlap = 1 if self.model.allow_overlap else 0
-        got = self.call("heartbeat", self.keys[:2], [slot, held.token, LEASE_MS, overlap])
+        got = self.call(
+            "heartbeat", [*self.keys[:2], self.keys[5]], [slot, held.token, LEASE_MS, overlap, 0]
+        )
         self.write_happened()
         assert (int(got[0]) == 1) == expected
         if not expected:  # invariant 4: a stale token changes nothing
@@ -341,7 +345,7 @@ class LeaseMachine(RuleBasedStateMachine):
             slot, held.token, outcome, retry_delay_ms, self.now, held.max_attempts
         )
         got = self.call(
-            "finish", [self.keys[0], self.keys[1], self.keys[4]],
+            "finish", [self.keys[0], self.keys[1], self.keys[4], self.keys[5]],
             [slot, slot_ms_of(slot), held.token, outcome, held.max_attempts, retry_delay_ms,
              "", 10**6, 0],
         )  # fmt: skip

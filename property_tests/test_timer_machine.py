@@ -21,6 +21,10 @@ over); time advances. Every reply of the real scripts must equal the model's
 3. Generations grow: every set and every rearm or recurrence takes a new, higher one.
 4. Fencing: a finish or heartbeat of a token that no longer holds the firing changes
    nothing and reports the loss.
+6. Fleet limits (when the kind has them): the permits held are exactly those of the
+   firings whose leases live (never more than the limit, the kind's and each key
+   group's), and the starts within the rate limit's window never exceed it; a key
+   group's waiting timers and the groups index are exactly the model's.
 5. The newest set wins: a firing of a generation that was replaced or cancelled while
    it fired leaves the newest generation pending (or nothing), never its own rearm,
    recurrence or retry.
@@ -51,7 +55,7 @@ LEASE_MS = 1000
 BASE_MS = 1_800_000_000_000
 INSTANCES = ("a", "b", "c")
 #: Keys with the characters a user's keys may have (the key is a hash field).
-KEYS = ("user:1", "user:2", "cart|7", "tenant 9", "ключ")
+KEYS = ("user:1", "user:2", "user:3", "cart|7", "tenant 9", "ключ")
 #: Payloads as the store keeps them (encode_payload's tags), '|' and newlines included.
 PAYLOADS = st.sampled_from(["", "uhello", 'j{"a":1}', "ua|b|c", "ux\ny", "xAAEC"])
 SCHEDULES = st.sampled_from(["", "", "every;2000"])
@@ -96,13 +100,40 @@ class TimerMachine(RuleBasedStateMachine):
         self.last_gen = 0
         self.claim_records: list[str] = []
 
-    @initialize(max_attempts=st.integers(1, 3), retry_delay_ms=st.sampled_from([0, 300, 2500]))
-    def configure(self, max_attempts: int, retry_delay_ms: int) -> None:
+    @initialize(
+        max_attempts=st.integers(1, 3),
+        retry_delay_ms=st.sampled_from([0, 300, 2500]),
+        fleet_max=st.sampled_from([0, 0, 1, 2]),
+        rate=st.sampled_from([(0, 0), (0, 0), (2, 1500), (3, 4000)]),
+        group_max=st.sampled_from([0, 1, 1, 2]),
+    )
+    def configure(
+        self,
+        max_attempts: int,
+        retry_delay_ms: int,
+        fleet_max: int,
+        rate: tuple[int, int],
+        group_max: int,
+    ) -> None:
         self.max_attempts = max_attempts
         self.retry_delay_ms = retry_delay_ms
+        self.model.fleet_max = fleet_max
+        self.model.rate_max, self.model.period_ms = rate
+        # The "user:" keys share the group "user"; the others are groups of their own.
+        self.model.group_by, self.model.group_max = (":", group_max) if group_max else ("", 0)
 
     def teardown(self) -> None:
-        self.client.delete(self.keys.timers, self.keys.due, self.keys.meta, *self.claim_records)
+        keys = self.keys
+        groups = {key.split(":", 1)[0] for key in KEYS}
+        self.client.delete(
+            keys.timers, keys.due, keys.meta, keys.permits, keys.starts, keys.groups,
+            *(keys.group_permits(g) for g in groups), *(keys.group_waiting(g) for g in groups),
+            *self.claim_records,
+        )  # fmt: skip
+
+    @property
+    def group_args(self) -> list[Any]:
+        return [self.model.group_by, self.model.group_max, self.keys.group_permits("")]
         self.client.close()
 
     def call(self, name: str, keys: list[str], args: list[Any]) -> Any:
@@ -159,11 +190,13 @@ class TimerMachine(RuleBasedStateMachine):
         expected = self.model.claim(
             self.now, limit, LEASE_MS, instance.name, token_base, self.max_attempts
         )
+        model = self.model
         raw = self.call(
             "timer_claim",
-            [*self.three, record],
-            [limit, LEASE_MS, instance.name, token_base, self.max_attempts],
-        )
+            [*self.three, record, self.keys.permits, self.keys.starts, self.keys.groups],
+            [limit, LEASE_MS, instance.name, token_base, self.max_attempts, model.fleet_max,
+             model.rate_max, model.period_ms, *self.group_args, self.keys.group_waiting("")],
+        )  # fmt: skip
         wins = [
             Win(str(w[0]), int(w[1]), int(w[2]), int(w[3]), int(w[4]), str(w[5]), str(w[6]),
                 str(w[7]), str(w[8]), int(w[9]))
@@ -175,6 +208,13 @@ class TimerMachine(RuleBasedStateMachine):
         assert got == (sorted(expected[0], key=lambda w: w.key), *expected[1:])
         if got[3]:
             event("claim: a one-shot timer out of attempts was spent")
+        limited = set(raw[6])
+        if "group" in limited:
+            event("claim: a due timer waits for its key group")
+        for name in limited - {"group"}:
+            event(f"claim: held back by the fleet limit ({name})")
+        if model.group_max and any(model.waiting.values()) and not model.groups:
+            raise AssertionError("timers wait in a group the index does not name")
         return wins
 
     def _won(self, instance: Instance, wins: list[Win], repeated: set[str]) -> None:
@@ -229,7 +269,11 @@ class TimerMachine(RuleBasedStateMachine):
         name, key = data.draw(st.sampled_from(self._held()))
         firing = self.instances[name].held[key]
         expected = self.model.heartbeat(key, firing.token, self.now, LEASE_MS)
-        raw = self.call("timer_heartbeat", self.three[:2], [key, firing.token, LEASE_MS])
+        raw = self.call(
+            "timer_heartbeat",
+            [*self.three[:2], self.keys.permits],
+            [key, firing.token, LEASE_MS, self.model.fleet_max, *self.group_args],
+        )
         assert (int(raw[0]) == 1) == expected
         event(f"heartbeat: {'held' if expected else 'lost'}")
         if not expected:
@@ -245,6 +289,8 @@ class TimerMachine(RuleBasedStateMachine):
     def finish(self, data: st.DataObject, outcome: str, rearm: str | None, rearm_ms: int) -> None:
         name, key = data.draw(st.sampled_from(self._held()))
         firing = self.instances[name].held.pop(key)
+        if self.model.group_max and self.model.group_of(key) in self.model.groups:
+            event("finish: its key group has timers waiting")
         next_at: int | None = None
         next_delay: int | None = None
         if firing.trigger == "lapsed":
@@ -264,9 +310,10 @@ class TimerMachine(RuleBasedStateMachine):
         )  # fmt: skip
         raw = self.call(
             "timer_finish",
-            self.three,
+            [*self.three, self.keys.permits, self.keys.groups],
             [key, firing.token, outcome, self.max_attempts, self.retry_delay_ms,
-             "" if next_at is None else next_at, "" if next_delay is None else next_delay],
+             "" if next_at is None else next_at, "" if next_delay is None else next_delay,
+             *self.group_args],
         )  # fmt: skip
         if raw[0] == "lost":
             got = (False, "", 0)
@@ -296,7 +343,37 @@ class TimerMachine(RuleBasedStateMachine):
         expected = {key: encode(timer) for key, timer in self.model.timers.items()}
         assert stored == expected  # invariant 1 (and 4, 5: what a finish may change)
         due = dict(self.client.zrange(self.keys.due, 0, -1, withscores=True))
-        assert due == {key: float(t.attention_ms()) for key, t in self.model.timers.items()}
+        assert due == {
+            key: float(t.attention_ms())
+            for key, t in self.model.timers.items()
+            if key not in self.model.out_of_due
+        }
+
+    @invariant()
+    def the_fleet_limits_hold(self) -> None:
+        model = self.model
+        permits = dict(self.client.zrange(self.keys.permits, 0, -1, withscores=True))
+        live = {key: float(until) for key, until in model.permits.items() if until > self.now}
+        assert {k: v for k, v in permits.items() if v > self.now} == live  # invariant 6
+        if model.fleet_max:
+            assert len(live) <= model.fleet_max
+        if model.group_max:
+            stored = dict(self.client.zrange(self.keys.groups, 0, -1, withscores=True))
+            assert stored == {g: float(when) for g, when in model.groups.items()}
+            for group in {key.split(":", 1)[0] for key in KEYS}:
+                waiting = self.client.zrange(self.keys.group_waiting(group), 0, -1, withscores=True)
+                expected = model.waiting.get(group, {})
+                assert dict(waiting) == {k: float(v) for k, v in expected.items()}, group
+                permits = self.client.zrange(self.keys.group_permits(group), 0, -1, withscores=True)
+                live = {k: v for k, v in permits if v > self.now}
+                held = model.group_permits.get(group, {})
+                assert live == {k: float(v) for k, v in held.items() if v > self.now}, group
+                assert len(live) <= model.group_max
+        if model.rate_max:
+            starts = self.client.zrangebyscore(
+                self.keys.starts, f"({self.now - model.period_ms}", self.now
+            )
+            assert len(starts) <= model.rate_max
 
     @invariant()
     def the_counters_are_the_models(self) -> None:
@@ -325,6 +402,55 @@ for _spec in matrix():
     _case.settings = settings(_case.settings, max_examples=examples(300, _spec))
     globals()[f"TestTimerMachine_{_spec.id.replace('-', '_').replace('.', '_')}"] = _case
     del _case
+
+
+def test_a_finish_lets_its_key_groups_waiting_timer_go_on_at_once(server: ServerSpec) -> None:
+    """With one permit per key group: of two due timers of group 'user', one fires and
+    the other waits apart (out of the due index; the group is looked at again when the
+    firing's lease ends); the firing's finish has the group looked at at once, so the
+    next claim, at the same instant, moves the waiting timer back and wins it."""
+    client = redis.Redis.from_url(running_server(server), protocol=2, decode_responses=True)
+    keys = TimerKeys.for_kind(f"tg{uuid.uuid4().hex[:8]}:", "remind")
+    now = BASE_MS
+    three = [keys.timers, keys.due, keys.meta]
+    groups = [":", 1, keys.group_permits("")]
+
+    def call(name: str, script_keys: list[str], args: list[Any]) -> Any:
+        return client.eval(timed_timer_script(name), len(script_keys), *script_keys, *args, now)
+
+    def claim(token_base: str) -> list[Any]:
+        script_keys = [*three, keys.claimed(token_base), keys.permits, keys.starts, keys.groups]
+        args = [4, LEASE_MS, "a", token_base, 3, 0, 0, 0, *groups, keys.group_waiting("")]
+        return list(call("timer_claim", script_keys, args))
+
+    try:
+        for key in ("user:1", "user:2"):
+            call("timer_set", three, [key, now - 10, "", "", "", ""])
+        first = claim("x")
+        ((won, *_, token, _trigger, _schedule, _payload, _left),) = first[0]
+        waiting = "user:2" if won == "user:1" else "user:1"
+        assert first[6] == ["group"]
+        assert client.zrange(keys.due, 0, -1) == [won]
+        assert client.zrange(keys.group_waiting("user"), 0, -1) == [waiting]
+        assert client.zscore(keys.groups, "user") == now + LEASE_MS  # its lease's end
+        assert int(first[1]) == now + LEASE_MS  # the claimer comes back by then
+        finished = call(
+            "timer_finish",
+            [*three, keys.permits, keys.groups],
+            [won, token, "ok", 3, 300, "", "", *groups],
+        )
+        assert finished[0] == "settled"
+        assert client.zscore(keys.groups, "user") == now
+        second = claim("y")
+        assert [win[0] for win in second[0]] == [waiting]
+        assert client.zcard(keys.groups) == 0
+        assert client.zcard(keys.group_waiting("user")) == 0
+    finally:
+        client.delete(
+            *three, keys.permits, keys.starts, keys.groups, keys.group_permits("user"),
+            keys.group_waiting("user"), keys.claimed("x"), keys.claimed("y"),
+        )  # fmt: skip
+        client.close()
 
 
 def test_the_timed_timer_scripts_differ_from_the_shipped_ones_only_in_the_clock_read() -> None:

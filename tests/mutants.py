@@ -58,6 +58,7 @@ DEAD = "tests/test_dead_runs_settle.py"
 RULES = "tests/test_lease_rules.py"
 LEASES = "tests/test_leases.py"
 TAKEOVER = "tests/test_takeover.py"
+FLEET = "tests/test_fleet_limits.py"
 ENGINE_MACHINE = "property_tests/test_engine_machine.py"
 ENGINE_FAULTS = "tests/test_engine_faults.py"
 TIMER_MACHINE = "property_tests/test_timer_machine.py"
@@ -363,6 +364,66 @@ MUTANTS: list[Mutant] = [
         "t = pending_timer(next_gen(meta_key), due_ms,",
         "t = pending_timer(t.gen, due_ms,",
         "a rearm or recurrence keeps the generation that fired",
+        (TIMER_MACHINE,),
+    ),
+    # The fleet limits (lease_state.lua's permits, a kind's rate and key groups).
+    Mutant(
+        "fleet-permit-not-asked",
+        "claim.lua",
+        "  if not permitted then\n",
+        "  if false then\n",
+        "a job's run starts whether or not its runs in the fleet hold every permit",
+        (FLEET,),
+    ),
+    Mutant(
+        "fleet-permit-kept-on-finish",
+        "finish.lua",
+        "redis.call('ZREM', permits_key, slot)\n",
+        "",
+        "a job's finish keeps its fleet permit (held until the lease it had would end)",
+        (FLEET,),
+    ),
+    Mutant(
+        "fleet-stale-heartbeat-takes-permit",
+        "heartbeat.lua",
+        "if not take_permit(permits_key, slot, now + lease_ms, now, fleet_max, {}) then",
+        "if not take_permit(permits_key, slot, now + lease_ms, now, 0, {}) then",
+        "an attempt whose lease ran out takes its permit back with a heartbeat while "
+        "others hold every one",
+        (FLEET,),
+    ),
+    Mutant(
+        "timer-fleet-take-unbounded",
+        "timer_claim.lua",
+        "  if free < take then\n    take = math.max(free, 0)",
+        "  if false then\n    take = math.max(free, 0)",
+        "a kind's claim takes due timers beyond the permits free",
+        (TIMER_MACHINE,),
+    ),
+    Mutant(
+        "timer-rate-window-open",
+        "timer_claim.lua",
+        "  if left < take then",
+        "  if false then",
+        "a rate-limited kind's claim starts firings beyond what the window has left",
+        (TIMER_MACHINE,),
+    ),
+    Mutant(
+        "timer-group-not-asked",
+        "timer_claim.lua",
+        "    if not take_permit(group_permits .. group, key, now + lease_ms, now, group_max, "
+        "bad) then",
+        "    if false then",
+        "a key group's timer fires whether or not the group's firings hold every permit",
+        (TIMER_MACHINE,),
+    ),
+    Mutant(
+        "timer-group-finish-no-recheck",
+        "timer_finish.lua",
+        "    redis.call('ZADD', groups_key, int(now), group)\n",
+        "",
+        "a firing's finish leaves its key group's waiting timers waiting for the lease it "
+        "had to end",
         (TIMER_MACHINE,),
     ),
 ]

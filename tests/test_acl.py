@@ -73,12 +73,12 @@ async def test_the_least_acl_runs_jobs_timers_the_registry_and_the_inspector(
     scheduler = Scheduler(RedisBackend(redis=url, prefix=prefix), lease_ms=3000)
 
     # Overlap allowed: run_now must not meet a scheduled run of the job (a race this
-    # test is not about).
-    @scheduler.job(IntervalSchedule(500), name="tick", overlap="allow")
+    # test is not about). The fleet limits' keys and commands are the user's too.
+    @scheduler.job(IntervalSchedule(500), name="tick", overlap="allow", max_concurrent_fleet=10)
     async def tick() -> None:
         ran.append("tick")
 
-    @scheduler.timer("remind")
+    @scheduler.timer("remind", max_concurrent_fleet=4, rate_limit=(100, 1000))
     async def remind(fire: TimerRun) -> None:
         fired.append(fire.key)
 
@@ -96,7 +96,8 @@ async def test_the_least_acl_runs_jobs_timers_the_registry_and_the_inspector(
             assert [job.name for job in await inspector.jobs()] == ["tick"]
             await inspector.leases()
             assert await inspector.instances()
-            assert [kind.kind for kind in await inspector.timers()] == ["remind"]
+            (kind,) = await inspector.timers()
+            assert (kind.kind, kind.fleet_running, kind.rate_started) == ("remind", 0, 2)
             await inspector.failures()
             # The dashboard's actions are these three.
             assert await inspector.pause("tick") and await inspector.resume("tick")

@@ -39,6 +39,11 @@ class CountingConnection(Connection):
         await self.inner.aclose()
 
 
+def arg(command: tuple[str, ...], number: int) -> str:
+    """A script call's ``ARGV[number]`` (after ``EVALSHA sha numkeys`` and the keys)."""
+    return command[3 + int(command[2]) + number - 1]
+
+
 def script_of(command: tuple[str, ...]) -> str:
     """Which lease script a call runs: EVALSHA names it, EVAL carries its text."""
     for name in ("claim", "heartbeat", "finish"):
@@ -78,15 +83,15 @@ async def test_twenty_jobs_due_together_are_claimed_in_one_pipelined_batch(
 ) -> None:
     runs, counting = await three_instants(server_url, prefix, jobs=20)
 
-    # The claims of each instant (ARGV[1], after the five keys, is the slot) went out
+    # The claims of each instant (ARGV[1] is the slot) went out
     # in one round trip: the 20 jobs' claims of a slot are all in one batch. A fresh
     # server does not know the scripts yet, so the first instant's batch is answered
     # NOSCRIPT and sent once more (the script's text first, the rest by SHA).
     batches_of_slot: dict[str, list[int]] = {}
     for index, batch in enumerate(counting.batches):
         claims = [c for c in batch if script_of(c) == "claim"]
-        for slot in {c[8] for c in claims}:
-            assert [c[8] for c in claims].count(slot) == 20, (slot, batch)
+        for slot in {arg(c, 1) for c in claims}:
+            assert [arg(c, 1) for c in claims].count(slot) == 20, (slot, batch)
             batches_of_slot.setdefault(slot, []).append(index)
     slots = sorted(batches_of_slot)
     assert len(slots) >= 3
@@ -101,7 +106,7 @@ async def test_twenty_jobs_due_together_are_claimed_in_one_pipelined_batch(
     assert [c[0] for c in withdrawal] == ["ZREM", "DEL"], withdrawal
     sent = [c for c in sent if c not in withdrawal]
     assert {script_of(c) for c in sent} == {"finish"}
-    finished = {(c[6], c[8]) for c in sent}  # (slot, token)
+    finished = {(arg(c, 1), arg(c, 3)) for c in sent}  # (slot, token)
     assert len(finished) == len(runs)
 
 
@@ -111,16 +116,16 @@ async def test_runs_that_end_together_send_their_finishes_in_one_round_trip(
     runs, counting = await three_instants(server_url, prefix, jobs=20)
 
     # Twenty handlers that return at once end in the same scheduling turn: the
-    # finishes of an instant's runs (ARGV[1], after the five keys, is the slot; ARGV[3]
-    # the token) go out together in one round trip, not one (and a connection) each.
+    # finishes of an instant's runs (ARGV[1] is the slot; ARGV[3] the token) go out
+    # together in one round trip, not one (and a connection) each.
     # A fresh server does not know the finish script yet, so the first instant's
     # batch may be answered NOSCRIPT and sent again (the script's text with the
     # first finish, the rest by SHA).
     batches_of_slot: dict[str, list[set[str]]] = {}
     for batch in counting.batches:
         finishes = [c for c in batch if script_of(c) == "finish"]
-        for slot in {c[6] for c in finishes}:
-            tokens = {c[8] for c in finishes if c[6] == slot}
+        for slot in {arg(c, 1) for c in finishes}:
+            tokens = {arg(c, 3) for c in finishes if arg(c, 1) == slot}
             batches_of_slot.setdefault(slot, []).append(tokens)
     slots = sorted({str(run.slot_ms) for run in runs})
     assert len(slots) >= 3
@@ -140,7 +145,7 @@ async def test_a_large_instant_is_claimed_in_parts_of_at_most_two_hundred(
 ) -> None:
     _, counting = await three_instants(server_url, prefix, jobs=450)
 
-    # A claim (ARGV[1], after the five keys, is the slot; ARGV[3] the token) is sent
+    # A claim (ARGV[1] is the slot; ARGV[3] the token) is sent
     # again with its token when its round trip failed (a loaded machine can miss the
     # deadline): the parts are the round trips of claims sent for the first time.
     parts_of_slot: dict[str, list[int]] = {}
@@ -148,10 +153,12 @@ async def test_a_large_instant_is_claimed_in_parts_of_at_most_two_hundred(
     for batch in counting.batches:
         claims = [c for c in batch if script_of(c) == "claim" and c[0] == "EVALSHA"]
         assert len(claims) <= 200, len(claims)
-        first_time = [c for c in claims if c[10] not in sent_before]
-        sent_before.update(c[10] for c in claims)
-        for slot in {c[8] for c in first_time}:
-            parts_of_slot.setdefault(slot, []).append(sum(1 for c in first_time if c[8] == slot))
+        first_time = [c for c in claims if arg(c, 3) not in sent_before]
+        sent_before.update(arg(c, 3) for c in claims)
+        for slot in {arg(c, 1) for c in first_time}:
+            parts_of_slot.setdefault(slot, []).append(
+                sum(1 for c in first_time if arg(c, 1) == slot)
+            )
     complete = [sizes for sizes in parts_of_slot.values() if sum(sizes) == 450]
     assert len(complete) >= 2, parts_of_slot
     assert all(sorted(sizes) == [50, 200, 200] for sizes in complete), complete

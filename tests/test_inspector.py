@@ -22,9 +22,11 @@ from anarchon import (
     RedisBackend,
     Run,
     Scheduler,
+    TimerKindInfo,
     TimerRun,
 )
 from anarchon._model.options import DEFAULT_MAX_CONCURRENT
+from anarchon._ops.inspector import fleet_text, kind_limits_text
 from anarchon._store.keys import JobKeys, RegistryKeys
 from anarchon._store.registry import REGISTRATION_TTL_MS
 from tests.faults import FaultProxy
@@ -44,7 +46,7 @@ async def test_the_inspector_sees_jobs_leases_instances_and_history_of_a_running
             RedisBackend(redis=server_url, prefix=prefix), instance_id=name, lease_ms=20_000
         )
 
-        @scheduler.job(OneShot.in_ms(300), name="long")
+        @scheduler.job(OneShot.in_ms(300), name="long", overlap="allow", max_concurrent_fleet=3)
         async def long(run: Run) -> None:
             started.set()
             await release.wait()
@@ -53,7 +55,7 @@ async def test_the_inspector_sees_jobs_leases_instances_and_history_of_a_running
         async def report() -> None:
             pass
 
-        @scheduler.timer("remind")
+        @scheduler.timer("remind", group_by=":", max_concurrent_per_group=4)
         async def remind(fire: TimerRun) -> None:
             pass
 
@@ -84,7 +86,9 @@ async def test_the_inspector_sees_jobs_leases_instances_and_history_of_a_running
     assert yearly.next_fire is not None and yearly.next_fire.timestamp() > time.time()
     local = yearly.next_fire.astimezone(ZoneInfo("Europe/Athens"))
     assert (local.month, local.day, local.hour, local.minute) == (1, 1, 3, 0)
-    assert yearly.first_seen is not None
+    assert yearly.first_seen is not None and yearly.fleet_running is None
+    # The job with a limit across the fleet: its run in progress holds one permit of 3.
+    assert (jobs["long"].fleet_running, jobs["long"].options["max_concurrent_fleet"]) == (1, 3)
 
     (lease,) = leases
     assert (lease.job, lease.status, lease.attempt) == ("long", "running", 1)
@@ -98,6 +102,8 @@ async def test_the_inspector_sees_jobs_leases_instances_and_history_of_a_running
         assert instance.max_concurrent == DEFAULT_MAX_CONCURRENT
     (kind,) = timers
     assert (kind.kind, kind.pending, kind.next_key) == ("remind", 1, "user:42")
+    assert (kind.max_concurrent_per_group, kind.groups_waiting) == (4, 0)
+    assert (kind.max_concurrent_fleet, kind.rate_limit, kind.fleet_running) == (None, None, None)
 
     async with Inspector(backend) as inspector:
         assert await inspector.instances() == []  # both withdrew on stop
@@ -436,7 +442,8 @@ async def test_a_timer_kind_s_stored_buckets_are_checked_when_read(
 ) -> None:
     """A kind's number of buckets is read from the store: one out of the range anarchon
     allows (a million would read a million buckets), not a whole number, or an entry
-    that is not a kind's record, is quarantined and that kind alone is not read."""
+    that is not a kind's record, is quarantined and that kind alone is not read; so is
+    one whose fleet limits are none a kind may have."""
     await _register_good_jobs(server_url, prefix)
     bad = {
         "huge": '{"buckets": 1000000, "max_attempts": 3}',
@@ -445,6 +452,10 @@ async def test_a_timer_kind_s_stored_buckets_are_checked_when_read(
         "fraction": '{"buckets": 1.5}',
         "listed": "[1]",
         "garbage": "{{",
+        "fleet": '{"buckets": 1, "max_concurrent_fleet": 0}',
+        "rate": '{"rate_limit": [5]}',
+        "grouped": '{"group_by": ":"}',
+        "shared": '{"buckets": 2, "group_by": ":", "max_concurrent_per_group": 2}',
     }
     direct.hset(RegistryKeys.for_prefix(prefix).timer_kinds, mapping=bad)
     async with Inspector(RedisBackend(redis=server_url, prefix=prefix)) as inspector:
@@ -529,3 +540,18 @@ async def test_a_bounded_read_of_many_timer_kinds_reads_one_scan_step_not_every_
     finally:
         sent = [name for _, name in monitor.close()]
     assert 0 < len(timers) <= 5 and "HKEYS" not in sent and "HSCAN" in sent, sent
+
+
+def test_the_views_say_what_a_fleet_limit_holds() -> None:
+    """The CLI's and the dashboard's words for a job's and a kind's fleet limits."""
+    assert fleet_text(2, 5) == "2 of 5" and fleet_text(5, 5) == "5 of 5 (full)"
+    assert fleet_text(None, 5) == "" and fleet_text(3, None) == ""
+    kind = TimerKindInfo(
+        "send", 1, 10, None, None, max_concurrent_fleet=3, fleet_running=3,
+        rate_limit=(100, 60_000), rate_started=42, max_concurrent_per_group=2,
+        groups_waiting=7,
+    )  # fmt: skip
+    assert kind_limits_text(kind) == (
+        "3 of 3 (full) at once; 42 of 100 started in 60000 ms; 2 per key group (7 waiting)"
+    )
+    assert kind_limits_text(TimerKindInfo("plain", 1, 0, None, None)) == "-"

@@ -51,6 +51,7 @@ def _job_keys(prefix: str, job: str) -> set[str]:
         lease.slots,
         lease.runs,
         lease.results,
+        lease.permits,
         claim_only.runs,
         claim_only.manual,
         claim_only.results,
@@ -62,6 +63,8 @@ def _kind_keys(prefix: str, kind: str) -> set[str]:
     for buckets in _BUCKETS:
         for bucket in kind_keys(prefix, kind, buckets):
             keys |= {bucket.timers, bucket.due, bucket.meta, bucket.claimed("i1-0")}
+            keys |= {bucket.permits, bucket.starts, bucket.groups}
+            keys |= {bucket.group_permits("tenant-1"), bucket.group_waiting("tenant-1")}
     return keys
 
 

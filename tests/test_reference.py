@@ -572,6 +572,10 @@ def test_the_options_of_a_job_and_a_timer_kind_are_checked(
         "retry_delay_ms",
         "buckets",
         "max_concurrent",
+        "max_concurrent_fleet",
+        "rate_limit",
+        "group_by",
+        "max_concurrent_per_group",
     }
     assert not undocumented_options(report)
     report.documented_options.discard("anarchon._scheduler.Scheduler.job:overlap")

@@ -15,7 +15,14 @@ import redis
 
 from anarchon import RedisBackend
 from anarchon._store.keys import TimerKeys, bucket_of, bucket_tag
-from anarchon._store.timers import TimerEnd, TimerPeek, TimerStore, decode_payload, encode_payload
+from anarchon._store.timers import (
+    NO_FLEET_LIMITS,
+    TimerEnd,
+    TimerPeek,
+    TimerStore,
+    decode_payload,
+    encode_payload,
+)
 
 pytestmark = [pytest.mark.anyio, pytest.mark.server_tier]
 
@@ -78,8 +85,10 @@ async def test_a_timer_set_claimed_and_rearmed_keeps_its_payload_and_grows_its_g
     )  # fmt: skip
     assert decode_payload(win.payload) == bytes(range(256))
     assert claim.next_ms is not None and claim.next_ms >= due_ms + LEASE_MS - 5
-    assert await timers.heartbeat_many([(keys, "user:42", win.token)], LEASE_MS) == [True]
-    assert await timers.heartbeat_many([(keys, "user:42", "stale")], LEASE_MS) == [False]
+    beat = (keys, "user:42", win.token, NO_FLEET_LIMITS)
+    stale = (keys, "user:42", "stale", NO_FLEET_LIMITS)
+    assert await timers.heartbeat_many([beat], LEASE_MS) == [True]
+    assert await timers.heartbeat_many([stale], LEASE_MS) == [False]
 
     end = TimerEnd("remind", "user:42", win.token, "ok", 3, 100, next_delay_ms=60_000)
     reply = await timers.finish(end, keys)

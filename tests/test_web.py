@@ -200,7 +200,7 @@ def set_timers(url: str, prefix: str, keys: list[str]) -> None:
     async def set_them() -> None:
         scheduler = Scheduler(RedisBackend(redis=url, prefix=prefix), instance_id="setter")
 
-        @scheduler.timer("remind")
+        @scheduler.timer("remind", max_concurrent_fleet=5, rate_limit=(100, 60_000))
         async def remind(fire: TimerRun) -> None:
             pass
 
@@ -309,6 +309,10 @@ def test_the_dashboard_shows_a_running_fleet_and_pauses_a_job_only_with_its_toke
     assert texts(browser, section("Timers") + "//tbody/tr/td[position() <= 2]") == [
         "remind", "3",
     ]  # fmt: skip
+    # Its fleet limits, and what is held of them now.
+    assert texts(browser, section("Timers") + "//tbody/tr/td[last()]") == [
+        "0 of 5 at once; 0 of 100 started in 60000 ms"
+    ]
     failures = texts(browser, section("Recent failures") + "//tbody/tr")
     assert failures and all(
         row.startswith("flaky") and "the payment provider said no" in row for row in failures

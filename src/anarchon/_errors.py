@@ -107,7 +107,8 @@ class SchedulerStateError(AnarchonError, RuntimeError):
 class RunOverlapError(AnarchonError):
     """``run_now()`` was refused: another run of the job is unsettled (it holds a live
     lease, waits for its retry, or is orphaned) and the job does not allow overlapping
-    runs."""
+    runs, or the job's runs in the fleet hold every permit of its
+    ``max_concurrent_fleet``."""
 
     code = "ANARCHON_OVERLAP"
 

@@ -259,6 +259,14 @@ class Scheduler(Generic[K]):
                 is claimed once one of its runs here ends (other instances may take it
                 meanwhile); it matters for ``overlap="allow"``, since otherwise one run
                 of the job goes on at a time in the fleet.
+            max_concurrent_fleet (int | None): The most of the job's runs that go on at
+                once in the whole fleet (*lease strategy only*; 1 to 100 000; None: no
+                limit). Each run holds a permit in the store while its lease lives: its
+                finish gives it back, and a dead instance's come back when their leases
+                run out. A slot due while every permit is held waits for one (it is not
+                skipped), asked again as runs here end or every ``timer_poll_ms``; a
+                retry or a takeover waits in the store for whichever instance finds one
+                first. It matters for ``overlap="allow"``.
             overlap (Literal['skip', 'wait', 'allow', 'replace', 'buffer_one'] | bool | None):
                 What a slot does while an older run of the job is unsettled (*lease
                 strategy only*): ``"skip"`` (the default; the slot is recorded as
@@ -394,6 +402,27 @@ class Scheduler(Generic[K]):
                 ``max_concurrent`` alone). Beyond it the kind's due timers stay in the
                 store, for the other instances or until a firing here ends; the other
                 kinds and the jobs go on.
+            max_concurrent_fleet (int | None): The most of the kind's firings in flight
+                at once in the whole fleet (1 to 100 000, a multiple of ``buckets``:
+                each bucket holds an equal share; None: no limit). Each firing holds a
+                permit in the store while its lease lives: its finish gives it back,
+                and a dead instance's come back when their leases run out. Beyond it
+                the kind's due timers wait in the store, in due order.
+            rate_limit (tuple[int, int] | None): ``(count, period_ms)``: at most
+                ``count`` of the kind's firings start in any ``period_ms`` across the
+                fleet (retries and takeovers count: each calls the handler), e.g.
+                ``(100, 60_000)`` for 100 a minute (count 1 to 100 000, a multiple of
+                ``buckets``; period up to a day; None: no limit). The firings beyond it
+                wait in the store, in due order, and start as the window allows.
+            group_by (str | None): What ends a key's group: a key's group is its text
+                before the first ``group_by`` (the whole key without one), e.g. ``":"``
+                makes ``"tenant-7:user:42"`` a timer of group ``"tenant-7"``. Given with
+                ``max_concurrent_per_group`` (and ``buckets=1``).
+            max_concurrent_per_group (int | None): The most firings of one key group in
+                flight at once in the whole fleet (1 to 100 000), held as permits like
+                ``max_concurrent_fleet``'s. A group's due timers beyond it wait apart,
+                so that one tenant's thousands of timers do not hold the other groups'
+                back; they go on, oldest first, as the group's firings end.
 
         Returns:
             A decorator that registers the function and returns it unchanged.
@@ -424,7 +453,9 @@ class Scheduler(Generic[K]):
                 worker thread), taking the ``TimerRun`` or nothing.
             kind: The kind's name, as ``timer()`` takes it.
             **options: The kind's options, as ``timer()`` takes them
-                (``max_attempts``, ``retry_delay_ms``, ``buckets``, ``max_concurrent``).
+                (``max_attempts``, ``retry_delay_ms``, ``buckets``, ``max_concurrent``,
+                ``max_concurrent_fleet``, ``rate_limit``, ``group_by``,
+                ``max_concurrent_per_group``).
 
         Raises:
             InvalidJobError: The kind's name is taken or cannot be used, or the handler

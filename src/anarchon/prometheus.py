@@ -404,6 +404,13 @@ def _room(sources: list[_Source]) -> Iterator[Metric]:
         "Claims put off for room now: slots of jobs at their own max_concurrent, and "
         "kinds' due timers (the work stays in the store for the other instances).",
     )
+    fleet = CounterMetricFamily(
+        "anarchon_fleet_limit_waits",
+        "Claims that found a fleet-wide limit reached (max_concurrent_fleet: 'concurrent'; "
+        "a timer kind's rate_limit: 'rate'): the work waited in the store.",
+        labels=["owner", "name", "limit"],
+    )
+    fleet_totals: dict[tuple[str, str, str], int] = {}
     left_total, bounded, waited_total, deferred_total, waiting_total = 0, False, 0.0, 0, 0
     for source in sources:
         room_now = Instance.of(source.scheduler).room()
@@ -413,6 +420,10 @@ def _room(sources: list[_Source]) -> Iterator[Metric]:
         waited_total += room_now.waited_sec
         deferred_total += room_now.deferred
         waiting_total += room_now.waiting
+        for key, count in room_now.fleet_waits.items():
+            fleet_totals[key] = fleet_totals.get(key, 0) + count
+    for labels, count in sorted(fleet_totals.items()):
+        fleet.add_metric(list(labels), count)
     if bounded:
         room.add_metric([], left_total)
     waited.add_metric([], waited_total)
@@ -422,6 +433,7 @@ def _room(sources: list[_Source]) -> Iterator[Metric]:
     yield waited
     yield deferred
     yield waiting
+    yield fleet
 
 
 def instrument(

@@ -55,7 +55,16 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from ._errors import AnarchonError, ConnectionFailedError, InvalidJobError, InvalidOptionError
 from ._model.text import visible
 from ._model.values import InstanceInfo, JobInfo, LeaseInfo, RunResult, TimerKindInfo
-from ._ops.inspector import Inspector, jobs_cut, may_run, newest_failures, runners, running_text
+from ._ops.inspector import (
+    Inspector,
+    fleet_text,
+    jobs_cut,
+    kind_limits_text,
+    may_run,
+    newest_failures,
+    runners,
+    running_text,
+)
 from ._store.backend import RedisBackend
 from ._store.quarantine import Quarantined
 from .clients import ServerReplyError
@@ -643,6 +652,11 @@ def _job_details(job: JobInfo, recent: list[RunResult], fleet: _Fleet) -> str:
         ),
         ("first seen", _when(job.first_seen)),
         ("run by", by),
+        *(
+            [("in the fleet", _esc(fleet_text(job.fleet_running, limit) + " runs at once"))]
+            if (limit := job.options.get("max_concurrent_fleet")) and job.fleet_running is not None
+            else []
+        ),
         ("options", _esc(options, ERROR_CHARS) or "-"),
         ("last attempts", _strip(recent)),
     ]
@@ -712,13 +726,15 @@ def _timers_table(timers: list[TimerKindInfo], malformed: dict[str, Quarantined]
             _when(t.next_due),
             _esc(t.next_key or "-"),
             str(t.buckets),
+            _esc(kind_limits_text(t)),
         ]
         for t in timers
     ]
     for kind, entry in sorted(malformed.items()):
         why = f"its registration is malformed (not read): {entry.problem}"
         rows.append([html.escape(kind), f'<span class="badge unrun">malformed</span> {_esc(why)}'])
-    return _table(["kind", "pending", "next due", "next key", "buckets"], rows, "No timer kind.")
+    head = ["kind", "pending", "next due", "next key", "buckets", "fleet limits"]
+    return _table(head, rows, "No timer kind.")
 
 
 def _malformed_table(entries: list[Quarantined], met_here: int) -> str:

@@ -23,7 +23,15 @@ from .._errors import InvalidScheduleError
 from .._model.schedule import load_timezone
 from .._model.text import visible
 from .._model.values import InstanceInfo, JobInfo, LeaseInfo, RunResult, TimerKindInfo
-from .._ops.inspector import Inspector, jobs_cut, may_run, runners, running_text
+from .._ops.inspector import (
+    Inspector,
+    fleet_text,
+    jobs_cut,
+    kind_limits_text,
+    may_run,
+    runners,
+    running_text,
+)
 from .._store.backend import RedisBackend
 from .._store.quarantine import Quarantined
 
@@ -243,7 +251,9 @@ def _jobs_table(jobs: list[JobInfo], instances: list[InstanceInfo], every_read: 
         "run by",
         "last",
     )
-    for column in columns:
+    # Runs holding a fleet permit, against the limit: shown when a job has a limit.
+    fleet_column = any(job.fleet_running is not None for job in jobs)
+    for column in (*columns, *(["in the fleet"] if fleet_column else [])):
         table.add_column(column)
     for job in jobs:
         count = len(runners(job.name, instances))
@@ -266,7 +276,9 @@ def _jobs_table(jobs: list[JobInfo], instances: list[InstanceInfo], every_read: 
             f"yes, by {job.paused_by}" if job.paused else "no",
             run_by or Text("no live instance", style="bold red"),
             last,
-        )
+            *([fleet_text(job.fleet_running, job.options.get("max_concurrent_fleet")) or "-"]
+              if fleet_column else []),
+        )  # fmt: skip
     if not jobs:
         _add_row(table, "(none: no instance has registered a job under this prefix)")
     return table
@@ -324,7 +336,7 @@ def _instances_table(instances: list[InstanceInfo]) -> Table:
 
 def _timers_table(timers: list[TimerKindInfo]) -> Table:
     table = _table("Timers")
-    for column in ("kind", "buckets", "pending", "next due", "next key"):
+    for column in ("kind", "buckets", "pending", "next due", "next key", "fleet limits"):
         table.add_column(column)
     for kind in timers:
         _add_row(
@@ -334,6 +346,7 @@ def _timers_table(timers: list[TimerKindInfo]) -> Table:
             str(kind.pending),
             _when(kind.next_due),
             kind.next_key or "-",
+            kind_limits_text(kind),
         )
     return table
 

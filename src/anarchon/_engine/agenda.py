@@ -532,8 +532,9 @@ class Agenda:
         if age_ms <= job.start_limit_ms(self._context.lease_ms):
             return False
         log.warning(
-            "%s: slot %s skipped: it waited %.0f ms behind an older run, longer than a "
-            "waiting slot may (lateness or catch-up window plus a lease plus 30 s)",
+            "%s: slot %s skipped: it waited %.0f ms behind an older run (or for a fleet "
+            "permit, max_concurrent_fleet), longer than a waiting slot may (lateness or "
+            "catch-up window plus a lease plus 30 s)",
             job.name,
             iso_ms(due.slot_ms),
             age_ms,

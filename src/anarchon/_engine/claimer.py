@@ -249,6 +249,7 @@ class Claimer:
             ),
             superseded=due.superseded,
             replace=due.first and due.trigger == "schedule" and job.overlap_policy == "replace",
+            fleet_max=job.max_concurrent_fleet,
         )
 
     def _on_claim_reply(
@@ -279,6 +280,12 @@ class Claimer:
             self._runner.start_attempt(job, due.slot_id, due.token, reply, sent)
         elif reply.kind == "running":
             self._back_up(job, due, reply.wait_ms, now_ms)
+        elif reply.kind == "overlap" and reply.status == "fleet":
+            # The job's runs in the fleet hold every permit: the slot waits for one (asked
+            # again when a run here ends, or at the poll interval: runs end elsewhere too).
+            wait_ms = min(reply.wait_ms, self._context.timer_poll_ms)
+            self._context.fleet_waited(("job", job.name), "concurrent")
+            self._wait_behind_overlap(job, due, wait_ms, now_ms)
         elif reply.kind == "overlap":
             if skipped:
                 self._log_skipped(job, due)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, NamedTuple
 
@@ -78,6 +78,9 @@ class Room(NamedTuple):
     deferred: int
     #: Claims put off for room now: slots of jobs at their own bound, kinds' due timers.
     waiting: int
+    #: Claims that found a fleet limit reached, in all: by (``"job"`` or ``"timer"``,
+    #: name, ``"concurrent"`` or ``"rate"``).
+    fleet_waits: Mapping[tuple[str, str, str], int] = {}
 
 
 #: Whose runs a bound counts: ``("job", name)`` or ``("timer", kind)``.
@@ -226,6 +229,9 @@ class EngineContext:
     #: bound).
     max_concurrent: int | None = None
     capacity: Capacity = field(init=False)
+    #: Claims that found a fleet limit reached (``max_concurrent_fleet``, a kind's
+    #: ``rate_limit``), by (owner's kind, name, which limit): the work waited in the store.
+    fleet_waits: dict[tuple[str, str, str], int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.health = ServerHealth(self)
@@ -239,6 +245,11 @@ class EngineContext:
         self.state = "stopping"
         self.stopping.set()
         self.capacity.freed()
+
+    def fleet_waited(self, owner: Owner, limit: str) -> None:
+        """A claim of ``owner``'s work found its fleet limit ``limit`` reached."""
+        key = (*owner, limit)
+        self.fleet_waits[key] = self.fleet_waits.get(key, 0) + 1
 
     def skipped(self, job: str, slot_ms: int, reason: SkipReason) -> None:
         """Tell the listeners a scheduled slot of ``job`` does not run (logged already)."""

@@ -215,7 +215,8 @@ class Instance:
         bound = self.context.max_concurrent
         left = 0 if bound is None else max(bound - len(self.context.attempts), 0)
         waiting = self.agenda.waiting_for_room()
-        return Room(bound, left, capacity.waited_sec, capacity.deferred, waiting)
+        fleet_waits = dict(self.context.fleet_waits)
+        return Room(bound, left, capacity.waited_sec, capacity.deferred, waiting, fleet_waits)
 
     def leases_held(self) -> dict[str, int]:
         """The attempts (and timer firings) this instance runs, by job (timer kind).

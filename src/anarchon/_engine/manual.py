@@ -115,10 +115,17 @@ class ManualRuns:
             max_attempts=attempts_for(job, slot_id),
             allow_overlap=job.overlap,
             keep_ms=job.keep_ms(lease_ms),
+            fleet_max=job.max_concurrent_fleet,
         )
         reply, sent = await self._claim_with_retries(store, job, request)
         for orphan in reply.orphans:
             self._claimer.take_over(job, orphan, wall_ms())
+        if reply.kind == "overlap" and reply.status == "fleet":
+            raise RunOverlapError(
+                f"{job.name!r} has as many runs in the fleet as its max_concurrent_fleet "
+                f"({job.max_concurrent_fleet}) allows; the soonest permit is free in "
+                f"{reply.wait_ms} ms at the latest: try again once one of them ends"
+            )
         if reply.kind == "overlap":
             here = any(name == job.name for name, _ in self._context.attempts)
             where = "on this instance" if here else "elsewhere"

@@ -24,7 +24,14 @@ from .._observe.events import RunRetried, TimerFired, instant, run_finished
 from .._store.coalesce import pipeline
 from .._store.contract import AttemptEnd, ClaimReply, FinishReply, Outcome, Store
 from .._store.keys import RunGivenBack, TimerKeys, hint_channel
-from .._store.timers import TimerEnd, TimerFinishReply, TimerOutcome, TimerStore, TimerWin
+from .._store.timers import (
+    FleetLimits,
+    TimerEnd,
+    TimerFinishReply,
+    TimerOutcome,
+    TimerStore,
+    TimerWin,
+)
 from ..clients import ServerReplyError, is_transient
 from .agenda import Agenda
 from .context import EngineContext
@@ -97,7 +104,15 @@ class Settler:
         """Give back a firing won but never started (the scheduler is stopping): finished
         as cancelled, it is not counted as an attempt, and a backup fires it at once."""
         timer_store = self._timer_store
-        end = TimerEnd(kind.name, win.key, win.token, "cancelled", kind.max_attempts, 0)
+        end = TimerEnd(
+            kind.name,
+            win.key,
+            win.token,
+            "cancelled",
+            kind.max_attempts,
+            0,
+            limits=FleetLimits.of(kind),
+        )
         with anyio.move_on_after(self._context.round_trip_sec):
             try:
                 await timer_store.finish(end, keys)
@@ -321,6 +336,7 @@ class Settler:
             retry_delay_ms * 2 ** (attempt - 1),
             next_at_ms,
             next_delay_ms,
+            FleetLimits.of(kind),
         )
         return await self._send(kind.name, lambda: timer_store.finish(end, keys))
 

@@ -13,7 +13,7 @@ from .._errors import reason
 from .._model.clock import wall_ms
 from .._model.text import visible
 from .._model.timer import TimerKind
-from .._store.timers import TimerClaim, TimerStore
+from .._store.timers import FleetLimits, TimerClaim, TimerStore
 from ..clients import ServerReplyError, is_transient
 from .agenda import Agenda, DueTimers
 from .context import EngineContext
@@ -97,6 +97,7 @@ class TimerClaimer:
                     lease_ms=context.lease_ms,
                     token_base=due.token,
                     max_attempts=kind.max_attempts,
+                    limits=FleetLimits.of(kind),
                 )
             except Exception as exc:
                 failure = exc
@@ -126,6 +127,8 @@ class TimerClaimer:
             log.info("timers of %s: the claim of %s succeeds again", kind.name, visible(keys.due))
         received_ms = wall_ms()
         context.server_offset_ms = claim.server_now_ms - received_ms
+        for reached in claim.limited:
+            context.fleet_waited(("timer", kind.name), reached)
         for key in claim.spent:
             log.error(
                 "timer %s %r: its runners vanished %d time(s) while it fired, as many as "

@@ -28,7 +28,7 @@ from .._store.contract import (
     is_manual,
 )
 from .._store.keys import TimerKeys
-from .._store.timers import TimerStore
+from .._store.timers import FleetLimits, TimerStore
 from ..clients import ServerReplyError
 from .context import Owner
 
@@ -242,7 +242,9 @@ class Attempt(Leased):
         cls, store: Store, timer_store: TimerStore, batch: Sequence[Leased], lease_ms: int
     ) -> list[bool | ServerReplyError]:
         beats = [
-            HeartbeatRequest(a.job.name, a.slot_id, a.token, lease_ms, a.job.overlap)
+            HeartbeatRequest(
+                a.job.name, a.slot_id, a.token, lease_ms, a.job.overlap, a.job.max_concurrent_fleet
+            )
             for a in cast(Sequence[Attempt], batch)
         ]
         return await store.heartbeat_many(beats)
@@ -302,7 +304,10 @@ class Firing(Leased):
     async def heartbeats(
         cls, store: Store, timer_store: TimerStore, batch: Sequence[Leased], lease_ms: int
     ) -> list[bool | ServerReplyError]:
-        beats = [(f.keys, f.run.key, f.token) for f in cast(Sequence[Firing], batch)]
+        beats = [
+            (f.keys, f.run.key, f.token, FleetLimits.of(f.kind))
+            for f in cast(Sequence[Firing], batch)
+        ]
         return await timer_store.heartbeat_many(beats, lease_ms)
 
 

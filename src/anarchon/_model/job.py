@@ -214,6 +214,9 @@ class Job:
     #: The most of its runs that go on at once on one instance (None: the instance's
     #: bound alone).
     max_concurrent: int | None = None
+    #: The most of its runs that go on at once in the whole fleet, each holding a permit
+    #: in the store while its lease lives (None: no limit).
+    max_concurrent_fleet: int | None = None
 
     def retries(self, failure: BaseException | None) -> bool:
         """Whether a failure with this exception may be retried (``retry_on``)."""

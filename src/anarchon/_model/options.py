@@ -86,6 +86,8 @@ class LeaseJobOptions(JobOptions, total=False):
     retry_delay_ms: int | None
     #: Retry only these exceptions (default: every one).
     retry_on: type[Exception] | tuple[type[Exception], ...] | None
+    #: The most of its runs at once in the whole fleet (default: no limit).
+    max_concurrent_fleet: int | None
 
 
 #: The options every strategy's jobs take, and those only the lease strategy's take.
@@ -189,6 +191,7 @@ def make_job(
         else check_duration_ms("retry_delay_ms", retry_delay_ms, allow_zero=True),
         retry_on=exception_types("retry_on", options.get("retry_on")),
         max_concurrent=own_bound(options.get("max_concurrent")),
+        max_concurrent_fleet=fleet_bound(options.get("max_concurrent_fleet")),
     )
 
 
@@ -210,6 +213,15 @@ class TimerKindOptions(TypedDict, total=False):
     buckets: int
     #: The most of its firings at once on one instance (default: the instance's bound).
     max_concurrent: int | None
+    #: The most of its firings at once in the whole fleet (default: no limit).
+    max_concurrent_fleet: int | None
+    #: At most ``count`` of its firings start in any ``period_ms`` across the fleet
+    #: (default: no limit).
+    rate_limit: tuple[int, int] | None
+    #: A key's group is its text before this separator (default: no key groups).
+    group_by: str | None
+    #: The most firings of one key group at once in the whole fleet (default: no limit).
+    max_concurrent_per_group: int | None
 
 
 def make_timer_kind(
@@ -237,6 +249,16 @@ def make_timer_kind(
         raise InvalidJobError(f"a timer kind named {name!r} already has a handler here")
     max_attempts = check_count("max_attempts", options.get("max_attempts", 3), most=MAX_ATTEMPTS)
     retry_delay_ms = options.get("retry_delay_ms")
+    buckets = check_buckets(options.get("buckets", 1))
+    fleet = fleet_bound(options.get("max_concurrent_fleet"))
+    if fleet is not None:
+        shared_by_buckets("max_concurrent_fleet", fleet, buckets)
+    rate = rate_limit(options.get("rate_limit"))
+    if rate is not None:
+        shared_by_buckets("rate_limit's count", rate[0], buckets)
+    group_by, per_group = key_groups(
+        options.get("group_by"), options.get("max_concurrent_per_group"), buckets
+    )
     return TimerKind(
         name=name,
         handler=handler,
@@ -244,11 +266,72 @@ def make_timer_kind(
         retry_delay_ms=None
         if retry_delay_ms is None
         else check_duration_ms("retry_delay_ms", retry_delay_ms, allow_zero=True),
-        buckets=check_buckets(options.get("buckets", 1)),
+        buckets=buckets,
         takes_run=takes_run_argument(handler, name),
         is_async=is_async_callable(handler),
         max_concurrent=own_bound(options.get("max_concurrent")),
+        max_concurrent_fleet=fleet,
+        rate_limit=rate,
+        group_by=group_by,
+        max_concurrent_per_group=per_group,
     )
+
+
+#: The longest ``group_by`` separator.
+_GROUP_BY_MAX = 16
+
+
+def key_groups(group_by: object, per_group: object, buckets: int) -> tuple[str | None, int | None]:
+    """A kind's ``group_by`` and ``max_concurrent_per_group``, checked: both or neither,
+    and one bucket (a group's timers and its permits must share a hash tag)."""
+    if group_by is None and per_group is None:
+        return None, None
+    if group_by is None or per_group is None:
+        raise InvalidOptionError(
+            "give group_by and max_concurrent_per_group together: group_by says what a "
+            "key's group is (its text before that separator, e.g. ':' for 'tenant-7:...'), "
+            "max_concurrent_per_group how many of a group's firings go on at once"
+        )
+    if (
+        not isinstance(group_by, str)
+        or not 1 <= len(group_by) <= _GROUP_BY_MAX
+        or not group_by.isprintable()
+    ):
+        raise InvalidOptionError(
+            f"group_by must be a separator of 1 to {_GROUP_BY_MAX} printable characters "
+            f"(e.g. ':'), got {group_by!r}"
+        )
+    if buckets != 1:
+        raise InvalidOptionError(
+            f"group_by needs buckets=1, got buckets={buckets}: a key group's timers and "
+            "its permits must share one hash tag"
+        )
+    return group_by, check_count("max_concurrent_per_group", per_group, most=MAX_FLEET_PERMITS)
+
+
+def rate_limit(value: object) -> tuple[int, int] | None:
+    """A timer kind's ``rate_limit``, checked: ``(count, period_ms)``."""
+    if value is None:
+        return None
+    if not isinstance(value, tuple | list) or len(value) != 2:
+        raise InvalidOptionError(
+            "rate_limit must be (count, period_ms): at most count firings start in any "
+            f"period_ms across the fleet, e.g. (100, 60_000); got {value!r}"
+        )
+    count = check_count("rate_limit's count", value[0], most=MAX_FLEET_PERMITS)
+    period_ms = check_duration_ms("rate_limit's period_ms", value[1], most=MAX_LEASE_MS)
+    return (count, period_ms)
+
+
+def shared_by_buckets(option: str, count: int, buckets: int) -> None:
+    """A kind's fleet limit is held by its buckets in equal shares (each bucket's keys
+    may live on another cluster node): the count must be a multiple of ``buckets``."""
+    if count % buckets:
+        lower, higher = count // buckets * buckets, (count // buckets + 1) * buckets
+        raise InvalidOptionError(
+            f"{option} ({count}) must be a multiple of buckets ({buckets}): each bucket "
+            f"holds an equal share of it; use {lower or higher} or {higher}"
+        )
 
 
 #: An instance id goes into stored records (``|`` separates their fields) and logs.
@@ -271,11 +354,22 @@ def own_bound(max_concurrent: object) -> int | None:
     return check_count("max_concurrent", max_concurrent, most=MAX_CONCURRENT)
 
 
+def fleet_bound(max_concurrent_fleet: object) -> int | None:
+    """A job's or a timer kind's bound on its runs at once in the whole fleet, checked:
+    each run holds one of its permits in the store while it runs."""
+    if max_concurrent_fleet is None:
+        return None
+    return check_count("max_concurrent_fleet", max_concurrent_fleet, most=MAX_FLEET_PERMITS)
+
+
 #: An instance's bound on handlers running at once, unless told otherwise: room for a
 #: small service's work, not for a flood of timers due together to start all at once.
 DEFAULT_MAX_CONCURRENT = 100
 #: The largest bound an instance may be given (None lifts it).
 MAX_CONCURRENT = 1_000_000
+#: The largest fleet-wide bound of a job or a timer kind: its permits are members of one
+#: sorted set in the store.
+MAX_FLEET_PERMITS = 100_000
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -132,6 +132,31 @@ class TimerKind:
     #: The most of its firings that go on at once on one instance (None: the instance's
     #: bound alone).
     max_concurrent: int | None = None
+    #: The most of its firings in flight at once in the whole fleet (None: no limit).
+    #: Each bucket holds its share (a multiple of ``buckets``, checked).
+    max_concurrent_fleet: int | None = None
+    #: At most so many of its firings start in any so many ms across the fleet
+    #: (``(count, period_ms)``; None: no limit); each bucket holds its share of the count.
+    rate_limit: tuple[int, int] | None = None
+    #: What separates a key's group (its text before it) from the rest (None: no key
+    #: groups).
+    group_by: str | None = None
+    #: The most firings of one key group in flight at once in the fleet (None: no limit).
+    max_concurrent_per_group: int | None = None
+
+    @property
+    def fleet_share(self) -> int:
+        """Each bucket's share of ``max_concurrent_fleet`` (0: no limit)."""
+        return 0 if self.max_concurrent_fleet is None else self.max_concurrent_fleet // self.buckets
+
+    @property
+    def rate_share(self) -> tuple[int, int]:
+        """Each bucket's share of ``rate_limit``: ``(count, period_ms)``, ``(0, 0)`` for
+        none."""
+        if self.rate_limit is None:
+            return (0, 0)
+        count, period_ms = self.rate_limit
+        return (count // self.buckets, period_ms)
 
     async def invoke(self, fire: TimerRun) -> None:
         await invoke_handler(self.handler, self.takes_run, self.is_async, fire)

@@ -455,6 +455,8 @@ class JobInfo:
         last: Its newest recorded attempt (or skipped slot), or None.
         first_seen: When it first appeared in the store (catch-up never reaches back
             before it), or None if the store does not say.
+        fleet_running: Its runs holding a permit of its ``max_concurrent_fleet`` now
+            (its limit is ``options["max_concurrent_fleet"]``), or None without one.
         options: The rest of its definition, by option name (``overlap``,
             ``max_attempts``, ``catch_up_ms``, ``timeout_ms``, ...).
     """
@@ -471,6 +473,7 @@ class JobInfo:
     last: RunResult | None
     first_seen: datetime | None
     options: dict[str, Any] = field(default_factory=dict)
+    fleet_running: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -556,6 +559,14 @@ class TimerKindInfo:
         next_due: When the first of them falls due (an aware UTC datetime), or None if
             there is none.
         next_key: The key of that timer, or None.
+        max_concurrent_fleet: Its limit on firings at once in the fleet, or None.
+        fleet_running: Its firings holding a permit of that limit now, or None.
+        rate_limit: Its rate limit, ``(count, period_ms)``, or None.
+        rate_started: Its firings started within the last ``period_ms``, or None.
+        max_concurrent_per_group: Its limit on one key group's firings at once, or
+            None.
+        groups_waiting: Its key groups with due timers waiting for a permit of their
+            group, or None.
     """
 
     kind: str
@@ -563,3 +574,9 @@ class TimerKindInfo:
     pending: int
     next_due: datetime | None
     next_key: str | None
+    max_concurrent_fleet: int | None = None
+    fleet_running: int | None = None
+    rate_limit: tuple[int, int] | None = None
+    rate_started: int | None = None
+    max_concurrent_per_group: int | None = None
+    groups_waiting: int | None = None

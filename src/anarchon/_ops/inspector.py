@@ -42,6 +42,7 @@ from .._store.keys import (
     RunRequested,
     TimerKeys,
     hint_channel,
+    kind_keys,
 )
 from .._store.lease import PAUSED_FIELD, request_run, set_paused
 from .._store.quarantine import (
@@ -52,6 +53,7 @@ from .._store.quarantine import (
     read_quarantine,
 )
 from .._store.records import (
+    KindRecord,
     LeaseState,
     decode_definition,
     decode_instance,
@@ -185,9 +187,16 @@ class Inspector:
         commands += [
             ("HGET", JobKeys.for_job(self._prefix, name).state, PAUSED_FIELD) for name in leased
         ]
+        # The live fleet permits of each job with a limit across the fleet.
+        limited = [name for name in leased if definitions[name].get("max_concurrent_fleet")]
+        commands += [
+            ("ZCOUNT", JobKeys.for_job(self._prefix, name).permits, f"({now_ms}", "+inf")
+            for name in limited
+        ]
         replies = await self._read_each(commands)
         newest = dict(zip(names, replies[: len(names)], strict=True))
-        paused = dict(zip(leased, replies[len(names) :], strict=True))
+        paused = dict(zip(leased, replies[len(names) : len(names) + len(leased)], strict=True))
+        held = dict(zip(limited, replies[len(names) + len(leased) :], strict=True))
         found = []
         for name in names:
             definition = definitions[name]
@@ -209,6 +218,7 @@ class Inspector:
                     paused_by=paused_by,
                     last=results[0] if results else None,
                     first_seen=None if seen is None else from_epoch_ms(seen),
+                    fleet_running=_count(held.get(name)),
                     options={
                         key: value
                         for key, value in definition.items()
@@ -454,9 +464,10 @@ class Inspector:
             if raw is None:
                 continue  # not registered
             try:
-                buckets = decode_timer_kind(self._keys.timer_kinds, kind, raw)
+                record = decode_timer_kind(self._keys.timer_kinds, kind, raw)
                 with _answered_in_time():
-                    peek = await self._peek(store, kind, buckets)
+                    peek = await self._peek(store, kind, record.buckets)
+                fleet_running, started, groups = await self._kind_limits_in_use(kind, record)
             except MalformedEntry as entry:
                 self.quarantine.add(entry, f"the view of timer kind {kind!r}")
                 continue
@@ -464,10 +475,16 @@ class Inspector:
             found.append(
                 TimerKindInfo(
                     kind=kind,
-                    buckets=buckets,
+                    buckets=record.buckets,
                     pending=peek.count,
                     next_due=None if first is None else from_epoch_ms(first[1]),
                     next_key=None if first is None else first[0].key,
+                    max_concurrent_fleet=record.max_concurrent_fleet,
+                    fleet_running=fleet_running,
+                    rate_limit=record.rate_limit,
+                    rate_started=started,
+                    max_concurrent_per_group=record.max_concurrent_per_group,
+                    groups_waiting=groups,
                 )
             )
         return found
@@ -678,6 +695,29 @@ class Inspector:
             self.quarantine.add(entry)
             return None
 
+    async def _kind_limits_in_use(
+        self, kind: str, record: KindRecord
+    ) -> tuple[int | None, int | None, int | None]:
+        """A kind's fleet permits held now, its firings started within its rate limit's
+        period, and its key groups with timers waiting (each None without that limit),
+        over its buckets, by this machine's clock."""
+        now_ms = int(time.time() * 1000)
+        buckets = kind_keys(self._prefix, kind, record.buckets)
+        reads: dict[str, list[Command]] = {}
+        if record.max_concurrent_fleet is not None:
+            reads["permits"] = [("ZCOUNT", k.permits, f"({now_ms}", "+inf") for k in buckets]
+        if record.rate_limit is not None:
+            since = now_ms - record.rate_limit[1]
+            reads["starts"] = [("ZCOUNT", k.starts, f"({since}", now_ms) for k in buckets]
+        if record.max_concurrent_per_group is not None:
+            reads["groups"] = [("ZCARD", k.groups) for k in buckets]
+        commands = [command for part in reads.values() for command in part]
+        replies = iter(await self._read_each(commands)) if commands else iter(())
+        counts = {
+            name: sum(_count(next(replies)) or 0 for _ in part) for name, part in reads.items()
+        }
+        return counts.get("permits"), counts.get("starts"), counts.get("groups")
+
     async def _peek(self, store: TimerStore, kind: str, buckets: int) -> TimerPeek:
         """``store.peek`` of a kind; a record it cannot read is a ``MalformedEntry``."""
         try:
@@ -795,6 +835,36 @@ class CutInstanceInfo(InstanceInfo):
 def jobs_cut(instance: InstanceInfo) -> bool:
     """Whether ``instance``'s job list was read in part (``CutInstanceInfo``)."""
     return isinstance(instance, CutInstanceInfo)
+
+
+def _count(reply: object) -> int | None:
+    """A count a read answered (None for a reply that is none: a key of another type,
+    quarantined where it was read)."""
+    return reply if isinstance(reply, int) and not isinstance(reply, bool) else None
+
+
+def fleet_text(running: int | None, limit: object) -> str:
+    """A job's or a kind's runs holding a fleet permit against its limit, for the views:
+    ``2 of 5``, ``5 of 5 (full)``; empty without a limit."""
+    if running is None or not isinstance(limit, int):
+        return ""
+    return f"{running} of {limit}" + (" (full)" if running >= limit else "")
+
+
+def kind_limits_text(kind: TimerKindInfo) -> str:
+    """A kind's fleet limits and what is held of them, for the views: ``3 of 3 (full)
+    at once; 12 of 100 started in 60000 ms``; ``-`` without one."""
+    parts = []
+    if kind.max_concurrent_fleet is not None:
+        parts.append(f"{fleet_text(kind.fleet_running, kind.max_concurrent_fleet)} at once")
+    if kind.rate_limit is not None:
+        count, period_ms = kind.rate_limit
+        started = "?" if kind.rate_started is None else kind.rate_started
+        parts.append(f"{started} of {count} started in {period_ms} ms")
+    if kind.max_concurrent_per_group is not None:
+        waiting = "?" if kind.groups_waiting is None else kind.groups_waiting
+        parts.append(f"{kind.max_concurrent_per_group} per key group ({waiting} waiting)")
+    return "; ".join(parts) or "-"
 
 
 def running_text(instance: InstanceInfo) -> str:

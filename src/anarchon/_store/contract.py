@@ -55,6 +55,9 @@ class ClaimRequest:
     #: A scheduled slot's first claim that ends the job's older unsettled runs (recorded
     #: cancelled) and wins (overlap "replace").
     replace: bool = False
+    #: The job's ``max_concurrent_fleet``: a run starts only with one of its permits in
+    #: the store (None: no limit).
+    fleet_max: int | None = None
     #: Only ask whether this claim's token holds a live lease (a stopping instance
     #: resolving a claim whose reply was lost); the store changes nothing.
     probe: bool = False
@@ -63,7 +66,9 @@ class ClaimRequest:
 @dataclass(frozen=True, slots=True)
 class ClaimReply:
     """What the store decided. ``wait_ms`` is the lease time left (won), the time until
-    it is worth asking again (running), or the other run's lease time left (overlap)."""
+    it is worth asking again (running), or the other run's lease time left (overlap;
+    with ``status`` ``"fleet"``, the time until the soonest of the job's fleet permits
+    runs out: the job's runs in the fleet hold them all)."""
 
     kind: ClaimKind
     attempt: int = 0
@@ -88,6 +93,8 @@ class HeartbeatRequest:
     token: str
     lease_ms: int
     allow_overlap: bool
+    #: The job's ``max_concurrent_fleet`` (None: no limit): the run keeps its permit.
+    fleet_max: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

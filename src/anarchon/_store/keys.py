@@ -6,11 +6,13 @@ tries the pairs). Each job's, timer kind's (or bucket's) and the registry's keys
 one hash tag, so that each script runs on one cluster node.
 
 - ``<prefix>format``: the store format (``backend.py`` checks it at every start);
-- lease strategy, a job's ``{<prefix><job>}:state|active|slots|runs|results``
-  (``JobKeys``);
+- lease strategy, a job's ``{<prefix><job>}:state|active|slots|runs|results|permits``
+  (``JobKeys``; ``permits`` only for a job with ``max_concurrent_fleet``);
 - claim-only strategies, a job's ``<prefix><job>:runs|manual|results``
   (``ClaimOnlyKeys``: one key per command, no tag);
-- timers, a kind's ``{<prefix><kind>[#<bucket>]}:timers|timer-due|timer-meta`` and
+- timers, a kind's ``{<prefix><kind>[#<bucket>]}:timers|timer-due|timer-meta``, its
+  fleet limits' ``timer-permits|timer-starts|timer-groups``, a key group's
+  ``timer-group-permits:<group>|timer-group-waiting:<group>`` and
   ``{<prefix><kind>}:timer-buckets`` (``TimerKeys``);
 - the registry, ``{<prefix>}:instances|jobs|first-seen|timer-kinds|instance:<id>``
   and the report of malformed entries, ``{<prefix>}:quarantine`` (``RegistryKeys``);
@@ -54,13 +56,15 @@ def format_key(prefix: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class JobKeys:
-    """The five keys of a job; the hash tag keeps them on one cluster node."""
+    """The keys of a job; the hash tag keeps them on one cluster node."""
 
     state: str
     active: str
     slots: str
     runs: str
     results: str
+    #: The fleet permits of its runs (``max_concurrent_fleet``; lua/lease_state.lua).
+    permits: str
 
     @classmethod
     def for_job(cls, prefix: str, job: str) -> JobKeys:
@@ -71,6 +75,7 @@ class JobKeys:
             slots=f"{tag}:slots",
             runs=f"{tag}:runs",
             results=f"{tag}:results",
+            permits=f"{tag}:permits",
         )
 
 
@@ -162,6 +167,20 @@ class TimerKeys:
     timers: str
     due: str
     meta: str
+    #: The fleet permits of its firings in flight (``max_concurrent_fleet``).
+    permits: str
+    #: The firings started within its rate limit's period (``rate_limit``).
+    starts: str
+    #: Its key groups with timers waiting for a permit (``max_concurrent_per_group``).
+    groups: str
+
+    def group_permits(self, group: str) -> str:
+        """The fleet permits of one key group's firings (``max_concurrent_per_group``)."""
+        return f"{self.tag}:timer-group-permits:{group}"
+
+    def group_waiting(self, group: str) -> str:
+        """One key group's due timers waiting for a permit of the group."""
+        return f"{self.tag}:timer-group-waiting:{group}"
 
     @staticmethod
     def for_kind(prefix: str, kind: str, bucket: int = 0, buckets: int = 1) -> TimerKeys:
@@ -185,7 +204,17 @@ def kind_keys(prefix: str, kind: str, buckets: int = 1) -> tuple[TimerKeys, ...]
     keys = []
     for bucket in range(buckets):
         tag = bucket_tag(prefix, kind, bucket, buckets)
-        keys.append(TimerKeys(tag, f"{tag}:timers", f"{tag}:timer-due", f"{tag}:timer-meta"))
+        keys.append(
+            TimerKeys(
+                tag,
+                f"{tag}:timers",
+                f"{tag}:timer-due",
+                f"{tag}:timer-meta",
+                f"{tag}:timer-permits",
+                f"{tag}:timer-starts",
+                f"{tag}:timer-groups",
+            )
+        )
     return tuple(keys)
 
 

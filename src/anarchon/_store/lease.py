@@ -99,7 +99,7 @@ def _claim_reply(raw: list[Any], keys: JobKeys, prefix: str) -> ClaimReply:
         )
     if kind == "done":
         return ClaimReply("done", status=_text(raw[4]), orphans=tuple(orphans))
-    return ClaimReply(kind, wait_ms=wait_ms, orphans=tuple(orphans))
+    return ClaimReply(kind, wait_ms=wait_ms, status=_text(raw[4]), orphans=tuple(orphans))
 
 
 def _text(raw: object) -> str:
@@ -128,7 +128,7 @@ class LeaseStore(Store):
             calls.append(
                 ScriptCall(
                     claim,
-                    (keys.state, keys.active, keys.slots, keys.runs, keys.results),
+                    (keys.state, keys.active, keys.slots, keys.runs, keys.results, keys.permits),
                     (
                         r.slot_id,
                         r.slot_ms,
@@ -146,6 +146,7 @@ class LeaseStore(Store):
                         2 if r.superseded else 1 if r.skip_if_blocked else 0,
                         1 if r.probe else 0,
                         1 if r.replace else 0,
+                        r.fleet_max or 0,
                     ),
                 )
             )
@@ -188,8 +189,14 @@ class LeaseStore(Store):
             calls.append(
                 ScriptCall(
                     lease_script("heartbeat"),
-                    (keys.state, keys.active),
-                    (beat.slot_id, beat.token, beat.lease_ms, 1 if beat.allow_overlap else 0),
+                    (keys.state, keys.active, keys.permits),
+                    (
+                        beat.slot_id,
+                        beat.token,
+                        beat.lease_ms,
+                        1 if beat.allow_overlap else 0,
+                        beat.fleet_max or 0,
+                    ),
                 )
             )
         replies = await run_scripts(self.conn, calls)
@@ -202,7 +209,7 @@ class LeaseStore(Store):
         keys = self.keys(end.job)
         call = ScriptCall(
             lease_script("finish"),
-            (keys.state, keys.active, keys.results),
+            (keys.state, keys.active, keys.results, keys.permits),
             (
                 end.slot_id,
                 slot_ms_of(end.slot_id),

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from .._errors import InvalidOptionError, InvalidScheduleError
-from .._model.options import check_buckets
+from .._model.options import check_buckets, fleet_bound, key_groups, rate_limit
 from .._model.progress import PROGRESS_BYTES_MAX
 from .._model.schedule import from_epoch_ms, load_timezone
 from .._model.values import RunResult, RunStatus, TimerStatus, Trigger
@@ -30,6 +30,7 @@ __all__ = [
     "decode_definition",
     "decode_instant",
     "decode_instance",
+    "KindRecord",
     "decode_timer_kind",
     "history_command",
     "parse_history",
@@ -307,6 +308,10 @@ def decode_definition(key: str, name: str, raw: Any) -> dict[str, Any]:
             load_timezone(timezone)
         except InvalidScheduleError:
             raise wrong(f"timezone {timezone!r} is no time zone this machine knows") from None
+    try:
+        fleet_bound(definition.get("max_concurrent_fleet"))
+    except InvalidOptionError as exc:
+        raise wrong(exc.message) from None
     return definition
 
 
@@ -323,15 +328,37 @@ def decode_progress(key: str, field: str, raw: Any) -> Any:
         raise MalformedEntry(key, field, "a progress that is not JSON", raw) from None
 
 
-def decode_timer_kind(key: str, kind: str, raw: Any) -> int:
-    """A timer kind's number of buckets, from its registry entry (JSON in the ``key``
-    hash's field ``kind``): a whole number from 1 to the most a kind may have
-    (``check_buckets``), or ``MalformedEntry``; a store read never trusts a count that
-    would make it read a million buckets."""
+@dataclass(frozen=True, slots=True)
+class KindRecord:
+    """A timer kind as its instances registered it (``registry.Registry``): its number
+    of buckets and its fleet limits (None: none)."""
+
+    buckets: int
+    max_concurrent_fleet: int | None = None
+    rate_limit: tuple[int, int] | None = None
+    group_by: str | None = None
+    max_concurrent_per_group: int | None = None
+
+
+def decode_timer_kind(key: str, kind: str, raw: Any) -> KindRecord:
+    """A timer kind's registry entry (JSON in the ``key`` hash's field ``kind``): its
+    number of buckets, a whole number from 1 to the most a kind may have
+    (``check_buckets``), and its fleet limits, each checked as the option is; else
+    ``MalformedEntry``: a store read never trusts a count that would make it read a
+    million buckets."""
     record = _json_object(key, kind, raw)
-    buckets = record.get("buckets", 1)
     try:
-        return check_buckets(buckets)
+        buckets = check_buckets(record.get("buckets", 1))
+        group_by, per_group = key_groups(
+            record.get("group_by"), record.get("max_concurrent_per_group"), buckets
+        )
+        return KindRecord(
+            buckets,
+            fleet_bound(record.get("max_concurrent_fleet")),
+            rate_limit(record.get("rate_limit")),
+            group_by,
+            per_group,
+        )
     except InvalidOptionError as exc:
         raise MalformedEntry(key, kind, exc.message, raw) from None
 

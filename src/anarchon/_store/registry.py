@@ -59,6 +59,7 @@ def job_definition(job: Job, strategy: str, next_slot_ms: int | None) -> dict[st
         "retry_delay_ms": job.retry_delay_ms,
         "retry_on": None if job.retry_on is None else [t.__qualname__ for t in job.retry_on],
         "max_concurrent": job.max_concurrent,
+        "max_concurrent_fleet": job.max_concurrent_fleet,
         "next_slot_ms": next_slot_ms,
     }
     return definition
@@ -129,6 +130,10 @@ class Registry:
                 "buckets": kind.buckets,
                 "max_attempts": kind.max_attempts,
                 "max_concurrent": kind.max_concurrent,
+                "max_concurrent_fleet": kind.max_concurrent_fleet,
+                "rate_limit": None if kind.rate_limit is None else list(kind.rate_limit),
+                "group_by": kind.group_by,
+                "max_concurrent_per_group": kind.max_concurrent_per_group,
             }
             args += [name, json.dumps(kind_definition)]
         call = ScriptCall(

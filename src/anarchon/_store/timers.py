@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, cast
 
+from .._model.timer import TimerKind
 from ..clients import Command, Connection, ServerReplyError, score_pairs
 from .coalesce import pipeline
 from .keys import TimerKeys, bucket_of, hint_channel
@@ -25,6 +26,8 @@ from .records import TimerState
 from .scripts import ScriptCall, run_scripts, timer_script
 
 __all__ = [
+    "NO_FLEET_LIMITS",
+    "FleetLimits",
     "TimerClaim",
     "TimerEnd",
     "TimerFinishReply",
@@ -35,6 +38,8 @@ __all__ = [
 ]
 
 TimerTrigger = Literal["due", "retry", "takeover", "lapsed"]
+#: The fleet limits a claim may say held due timers back.
+_LIMITS = ("concurrent", "rate", "group")
 TimerOutcome = Literal["ok", "failed", "cancelled", "interrupted"]
 
 
@@ -119,6 +124,40 @@ class TimerClaim:
     server_now_ms: int
     #: One-shot timers whose runners vanished ``max_attempts`` times: forgotten now.
     spent: tuple[str, ...] = ()
+    #: The fleet limits (``"concurrent"``, ``"rate"``, ``"group"``) that held due
+    #: timers back.
+    limited: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class FleetLimits:
+    """One bucket's share of a timer kind's fleet limits (0: none): at most
+    ``concurrent`` firings in flight at once, at most ``rate`` started in any
+    ``period_ms``, at most ``group_max`` of one key group (the key's text before
+    ``group_by``) at once."""
+
+    concurrent: int = 0
+    rate: int = 0
+    period_ms: int = 0
+    group_by: str = ""
+    group_max: int = 0
+
+    @classmethod
+    def of(cls, kind: TimerKind) -> FleetLimits:
+        return cls(
+            kind.fleet_share,
+            *kind.rate_share,
+            kind.group_by or "",
+            kind.max_concurrent_per_group or 0,
+        )
+
+    def group_args(self, keys: TimerKeys) -> tuple[str, int, str]:
+        """The scripts' arguments of the key groups: separator, limit, the name of a
+        group's permits before the group."""
+        return (self.group_by, self.group_max, keys.group_permits(""))
+
+
+NO_FLEET_LIMITS = FleetLimits()
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +172,8 @@ class TimerEnd:
     retry_delay_ms: int
     next_at_ms: int | None = None
     next_delay_ms: int | None = None
+    #: The kind's fleet limits: the firing gives its key group's permit back.
+    limits: FleetLimits = NO_FLEET_LIMITS
 
 
 @dataclass(frozen=True, slots=True)
@@ -316,18 +357,39 @@ class TimerStore:
         lease_ms: int,
         token_base: str,
         max_attempts: int,
+        limits: FleetLimits = NO_FLEET_LIMITS,
     ) -> TimerClaim:
-        """Take up to ``limit`` due firings of one kind (bucket); sent again with the same
-        ``token_base`` after a lost reply, it hears of the firings it won then."""
+        """Take up to ``limit`` due firings of one kind (bucket), within the bucket's
+        share of the kind's fleet limits; sent again with the same ``token_base`` after a
+        lost reply, it hears of the firings it won then."""
         call = ScriptCall(
             timer_script("timer_claim"),
-            (keys.timers, keys.due, keys.meta, keys.claimed(token_base)),
-            (limit, lease_ms, self.runner, token_base, max_attempts),
+            (
+                keys.timers,
+                keys.due,
+                keys.meta,
+                keys.claimed(token_base),
+                keys.permits,
+                keys.starts,
+                keys.groups,
+            ),
+            (
+                limit,
+                lease_ms,
+                self.runner,
+                token_base,
+                max_attempts,
+                limits.concurrent,
+                limits.rate,
+                limits.period_ms,
+                *limits.group_args(keys),
+                keys.group_waiting(""),
+            ),
         )
         (reply,) = await run_scripts(self.conn, [call])
         if isinstance(reply, ServerReplyError):
             raise reply
-        wins, next_ms, more, server_now_ms, spent, malformed = reply
+        wins, next_ms, more, server_now_ms, spent, malformed, limited = reply
         quarantine_malformed(malformed, self.prefix, "that timer")
         quarantine = quarantine_of(self.prefix)
         won = []
@@ -342,17 +404,23 @@ class TimerStore:
             int(more) == 1,
             int(server_now_ms),
             tuple(_text(key) for key in spent or []),
+            tuple(name for name in map(_text, limited or []) if name in _LIMITS),
         )
 
     async def heartbeat_many(
-        self, beats: Sequence[tuple[TimerKeys, str, str]], lease_ms: int
+        self, beats: Sequence[tuple[TimerKeys, str, str, FleetLimits]], lease_ms: int
     ) -> list[bool | ServerReplyError]:
-        """Extend the leases of firings (``(keys, key, token)``) in one round trip; False
-        means that lease is lost."""
+        """Extend the leases of firings (``(keys, key, token, limits)``: the bucket's share
+        of the kind's fleet limits, whose permits the firing keeps) in one round trip;
+        False means that lease is lost."""
         heartbeat = timer_script("timer_heartbeat")
         calls = [
-            ScriptCall(heartbeat, (keys.timers, keys.due), (key, token, lease_ms))
-            for keys, key, token in beats
+            ScriptCall(
+                heartbeat,
+                (keys.timers, keys.due, keys.permits),
+                (key, token, lease_ms, limits.concurrent, *limits.group_args(keys)),
+            )
+            for keys, key, token, limits in beats
         ]
         replies = await run_scripts(self.conn, calls)
         return [
@@ -363,7 +431,7 @@ class TimerStore:
     async def finish(self, end: TimerEnd, keys: TimerKeys) -> TimerFinishReply:
         call = ScriptCall(
             timer_script("timer_finish"),
-            (keys.timers, keys.due, keys.meta),
+            (keys.timers, keys.due, keys.meta, keys.permits, keys.groups),
             (
                 end.key,
                 end.token,
@@ -372,6 +440,7 @@ class TimerStore:
                 end.retry_delay_ms,
                 _opt(end.next_at_ms),
                 _opt(end.next_delay_ms),
+                *end.limits.group_args(keys),
             ),
         )
         (reply,) = await run_scripts(self.conn, [call])

@@ -1,6 +1,7 @@
 -- claim: decide whether the caller runs a slot of a job (the lease flowchart).
 -- KEYS[1] state (hash)   KEYS[2] active (set)   KEYS[3] slots (sorted set)
--- KEYS[4] runs (stream)  KEYS[5] results (sorted set)
+-- KEYS[4] runs (stream)  KEYS[5] results (sorted set)  KEYS[6] permits (sorted set:
+-- lease_state.lua's fleet permits)
 -- ARGV: slot, slot_score, token, runner, lease_ms, max_attempts, allow_overlap (0/1),
 --       trigger, keep_ms, history_size, history_ttl_ms, trim_runs_by_id (0/1: XTRIM MINID
 --       exists, Redis 6.2+ and Valkey), may_start (0/1), skip_if_blocked (0/1: a first claim
@@ -9,7 +10,9 @@
 --       'buffer_one': recorded as skipped if it has not started, blocked or not),
 --       probe (0/1: only ask whether the caller's token holds a live lease; changes nothing),
 --       replace (0/1: overlap 'replace': a first claim blocked by older runs of the job
---       ends them, recorded cancelled, and wins)
+--       ends them, recorded cancelled, and wins),
+--       fleet_max (max_concurrent_fleet: the most of the job's runs at once in the fleet,
+--       each holding a permit while its lease lives; 0 for no limit)
 -- Every reply is {kind, attempt, fence, ms, text, orphans, malformed}:
 --   {'won', attempt, fence, lease_ms_left, trigger, orphans, malformed, progress}  the
 --                     caller runs this attempt; progress: what the slot's last attempt
@@ -18,7 +21,9 @@
 --                           ask again in ms
 --   {'overlap', 0, 0, ms, '', orphans}  another run of the job is unsettled (ms: the longest
 --                              time left on its lease or retry delay, 0 for orphans); this
---                              slot does not start
+--                              slot does not start; text 'fleet': the job's runs hold
+--                              every permit (ms: until the soonest expires); the slot
+--                              waits, it is not skipped
 --   {'done', 0, 0, 0, status, orphans}  the run is settled ('forgotten': a later claim found
 --                     no state; 'skipped': another instance's first claim found it blocked or
 --                     paused; 'paused': this claim found the job paused, and recorded the slot
@@ -31,8 +36,8 @@
 -- malformed: {key, field, problem, excerpt} for each entry this claim met that does not
 -- read (lease_state.lua): skipped, left as it is, and reported for the caller to
 -- quarantine.
-local state_key, active_key, slots_key, runs_key, results_key =
-  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local state_key, active_key, slots_key, runs_key, results_key, permits_key =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local slot = ARGV[1]
 local slot_score = tonumber(ARGV[2])
 local token = ARGV[3]
@@ -50,6 +55,7 @@ local skip_if_blocked = ARGV[14] == '1'
 local superseded = ARGV[14] == '2'
 local probe = ARGV[15] == '1'
 local replace = ARGV[16] == '1'
+local fleet_max = tonumber(ARGV[17])
 
 local now = server_now_ms()
 
@@ -141,12 +147,21 @@ local function trim_old_state()
         end
         redis.call('HDEL', state_key, other, PROGRESS_PREFIX .. other)
         redis.call('ZREM', slots_key, other)
+        redis.call('ZREM', permits_key, other)
       end
     end
   end
 end
 
-local function win(attempt, win_trigger, orphans)
+-- first: a slot's first claim (a slot that finds no permit free waits for one, and is
+-- told 'overlap' with the text 'fleet'); otherwise a retry or a takeover (told
+-- 'running': the run waits in the store for whichever instance finds a permit first).
+local function win(attempt, win_trigger, orphans, first)
+  local permitted, wait_ms = take_permit(permits_key, slot, now + lease_ms, now, fleet_max, bad)
+  if not permitted then
+    if first then return {'overlap', 0, 0, wait_ms, 'fleet', orphans, bad} end
+    return {'running', 0, 0, wait_ms, '', {}, bad}
+  end
   -- The job's last fence, read strictly (lease_state.lua's last_fence): one near 2^53
   -- stops the job's wins, loudly, until an operator mends it.
   local last = last_fence(state_key, bad)
@@ -236,6 +251,7 @@ local function replace_older()
         redis.call('HSET', state_key, other, encode_state(o))
         redis.call('HDEL', state_key, PROGRESS_PREFIX .. other)
         redis.call('SREM', active_key, other)
+        redis.call('ZREM', permits_key, other)
       end
     end
   end
@@ -258,7 +274,7 @@ if not s then
   local blocked_ms, orphans = scan_active(true)
   if blocked_ms and replace then
     replace_older()
-    return win(1, trigger, {})
+    return win(1, trigger, {}, true)
   end
   if blocked_ms then
     if skip_if_blocked then
@@ -266,7 +282,7 @@ if not s then
     end
     return {'overlap', 0, 0, blocked_ms, '', orphans, bad}
   end
-  return win(1, trigger, orphans)
+  return win(1, trigger, orphans, true)
 end
 
 -- The caller already holds this attempt (a claim repeated after a lost reply),
@@ -289,6 +305,7 @@ if s.status == 'running' then
     redis.call('HSET', state_key, slot, encode_state(s))
     redis.call('HDEL', state_key, PROGRESS_PREFIX .. slot)
     redis.call('SREM', active_key, slot)
+    redis.call('ZREM', permits_key, slot)
     return {'done', 0, 0, 0, 'interrupted', {}, bad}
   end
   -- Attempts are left: the run now waits for its next attempt, which starts at once.
@@ -305,7 +322,7 @@ if s.status == 'retry' then
   local next_trigger = 'retry'
   if s.attempt == 0 then next_trigger = s.trigger
   elseif s.token == '' then next_trigger = 'takeover' end
-  return win(s.attempt + 1, next_trigger, {})
+  return win(s.attempt + 1, next_trigger, {}, false)
 end
 
 -- ok, failed, interrupted, cancelled or skipped. A first claim of a skipped slot

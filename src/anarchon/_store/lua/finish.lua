@@ -1,12 +1,13 @@
 -- finish: end the caller's attempt and record its result.
 -- KEYS[1] state (hash)   KEYS[2] active (set)   KEYS[3] results (sorted set)
+-- KEYS[4] permits (sorted set): the attempt's fleet permit, if it holds one, is given back
 -- ARGV: slot, slot_score, token, outcome (ok|failed|cancelled), max_attempts,
 --       retry_delay_ms, error, history_size, history_ttl_ms
 -- Replies {'settled', status, ms, malformed} where status is the run's state afterwards
 -- (retry: the next attempt may start in ms; malformed: a results key that could not take
 -- the result, lease_state.lua's record_result), or {'lost', status} when the
 -- caller's token no longer holds the run: then nothing changes.
-local state_key, active_key, results_key = KEYS[1], KEYS[2], KEYS[3]
+local state_key, active_key, results_key, permits_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local slot = ARGV[1]
 local slot_score = tonumber(ARGV[2])
 local token = ARGV[3]
@@ -41,6 +42,7 @@ else
   s.status, s.until_ms = outcome, now
 end
 redis.call('HSET', state_key, slot, encode_state(s))
+redis.call('ZREM', permits_key, slot)
 if s.status ~= 'retry' then
   -- Settled for good: no attempt will read its progress.
   redis.call('SREM', active_key, slot)

@@ -1,17 +1,20 @@
 -- heartbeat: extend the lease of the caller's attempt.
--- KEYS[1] state (hash)   KEYS[2] active (set)
--- ARGV: slot, token, lease_ms, allow_overlap (0/1)
+-- KEYS[1] state (hash)   KEYS[2] active (set)   KEYS[3] permits (sorted set)
+-- ARGV: slot, token, lease_ms, allow_overlap (0/1), fleet_max (0: no limit)
 -- Replies {1, lease_ms} while the caller's token holds the run, even after the
 -- expiry if nobody has taken over yet; otherwise {0, status} and changes nothing
 -- (status 'malformed': the run's state does not read; the attempt has lost it).
 -- An expired lease is not revived while another run of the job holds a live one
 -- (unless the job allows overlapping runs): that run started because this lease
--- had expired, and two live runs would break overlap protection.
-local state_key, active_key = KEYS[1], KEYS[2]
+-- had expired, and two live runs would break overlap protection. Nor is it with a fleet
+-- limit whose permits other runs hold now ({0, 'fleet'}): the run's permit went with its
+-- lease, and more runs than the limit would go on at once.
+local state_key, active_key, permits_key = KEYS[1], KEYS[2], KEYS[3]
 local slot = ARGV[1]
 local token = ARGV[2]
 local lease_ms = tonumber(ARGV[3])
 local allow_overlap = ARGV[4] == '1'
+local fleet_max = tonumber(ARGV[5])
 
 local now = server_now_ms()
 local s = decode_state(redis.call('HGET', state_key, slot))
@@ -27,6 +30,9 @@ if s.until_ms <= now and not allow_overlap then
       if o and o.status == 'running' and o.until_ms > now then return {0, 'overlapped'} end
     end
   end
+end
+if not take_permit(permits_key, slot, now + lease_ms, now, fleet_max, {}) then
+  return {0, 'fleet'}
 end
 local revived = s.until_ms <= now
 s.until_ms = now + lease_ms

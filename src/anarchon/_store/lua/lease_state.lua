@@ -214,3 +214,44 @@ local function record_result(results_key, slot, slot_score, s, status, now, err,
     redis.call('ZREMRANGEBYSCORE', results_key, '-inf', '(' .. int(now - history_ttl_ms))
   end
 end
+
+-- Fleet permits (a job's or a timer kind's max_concurrent_fleet): a sorted set of the
+-- runs that hold one (a slot id, or a timer's key), each scored with its lease's expiry.
+-- A permit is its run's lease: the run's finish gives it back, and one whose lease ran
+-- out is free again (its runner vanished: whoever takes the run over takes a permit
+-- anew), so a dead instance's permits come back a lease later. A permit scored beyond the
+-- longest lease is none anarchon wrote: it is dropped, and reported.
+local PERMIT_MAX_MS = 24 * 3600 * 1000
+
+local function drop_stale_permits(permits_key, now, bad)
+  redis.call('ZREMRANGEBYSCORE', permits_key, '-inf', int(now))
+  local far = redis.call('ZRANGEBYSCORE', permits_key, '(' .. int(now + PERMIT_MAX_MS),
+    '+inf', 'LIMIT', 0, 16)
+  for _, member in ipairs(far) do
+    bad[#bad + 1] = {permits_key, excerpt(member),
+      'a permit held beyond the longest lease: dropped', ''}
+    redis.call('ZREM', permits_key, member)
+  end
+end
+
+-- The permits free under limit (a permit of member's, if it holds one, counts as free
+-- to it), and the ms until the soonest held one expires (nil when none is held).
+local function free_permits(permits_key, member, now, limit, bad)
+  drop_stale_permits(permits_key, now, bad)
+  local held = redis.call('ZCARD', permits_key)
+  if member and redis.call('ZSCORE', permits_key, member) then held = held - 1 end
+  local first = redis.call('ZRANGE', permits_key, 0, 0, 'WITHSCORES')
+  local soonest = first[2] and math.max(tonumber(first[2]) - now, 1) or nil
+  return limit - held, soonest
+end
+
+-- Take (or keep) member's permit until until_ms when one is free under limit (0: no
+-- limit, nothing is written). Returns true, or false and the ms until the soonest held
+-- permit expires.
+local function take_permit(permits_key, member, until_ms, now, limit, bad)
+  if limit <= 0 then return true end
+  local free, soonest = free_permits(permits_key, member, now, limit, bad)
+  if free <= 0 then return false, soonest or 1 end
+  redis.call('ZADD', permits_key, int(until_ms), member)
+  return true
+end

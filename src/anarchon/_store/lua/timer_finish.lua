@@ -1,15 +1,21 @@
 -- timer_finish: end the caller's firing, and write what follows it.
 -- KEYS[1] timers (hash)   KEYS[2] due (sorted set)   KEYS[3] meta (hash)
+-- KEYS[4] permits (sorted set): the firing's fleet permit, if it holds one, is given back
+-- KEYS[5] groups (sorted set): its key group's permit too, and the group's waiting
+--         timers are looked at again by the next claim
 -- ARGV: key, token, outcome (ok | failed | cancelled: given back, not counted as an
 --       attempt | interrupted: a lapsed recurrence),
 --       max_attempts, retry_delay_ms,
 --       next_at_ms, next_delay_ms: the next generation (a rearm, or a recurring timer's
 --       next due time), at an instant or after a delay on the server's clock; both ''
---       for none
+--       for none,
+--       group_by, group_max, group_permits (max_concurrent_per_group, as timer_claim.lua
+--       takes them)
 -- Replies {'settled', status, ms}: status r (a retry may start in ms), p (the key's
 -- next generation is pending, due in ms), or done (nothing is left of the timer);
 -- {'lost', status} when the caller's token no longer holds the firing: nothing changes.
-local timers_key, due_key, meta_key = KEYS[1], KEYS[2], KEYS[3]
+local timers_key, due_key, meta_key, permits_key, groups_key =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local key = ARGV[1]
 local token = ARGV[2]
 local outcome = ARGV[3]
@@ -17,6 +23,9 @@ local max_attempts = tonumber(ARGV[4])
 local retry_delay_ms = tonumber(ARGV[5])
 local next_at_ms = ARGV[6]
 local next_delay_ms = ARGV[7]
+local group_by = ARGV[8]
+local group_max = tonumber(ARGV[9])
+local group_permits = ARGV[10]
 
 local now = server_now_ms()
 local t = decode_timer(redis.call('HGET', timers_key, key))
@@ -25,6 +34,14 @@ if t == false then return {'lost', 'malformed'} end  -- the claim that meets it 
 if t.token ~= token then return {'lost', t.status} end
 -- The caller finished this attempt already (a finish sent again after a lost reply).
 if t.status ~= 'f' then return {'settled', t.status, math.max(t.until_ms - now, 0)} end
+redis.call('ZREM', permits_key, key)
+if group_max > 0 then
+  local group = group_of(key, group_by)
+  redis.call('ZREM', group_permits .. group, key)
+  if redis.call('ZSCORE', groups_key, group) then
+    redis.call('ZADD', groups_key, int(now), group)
+  end
+end
 
 local current = t.gen == t.fire_gen
 if current and outcome == 'cancelled' then

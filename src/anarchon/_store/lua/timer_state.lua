@@ -103,3 +103,27 @@ local function after_firing(t)
   end
   return nil
 end
+
+-- Key groups (a kind's max_concurrent_per_group): a key's group is its text before the
+-- first group_by separator (the whole key without one). At most group_max firings of a
+-- group are in flight at once: each holds a permit in the group's permits (a sorted set
+-- per group, lease_state.lua's fleet permits). A due timer whose group holds every permit
+-- waits in the group's waiting set (scored as it was in the due index) instead of the
+-- due index, so that a group with thousands of due timers does not hold the others back;
+-- the kind's groups index scores each group with waiting timers by when to look at it
+-- again (a finish of one of its firings: at once; else when its soonest lease ends, or a
+-- second at most). A claim moves a group's waiting timers back to the due index, oldest
+-- first, as permits free.
+local GROUP_RECHECK_MS = 1000
+
+local function group_of(key, sep)
+  local at = string.find(key, sep, 1, true)
+  if at then return string.sub(key, 1, at - 1) end
+  return key
+end
+
+-- Look at group again at when (or sooner, if the index says so already).
+local function recheck_group(groups_key, group, when)
+  local at = tonumber(redis.call('ZSCORE', groups_key, group))
+  if not at or when < at then redis.call('ZADD', groups_key, int(when), group) end
+end
