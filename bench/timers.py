@@ -130,8 +130,8 @@ async def _set_rates(url: str, count: int, concurrency: int, rounds: int = 3) ->
         hints = hint_channel(prefix)
 
         def args(key: str) -> list[Any]:
-            return [sha, 3, keys.timers, keys.due, keys.meta, key, "", 3_600_000, "", stored,
-                    hints]  # fmt: skip
+            return [sha, 4, keys.timers, keys.due, keys.meta, keys.progress, key, "", 3_600_000,
+                    "", stored, hints]  # fmt: skip
 
         async with scheduler:  # set_timer on the running scheduler's own connection
             for r in range(rounds):

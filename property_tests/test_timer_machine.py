@@ -168,7 +168,7 @@ class TimerMachine(RuleBasedStateMachine):
         expected = self.model.set(key, self.now, at_ms, delay_ms, schedule, payload)
         raw = self.call(
             "timer_set",
-            self.three,
+            [*self.three, self.keys.progress],
             [key, "" if at_ms is None else at_ms, "" if delay_ms is None else delay_ms,
              schedule, payload],
         )  # fmt: skip
@@ -178,7 +178,7 @@ class TimerMachine(RuleBasedStateMachine):
     @rule(key=st.sampled_from(KEYS))
     def cancel_timer(self, key: str) -> None:
         expected = self.model.cancel(key)
-        raw = self.call("timer_cancel", self.three, [key])
+        raw = self.call("timer_cancel", [*self.three, self.keys.progress], [key])
         assert (int(raw[0]) == 1) == expected
         if expected and key in self.model.timers:
             event("cancel: while firing")
@@ -193,13 +193,14 @@ class TimerMachine(RuleBasedStateMachine):
         model = self.model
         raw = self.call(
             "timer_claim",
-            [*self.three, record, self.keys.permits, self.keys.starts, self.keys.groups],
+            [*self.three, record, self.keys.permits, self.keys.starts, self.keys.groups,
+             self.keys.progress],
             [limit, LEASE_MS, instance.name, token_base, self.max_attempts, model.fleet_max,
              model.rate_max, model.period_ms, *self.group_args, self.keys.group_waiting("")],
         )  # fmt: skip
         wins = [
             Win(str(w[0]), int(w[1]), int(w[2]), int(w[3]), int(w[4]), str(w[5]), str(w[6]),
-                str(w[7]), str(w[8]), int(w[9]))
+                str(w[7]), str(w[8]), int(w[9]))  # w[10]: its progress (none kept here)
             for w in raw[0]
         ]  # fmt: skip
         assert int(raw[3]) == self.now  # the server's clock, which next_ms is on
@@ -310,7 +311,7 @@ class TimerMachine(RuleBasedStateMachine):
         )  # fmt: skip
         raw = self.call(
             "timer_finish",
-            [*self.three, self.keys.permits, self.keys.groups],
+            [*self.three, self.keys.permits, self.keys.groups, self.keys.progress],
             [key, firing.token, outcome, self.max_attempts, self.retry_delay_ms,
              "" if next_at is None else next_at, "" if next_delay is None else next_delay,
              *self.group_args],
@@ -419,15 +420,22 @@ def test_a_finish_lets_its_key_groups_waiting_timer_go_on_at_once(server: Server
         return client.eval(timed_timer_script(name), len(script_keys), *script_keys, *args, now)
 
     def claim(token_base: str) -> list[Any]:
-        script_keys = [*three, keys.claimed(token_base), keys.permits, keys.starts, keys.groups]
+        script_keys = [
+            *three,
+            keys.claimed(token_base),
+            keys.permits,
+            keys.starts,
+            keys.groups,
+            keys.progress,
+        ]
         args = [4, LEASE_MS, "a", token_base, 3, 0, 0, 0, *groups, keys.group_waiting("")]
         return list(call("timer_claim", script_keys, args))
 
     try:
         for key in ("user:1", "user:2"):
-            call("timer_set", three, [key, now - 10, "", "", "", ""])
+            call("timer_set", [*three, keys.progress], [key, now - 10, "", "", "", ""])
         first = claim("x")
-        ((won, *_, token, _trigger, _schedule, _payload, _left),) = first[0]
+        ((won, *_, token, _trigger, _schedule, _payload, _left, _progress),) = first[0]
         waiting = "user:2" if won == "user:1" else "user:1"
         assert first[6] == ["group"]
         assert client.zrange(keys.due, 0, -1) == [won]
@@ -436,7 +444,7 @@ def test_a_finish_lets_its_key_groups_waiting_timer_go_on_at_once(server: Server
         assert int(first[1]) == now + LEASE_MS  # the claimer comes back by then
         finished = call(
             "timer_finish",
-            [*three, keys.permits, keys.groups],
+            [*three, keys.permits, keys.groups, keys.progress],
             [won, token, "ok", 3, 300, "", "", *groups],
         )
         assert finished[0] == "settled"
@@ -457,6 +465,7 @@ def test_the_timed_timer_scripts_differ_from_the_shipped_ones_only_in_the_clock_
     from anarchon._store.scripts import timer_script
     from property_tests.lease_scripts import CLOCK_ARGUMENT, CLOCK_READ
 
-    for name in ("timer_set", "timer_cancel", "timer_claim", "timer_heartbeat", "timer_finish"):
+    names = ("timer_set", "timer_cancel", "timer_claim", "timer_heartbeat", "timer_finish")
+    for name in (*names, "timer_save_progress"):
         shipped = timer_script(name).body
         assert timed_timer_script(name) == shipped.replace(CLOCK_READ, CLOCK_ARGUMENT)

@@ -63,7 +63,7 @@ def _kind_keys(prefix: str, kind: str) -> set[str]:
     for buckets in _BUCKETS:
         for bucket in kind_keys(prefix, kind, buckets):
             keys |= {bucket.timers, bucket.due, bucket.meta, bucket.claimed("i1-0")}
-            keys |= {bucket.permits, bucket.starts, bucket.groups}
+            keys |= {bucket.permits, bucket.starts, bucket.groups, bucket.progress}
             keys |= {bucket.group_permits("tenant-1"), bucket.group_waiting("tenant-1")}
     return keys
 

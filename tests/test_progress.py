@@ -20,10 +20,12 @@ from anarchon import (
     RedisBackend,
     Run,
     Scheduler,
+    TimerRun,
 )
 from anarchon._store.contract import AttemptEnd, ClaimRequest
-from anarchon._store.keys import JobKeys
+from anarchon._store.keys import JobKeys, TimerKeys
 from anarchon._store.quarantine import quarantine_of
+from anarchon._store.timers import TimerEnd, TimerStore
 from tests.helpers import NEVER, OneShotAtFirstAsk, wait_for, wait_until
 from tests.test_takeover import LEASE_MS, start_at_one_slot, start_worker, stop_worker
 
@@ -172,6 +174,9 @@ async def test_progress_is_json_of_a_bounded_size_and_a_lost_lease_keeps_nothing
     made = Run("export", NEVER.at, 0, 1, "manual", "me", 1)
     with pytest.raises(InvalidOptionError, match="keeps no progress"):
         await made.save_progress(1)
+    fire = TimerRun("remind", "k", None, NEVER.at, 0, 1, 1, "due", "me", 1)
+    with pytest.raises(InvalidOptionError, match="keeps no progress"):
+        await fire.save_progress(1)
 
 
 @pytest.mark.anyio
@@ -197,3 +202,79 @@ async def test_a_malformed_progress_costs_only_its_attempt_s_resumption(
     assert seen == [None, None]
     met = [(e.key, e.field) for e in quarantine_of(prefix).entries()]
     assert any(key == state and field.startswith("p:") for key, field in met), met
+
+
+# ------------------------------------------------------------------ timer firings
+
+
+@pytest.mark.anyio
+async def test_a_timer_firing_s_retry_resumes_and_the_next_generation_starts_clean(
+    server_url: str, prefix: str, direct: redis.Redis
+) -> None:
+    """A recurring timer's firing keeps ["account"] and fails; its retry starts from it,
+    keeps more and ends ok; the next generation (its recurrence) starts with nothing,
+    and nothing is left in the kind's progress once the firings are over."""
+    seen: list[tuple[int, int, Any]] = []
+    scheduler = Scheduler(RedisBackend(redis=server_url, prefix=prefix), retry_delay_ms=50)
+
+    @scheduler.timer("onboard", max_attempts=3)
+    async def onboard(fire: TimerRun) -> None:
+        seen.append((fire.generation, fire.attempt, fire.progress))
+        if fire.attempt == 1 and len(seen) == 1:
+            await fire.save_progress(["account"])
+            raise RuntimeError("the mail server went away")
+        await fire.save_progress(["account", "mailbox"])
+
+    async with scheduler:
+        await scheduler.set_timer("onboard", "user:42", delay_ms=0, every_ms=600)
+        await wait_until(lambda: len(seen) >= 3, 20, "the retry and the next generation")
+        await scheduler.cancel_timer("onboard", "user:42")
+        await wait_until(lambda: scheduler.running == 0, 10, "the firings to settle")
+    (gen, attempt, first), (gen2, attempt2, resumed), (gen3, attempt3, fresh) = seen[:3]
+    assert (attempt, first) == (1, None)
+    assert (gen2, attempt2, resumed) == (gen, 2, ["account"])
+    assert gen3 > gen and (attempt3, fresh) == (1, None)
+    progress = TimerKeys.for_kind(prefix, "onboard").progress
+    await wait_until(lambda: direct.hlen(progress) == 0, 5, "the progress to go")
+
+
+@pytest.mark.anyio
+@pytest.mark.server_tier
+async def test_a_stale_firing_s_progress_is_refused_and_a_set_drops_an_older_one(
+    server_url: str, prefix: str, direct: redis.Redis
+) -> None:
+    """On every server: a firing keeps 1, its lease runs out and a takeover is handed 1;
+    the stale attempt's write is refused, the takeover's kept; a new set of the key while
+    no firing is in flight drops what an older generation kept; a progress that does not
+    read (another client's) is reported and not handed to the attempt."""
+    backend = RedisBackend(redis=server_url, prefix=prefix)
+    timers = TimerStore(await backend.open_connection(), prefix=prefix, runner="a")
+    keys = TimerKeys.for_kind(prefix, "onboard")
+    try:
+        await timers.set_many("onboard", [("user:1", None, 0, "", "")], 1)
+        (first,) = (await timers.claim(keys, limit=5, lease_ms=300, token_base="a",
+                                       max_attempts=3)).wins  # fmt: skip
+        assert (first.attempt, first.progress) == (1, "")
+        assert await timers.save_progress(keys, "user:1", first.token, "1") is None
+        await anyio.sleep(0.4)  # its lease (300 ms) runs out
+        (taken,) = (await timers.claim(keys, limit=5, lease_ms=3000, token_base="b",
+                                       max_attempts=3)).wins  # fmt: skip
+        assert (taken.attempt, taken.trigger, taken.progress) == (2, "takeover", "1")
+        assert await timers.save_progress(keys, "user:1", first.token, "99") == "firing"
+        assert await timers.save_progress(keys, "user:1", taken.token, "2") is None
+        end = TimerEnd("onboard", "user:1", taken.token, "failed", 3, 0)
+        assert (await timers.finish(end, keys)).status == "retry"
+        await timers.set_many("onboard", [("user:1", None, 60_000, "", "")], 1)
+        assert direct.hlen(keys.progress) == 0
+        # Another client's progress (not '<generation>|<json>'): reported, not handed on.
+        await timers.set_many("onboard", [("user:2", None, 0, "", "")], 1)
+        claim = await timers.claim(keys, limit=5, lease_ms=300, token_base="c", max_attempts=3)
+        assert [(w.key, w.attempt) for w in claim.wins] == [("user:2", 1)]
+        direct.hset(keys.progress, "user:2", "garbage")
+        await anyio.sleep(0.4)  # its lease (300 ms) runs out
+        claim = await timers.claim(keys, limit=5, lease_ms=300, token_base="d", max_attempts=3)
+        assert [(w.key, w.attempt, w.progress) for w in claim.wins] == [("user:2", 2, "")]
+        met = [(e.key, e.field) for e in quarantine_of(prefix).entries()]
+        assert (keys.progress, "user:2") in met, met
+    finally:
+        await timers.conn.aclose()

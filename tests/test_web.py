@@ -852,7 +852,7 @@ def test_what_the_store_holds_malformed_costs_the_dashboard_that_entry_alone(
     web.wait_serving()
     status, page = web.get("/")
     assert status == 200, page
-    assert ">good</a>" in page and ">remind</td>" in page, page
+    assert ">good</a>" in page and ">remind</a>" in page, page
     assert r"bad\x1b[2Jjob" in page and "\x1b" not in page, page
     assert "malformed" in page and "huge" in page, page
     assert "Malformed store entries" in page and "not JSON" in page, page
@@ -957,3 +957,36 @@ def test_connections_that_never_finish_their_headers_neither_block_the_dashboard
     assert web.end() == 0, web.log()
     log = web.log()
     assert len(log) < 4_000 and log.count("Too many open files") <= 1, log
+
+
+def test_a_kind_s_timers_are_listed_a_page_at_a_time_as_text(
+    server_url: str, prefix: str, tmp_path: Path, webs: list[WebCommand], browser: Any
+) -> None:
+    """From the overview, a kind's name leads to its timers: each key with its next due
+    time, status, recurrence and payload, stored text shown as text (a key that is markup
+    is not made an element); 'next page' goes on until every timer was shown once."""
+    from selenium.webdriver.common.by import By
+
+    keys = [f"user:{n:03d}" for n in range(149)] + ["<b id='bold'>x</b>"]
+    set_timers(server_url, prefix, keys)
+    web = WebCommand(tmp_path, server_url, prefix)
+    webs.append(web)
+    web.wait_serving()
+    browser.get(web.url("/"))
+    browser.find_element(By.LINK_TEXT, "remind").click()
+    assert "Timers of remind" in browser.find_element(By.TAG_NAME, "h2").text
+    seen: list[str] = []
+    for _ in range(10):
+        rows = texts(browser, "//table[thead/tr/th[1]='key']/tbody/tr/td[1]")
+        seen += rows
+        links = browser.find_elements(By.LINK_TEXT, "next page")
+        if not links:
+            break
+        links[0].click()
+    assert sorted(seen) == sorted(keys), (len(seen), len(set(seen)))
+    assert not browser.find_elements(By.ID, "bold")
+    status, page = web.get("/timers/remind?cursor=9-x")
+    assert status == 404 and "is no page&#x27;s cursor" in page, page
+    status, page = web.get("/timers/nope")
+    assert status == 404 and "no timer kind named" in page, page
+    assert web.end() == 0, web.log()

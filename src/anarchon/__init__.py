@@ -29,8 +29,9 @@ from ._errors import (
     UnsupportedClientError,
     UnsupportedServerError,
 )
-from ._model.schedule import CronSchedule, IntervalSchedule, Schedule
+from ._model.schedule import CalendarInterval, CronSchedule, IntervalSchedule, Schedule
 from ._model.values import (
+    AppliedTimers,
     InstanceInfo,
     JobInfo,
     LeaseInfo,
@@ -40,6 +41,7 @@ from ._model.values import (
     RunStatus,
     TimerInfo,
     TimerKindInfo,
+    TimerPage,
     TimerRun,
     TimerSetting,
     TimerStatus,
@@ -71,6 +73,8 @@ from ._timers import Timers
 from ._version import __version__ as __version__
 
 __all__ = [
+    "AppliedTimers",
+    "CalendarInterval",
     "AnarchonError",
     "ClaimOnly",
     "ConnectionFailedError",
@@ -103,6 +107,7 @@ __all__ = [
     "StreamIdStrategy",
     "TimerInfo",
     "TimerKindInfo",
+    "TimerPage",
     "TimerRun",
     "TimerSetting",
     "TimerStatus",

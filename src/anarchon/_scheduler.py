@@ -24,7 +24,7 @@ from ._model.options import (
     make_timer_kind,
 )
 from ._model.schedule import Schedule
-from ._model.values import RunResult, TimerInfo, TimerSetting
+from ._model.values import AppliedTimers, RunResult, TimerInfo, TimerSetting
 from ._observe.events import Event, EventStream
 from ._store.backend import ClaimOnly, K, Leases, RedisBackend
 from ._timers import DEFAULT_MAX_PAYLOAD_BYTES, bound_timers
@@ -593,6 +593,52 @@ class Scheduler(Generic[K]):
             quarantined; a set replaces it).
         """
         return await self._timers.get(kind, key, buckets=buckets)
+
+    async def apply_timers(
+        self,
+        kind: str,
+        timers: Iterable[TimerSetting],
+        *,
+        remove_others: bool = True,
+        buckets: int | None = None,
+    ) -> AppliedTimers:
+        """Make ``kind``'s recurring timers exactly ``timers`` (create, change, remove),
+        as ``Timers.apply`` does: a table of tenants kept in sync every minute::
+
+            applied = await scheduler.apply_timers("digest", [
+                TimerSetting(f"tenant:{t.id}", cron=t.digest_cron, timezone=t.zone)
+                for t in tenants
+            ])
+
+        Args:
+            kind: The timers' kind.
+            timers: The recurring timers the kind is to hold, each key once.
+            remove_others: Cancel the kind's recurring timers whose keys are not in
+                ``timers`` (default True).
+            buckets: The kind's number of buckets, as ``set_timer`` takes it.
+
+        Returns:
+            What changed (``AppliedTimers``): nothing, when applied twice.
+        """
+        return await self._timers.apply(kind, timers, remove_others=remove_others, buckets=buckets)
+
+    async def cancel_timers(
+        self, kind: str, *, prefix: str, limit: int = 1000, buckets: int | None = None
+    ) -> int:
+        """Cancel ``kind``'s timers whose keys start with ``prefix`` (``"user:42:"``), at
+        most ``limit`` per call, as ``Timers.cancel_prefix`` does.
+
+        Args:
+            kind: The timers' kind.
+            prefix: The start of the keys, taken literally.
+            limit: The most timers cancelled in this call (1 to 100 000; default 1000):
+                call again while it returns ``limit``.
+            buckets: The kind's number of buckets, as ``set_timer`` takes it.
+
+        Returns:
+            How many timers were cancelled.
+        """
+        return await self._timers.cancel_prefix(kind, prefix, limit=limit, buckets=buckets)
 
     # ------------------------------------------------------------- lifecycle
 

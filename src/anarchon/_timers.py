@@ -21,21 +21,25 @@ import anyio
 
 from ._errors import AnarchonError, InvalidOptionError, SchedulerStateError, TransportError
 from ._model.clock import round_trip_deadline_sec, wall_ms
+from ._model.job import check_count
 from ._model.options import check_buckets
-from ._model.schedule import from_epoch_ms
 from ._model.timer import Recurrence, TimerKind, due_from, validate_kind, validate_timer_key
-from ._model.values import TimerInfo, TimerSetting
+from ._model.values import AppliedTimers, TimerInfo, TimerSetting
 from ._observe.events import EventHub, TimerCancelled, TimerSet
 from ._store.backend import RedisBackend
-from ._store.keys import TimerKeys
-from ._store.quarantine import MalformedEntry, quarantine_of
-from ._store.timers import TimerStore, decode_payload, encode_payload
+from ._store.keys import TimerKeys, glob_literal
+from ._store.records import TimerState
+from ._store.timers import TimerCursor, TimerStore, encode_payload, timer_info
 from .clients import Connection
 
 __all__ = ["DEFAULT_MAX_PAYLOAD_BYTES", "TimerHost", "Timers", "bound_timers"]
 
 #: ``set_many`` sends its timers in round trips of this many.
 _SET_PER_ROUND_TRIP = 1000
+#: A scan of a kind's timers reads about this many a step (``HSCAN ... COUNT``).
+_SCAN_STEP = 1000
+#: The most timers ``apply`` takes (and reads) in one call, and ``cancel_prefix`` cancels.
+_APPLY_MAX = 100_000
 #: A round trip's deadline without a scheduler's lease to take it from: that of the
 #: default 30 s lease.
 _ROUND_TRIP_SEC = round_trip_deadline_sec(30_000)
@@ -202,41 +206,211 @@ class Timers:
         encoded = [self._encode(setting) for setting in timers]
         if not encoded:
             return []
-        generations: list[int] = []
-        instance = self._instance
-        fired_here = instance is not None and instance.fires_here(name)
         async with self._store() as store:
             with self._in_time():
                 bucket_count = await self._buckets_of(store, name, buckets)
-            for start in range(0, len(encoded), _SET_PER_ROUND_TRIP):
-                part = encoded[start : start + _SET_PER_ROUND_TRIP]
-                with self._in_time():
-                    replies = await store.set_many(name, part, bucket_count)
-                for (timer_key, _, delay, _, _), reply in zip(part, replies, strict=True):
-                    if isinstance(reply, BaseException):
-                        raise reply
-                    generation, due_ms, replaced = reply
-                    generations.append(generation)
-                    if instance is None:
-                        continue
-                    events = instance.events
-                    if events.on:
-                        events.emit(
-                            TimerSet(
-                                instance=instance.instance_id,
-                                kind=name,
-                                key=timer_key,
-                                generation=generation,
-                                due_ms=due_ms,
-                                replaced=replaced,
-                            )
+            return await self._write(store, name, encoded, bucket_count)
+
+    async def _write(
+        self, store: TimerStore, name: str, encoded: list[_Encoded], bucket_count: int
+    ) -> list[int]:
+        """Set the encoded timers in round trips of up to 1000: their generations."""
+        generations: list[int] = []
+        instance = self._instance
+        fired_here = instance is not None and instance.fires_here(name)
+        for start in range(0, len(encoded), _SET_PER_ROUND_TRIP):
+            part = encoded[start : start + _SET_PER_ROUND_TRIP]
+            with self._in_time():
+                replies = await store.set_many(name, part, bucket_count)
+            for (timer_key, _, delay, _, _), reply in zip(part, replies, strict=True):
+                if isinstance(reply, BaseException):
+                    raise reply
+                generation, due_ms, replaced = reply
+                generations.append(generation)
+                if instance is None:
+                    continue
+                events = instance.events
+                if events.on:
+                    events.emit(
+                        TimerSet(
+                            instance=instance.instance_id,
+                            kind=name,
+                            key=timer_key,
+                            generation=generation,
+                            due_ms=due_ms,
+                            replaced=replaced,
                         )
-                    if fired_here:
-                        # Due sooner than the instance would look: it looks then.
-                        wake_ms = wall_ms() + delay if delay is not None else float(due_ms)
-                        keys = store.keys(name, timer_key, bucket_count)
-                        instance.timer_set_here(name, keys, wake_ms)
+                    )
+                if fired_here:
+                    # Due sooner than the instance would look: it looks then.
+                    wake_ms = wall_ms() + delay if delay is not None else float(due_ms)
+                    keys = store.keys(name, timer_key, bucket_count)
+                    instance.timer_set_here(name, keys, wake_ms)
         return generations
+
+    async def _cancel_all(
+        self, store: TimerStore, name: str, keys: list[str], bucket_count: int
+    ) -> list[str]:
+        """Cancel the keys' timers in round trips of up to 1000: the keys that had one."""
+        found: list[str] = []
+        instance = self._instance
+        for start in range(0, len(keys), _SET_PER_ROUND_TRIP):
+            part = keys[start : start + _SET_PER_ROUND_TRIP]
+            with self._in_time():
+                replies = await store.cancel_many(name, part, bucket_count)
+            for timer_key, reply in zip(part, replies, strict=True):
+                if isinstance(reply, BaseException):
+                    raise reply
+                if reply:
+                    found.append(timer_key)
+                if instance is not None and instance.events.on:
+                    instance.events.emit(
+                        TimerCancelled(
+                            instance=instance.instance_id, kind=name, key=timer_key, found=reply
+                        )
+                    )
+        return found
+
+    async def _scan_all(
+        self, store: TimerStore, name: str, bucket_count: int, match: str | None, most: int
+    ) -> dict[str, TimerState]:
+        """The kind's timers (those whose keys ``match``), each step of the scan within
+        its deadline; ``InvalidOptionError`` past ``most`` of them."""
+        found: dict[str, TimerState] = {}
+        at: TimerCursor | None = (0, 0)
+        while at is not None:
+            with self._in_time():
+                states, at = await store.scan(name, bucket_count, at, _SCAN_STEP, match)
+            for state in states:
+                found[state.key] = state
+            if len(found) > most:
+                raise InvalidOptionError(
+                    f"timer kind {name!r} holds more than {most:,} timers"
+                    + (" that match" if match else "")
+                    + ": too many to read in one call"
+                )
+        return found
+
+    async def apply(
+        self,
+        kind: str,
+        timers: Iterable[TimerSetting],
+        *,
+        remove_others: bool = True,
+        buckets: int | None = None,
+    ) -> AppliedTimers:
+        """Make ``kind``'s recurring timers exactly ``timers``: a table of tenants, each
+        with its own schedule, kept in sync by calling this every minute. A key with no
+        timer is set (created); one whose recurrence or payload differs, or that has a
+        one-shot timer, is set again (changed: a new generation); one as given is left
+        alone (nothing is written: applying the same set twice changes nothing); with
+        ``remove_others``, a recurring timer of a key not in ``timers`` is cancelled
+        (removed). One-shot timers of other keys are left alone. It reads the kind's
+        timers once (a scan), then writes in round trips of up to 1000. A set or cancel
+        made by another process meanwhile may be overwritten (the newest write wins).
+
+        Args:
+            kind: The timers' kind.
+            timers: The recurring timers the kind is to hold, one ``TimerSetting`` each
+                (``cron=`` or ``every_ms=``; ``at=`` or ``delay_ms=`` only says when a
+                created one is first due), each key once; at most 100 000.
+            remove_others: Cancel the kind's recurring timers whose keys are not in
+                ``timers`` (default True).
+            buckets: The kind's number of buckets, as ``set`` takes it.
+
+        Returns:
+            What changed (``AppliedTimers``).
+
+        Raises:
+            InvalidOptionError: A setting that does not recur, a key given twice, more
+                than 100 000 settings, or a kind holding more than 100 000 timers (too
+                many to read in one call), each before anything is written.
+        """
+        name = validate_kind(kind)
+        settings = list(timers)
+        if len(settings) > _APPLY_MAX:
+            raise InvalidOptionError(
+                f"apply takes at most {_APPLY_MAX:,} timers at once, got {len(settings):,}"
+            )
+        encoded = [self._encode(setting) for setting in settings]
+        wanted: dict[str, _Encoded] = {}
+        for timer in encoded:
+            timer_key, schedule = timer[0], timer[3]
+            if not schedule:
+                raise InvalidOptionError(
+                    f"timer {timer_key!r}: apply keeps recurring timers; give it cron= or "
+                    "every_ms= (set one-shot timers with set or set_many)"
+                )
+            if timer_key in wanted:
+                raise InvalidOptionError(f"timer {timer_key!r} is given twice: give each key once")
+            wanted[timer_key] = timer
+        async with self._store() as store:
+            with self._in_time():
+                bucket_count = await self._buckets_of(store, name, buckets)
+            held = await self._scan_all(store, name, bucket_count, None, _APPLY_MAX)
+            created: list[str] = []
+            changed: list[str] = []
+            to_set: list[_Encoded] = []
+            for timer_key, timer in wanted.items():
+                old = held.get(timer_key)
+                if old is None or old.due_ms is None:
+                    created.append(timer_key)
+                elif old.schedule == timer[3] and old.payload == timer[4]:
+                    continue
+                else:
+                    changed.append(timer_key)
+                to_set.append(timer)
+            others = []
+            if remove_others:
+                others = [
+                    timer_key
+                    for timer_key, old in held.items()
+                    if timer_key not in wanted and old.schedule and old.due_ms is not None
+                ]
+            await self._write(store, name, to_set, bucket_count)
+            removed = await self._cancel_all(store, name, sorted(others), bucket_count)
+        return AppliedTimers(
+            created=tuple(created),
+            changed=tuple(changed),
+            removed=tuple(removed),
+            unchanged=len(wanted) - len(to_set),
+        )
+
+    async def cancel_prefix(
+        self, kind: str, prefix: str, *, limit: int = 1000, buckets: int | None = None
+    ) -> int:
+        """Cancel ``kind``'s timers whose keys start with ``prefix`` (a user's, a
+        tenant's: ``"user:42:"``), at most ``limit`` of them per call: call again while
+        it returns ``limit``. It scans the kind's keys (``HSCAN`` with a pattern) and
+        cancels what it found, each as ``cancel`` does.
+
+        Args:
+            kind: The timers' kind.
+            prefix: The start of the keys: 1 to 1024 characters, taken literally (``*``
+                and ``?`` are no wildcards here).
+            limit: The most timers cancelled in this call, 1 to 100 000 (default 1000).
+            buckets: The kind's number of buckets, as ``set`` takes it.
+
+        Returns:
+            How many timers were cancelled.
+        """
+        name = validate_kind(kind)
+        start = validate_timer_key(prefix)
+        most = check_count("limit", limit, most=_APPLY_MAX)
+        async with self._store() as store:
+            with self._in_time():
+                bucket_count = await self._buckets_of(store, name, buckets)
+            match = glob_literal(start) + "*"
+            found: list[str] = []
+            at: TimerCursor | None = (0, 0)
+            while at is not None and len(found) < most:
+                with self._in_time():
+                    states, at = await store.scan(name, bucket_count, at, _SCAN_STEP, match)
+                for state in states:
+                    if state.key.startswith(start) and state.key not in found:
+                        found.append(state.key)
+            cancelled = await self._cancel_all(store, name, found[:most], bucket_count)
+        return len(cancelled)
 
     async def cancel(self, kind: str, key: str, *, buckets: int | None = None) -> bool:
         """Cancel ``key``'s timer of ``kind``, as ``Scheduler.cancel_timer`` does.
@@ -282,27 +456,7 @@ class Timers:
                 state = await store.get(name, timer_key, bucket_count)
         if state is None:
             return None
-        try:
-            recurrence = Recurrence.decode(state.schedule)
-            payload = decode_payload(state.payload)
-        except Exception as exc:
-            timers_key = store.keys(name, timer_key, bucket_count).timers
-            problem = f"its recurrence or payload does not read ({type(exc).__name__})"
-            quarantine_of(store.prefix).add(
-                MalformedEntry(timers_key, timer_key, problem), "that timer"
-            )
-            return None
-        return TimerInfo(
-            kind=name,
-            key=timer_key,
-            generation=state.gen,
-            due=None if state.due_ms is None else from_epoch_ms(state.due_ms),
-            due_ms=state.due_ms,
-            payload=payload,
-            status=state.status,
-            attempt=state.attempt,
-            recurs=None if recurrence is None else recurrence.describe(),
-        )
+        return timer_info(store, name, state, store.keys(name, timer_key, bucket_count).timers)
 
     # ---------------------------------------------------------------- the parts
 

@@ -54,7 +54,14 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ._errors import AnarchonError, ConnectionFailedError, InvalidJobError, InvalidOptionError
 from ._model.text import visible
-from ._model.values import InstanceInfo, JobInfo, LeaseInfo, RunResult, TimerKindInfo
+from ._model.values import (
+    InstanceInfo,
+    JobInfo,
+    LeaseInfo,
+    RunResult,
+    TimerInfo,
+    TimerKindInfo,
+)
 from ._ops.inspector import (
     Inspector,
     fleet_text,
@@ -86,6 +93,10 @@ JOBS_PER_PAGE = 50
 ROWS_MAX = 100
 #: Timer kinds the overview reads and shows at most (the first by name).
 KINDS_MAX = 20
+#: About how many timers a page of a kind's timers shows (``?cursor=`` goes on).
+TIMERS_PER_PAGE = 100
+#: Payload text a timer's row shows at most.
+PAYLOAD_CHARS = 120
 #: Malformed store entries the overview lists at most (the newest).
 MALFORMED_MAX = 20
 #: Job names an instance's row shows at most.
@@ -173,6 +184,8 @@ def dashboard(
             Route("/", site.overview),
             # Job names may hold slashes.
             Route("/jobs/{job:path}", site.job_page),
+            # Kinds' names hold no slash, but the same rule keeps one way.
+            Route("/timers/{kind:path}", site.timers_page),
             Route("/actions/{action}/{job:path}", site.act, methods=["POST"]),
         ],
         middleware=middleware,
@@ -285,7 +298,9 @@ class _Site:
                     ),
                     _section(
                         "Timers",
-                        _timers_table(timers, inspector.malformed_in(malformed, "timer kinds"))
+                        _timers_table(
+                            timers, inspector.malformed_in(malformed, "timer kinds"), root
+                        )
                         + _more(kinds - KINDS_MAX, "timer kinds"),
                     ),
                     _section(f"Recent failures{of}", _results_table(root, failures, with_job=True)),
@@ -329,6 +344,27 @@ class _Site:
 
         body, status = await self._read(read)
         return self._page(request, f"anarchon · {_shown(name)}", body, status)
+
+    async def timers_page(self, request: Request) -> Response:
+        kind, root = request.path_params["kind"], _root(request)
+        cursor = request.query_params.get("cursor") or None
+
+        async def read(inspector: Inspector) -> str:
+            page = await inspector.timer_page(kind, cursor=cursor, limit=TIMERS_PER_PAGE)
+            found = await inspector.timers([kind])
+            return "".join(
+                [
+                    _section(
+                        f"Timers of {_shown(kind)}",
+                        _timers_table(found, {}, root)
+                        + _timer_rows(page.timers)
+                        + _next_timers(root, kind, page.cursor),
+                    ),
+                ]
+            )
+
+        body, status = await self._read(read)
+        return self._page(request, f"anarchon · timers · {_shown(kind)}", body, status)
 
     async def act(self, request: Request) -> Response:
         name, action = request.path_params["job"], request.path_params["action"]
@@ -596,6 +632,47 @@ def _strip(results: list[RunResult]) -> str:
     return f'<span class="strip">{"".join(cells)}</span>' if cells else "-"
 
 
+def _kind_link(root: str, kind: str) -> str:
+    segment = _segment(kind)
+    if segment is None:
+        return _esc(kind)
+    return f'<a href="{root}/timers/{segment}">{_esc(kind)}</a>'
+
+
+def _timer_rows(timers: Iterable[TimerInfo]) -> str:
+    """A page of a kind's timers, soonest due first (within the page)."""
+    rows = [
+        [
+            _esc(t.key),
+            _when(t.due),
+            html.escape(t.status),
+            str(t.attempt),
+            _esc(t.recurs or "-"),
+            _esc(_payload_text(t.payload), PAYLOAD_CHARS),
+        ]
+        for t in sorted(timers, key=lambda t: (t.due_ms is None, t.due_ms or 0, t.key))
+    ]
+    head = ["key", "next due", "status", "attempt", "recurs", "payload"]
+    return _table(head, rows, "No timer on this page.")
+
+
+def _payload_text(payload: object) -> str:
+    if payload is None:
+        return "-"
+    if isinstance(payload, bytes):
+        return f"bytes({len(payload)})"
+    return json.dumps(payload, ensure_ascii=False)
+
+
+def _next_timers(root: str, kind: str, cursor: str | None) -> str:
+    """The link to the next page of a kind's timers (none after the last)."""
+    segment = _segment(kind)
+    if cursor is None or segment is None:
+        return ""
+    href = f"{root}/timers/{segment}?cursor={quote(cursor, safe='')}"
+    return f'<p class="pager"><a href="{href}">next page</a></p>'
+
+
 def _job_link(root: str, name: str) -> str:
     segment = _segment(name)
     if segment is None:
@@ -718,10 +795,10 @@ def _instances_table(instances: list[InstanceInfo]) -> str:
     return _table(head, rows, "No instance alive.")
 
 
-def _timers_table(timers: list[TimerKindInfo], malformed: dict[str, Quarantined]) -> str:
+def _timers_table(timers: list[TimerKindInfo], malformed: dict[str, Quarantined], root: str) -> str:
     rows = [
         [
-            _esc(t.kind),
+            _kind_link(root, t.kind),
             str(t.pending),
             _when(t.next_due),
             _esc(t.next_key or "-"),

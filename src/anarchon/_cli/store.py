@@ -1,10 +1,11 @@
 """The commands that read and operate a store from a shell: ``anarchon inspect``,
-``history``, ``leases``, ``pause``, ``resume`` and ``run-now``. Tables (``rich``) where a
-person reads, JSON (``--json``) where a program does."""
+``history``, ``leases``, ``timers``, ``pause``, ``resume`` and ``run-now``. Tables
+(``rich``) where a person reads, JSON (``--json``) where a program does."""
 
 from __future__ import annotations
 
 import argparse
+import base64
 import dataclasses
 import json
 import os
@@ -38,7 +39,7 @@ from .._store.quarantine import Quarantined
 __all__ = ["add_store_commands", "run_store_command"]
 
 #: The commands this module runs.
-COMMANDS = ("inspect", "history", "leases", "pause", "resume", "run-now")
+COMMANDS = ("inspect", "history", "leases", "timers", "pause", "resume", "run-now")
 #: Malformed store entries ``inspect`` lists at most (the newest).
 MALFORMED_SHOWN = 50
 
@@ -116,6 +117,26 @@ def add_store_commands(commands: Any) -> None:
         "runner, fence and the time left on its lease.",
     )
     leases.add_argument("job", metavar="JOB", nargs="?", help="one job (default: every job)")
+    timers = commands.add_parser(
+        "timers",
+        parents=[common],
+        help="list a timer kind's timers, a page at a time",
+        description="Reads a kind's timers from the store (no scheduler needs to run "
+        "here), a page at a time, in no particular order: each key with its next due "
+        "time, status, attempt, recurrence and payload. A page ends with the cursor of the "
+        "next one (--cursor), until the last.",
+    )
+    timers.add_argument("kind", metavar="KIND")
+    timers.add_argument(
+        "--limit",
+        type=int,
+        default=100,
+        metavar="N",
+        help="about N timers a page (1 to 1000; default: 100)",
+    )
+    timers.add_argument(
+        "--cursor", metavar="CURSOR", help="the page that starts here (a page's cursor)"
+    )
     for name, text in (
         ("pause", "pause a job across the fleet (its slots are recorded as skipped)"),
         ("resume", "resume a paused job"),
@@ -132,6 +153,7 @@ def run_store_command(args: argparse.Namespace) -> int:
         "inspect": lambda i: _inspect(i, args, out),
         "history": lambda i: _history(i, args, out),
         "leases": lambda i: _leases(i, args, out),
+        "timers": lambda i: _timers(i, args, out),
         "pause": lambda i: _operate(i, args, out),
         "resume": lambda i: _operate(i, args, out),
         "run-now": lambda i: _operate(i, args, out),
@@ -198,6 +220,42 @@ async def _leases(inspector: Inspector, args: argparse.Namespace, out: Console) 
     else:
         out.print(_leases_table(leases))
     return 0
+
+
+async def _timers(inspector: Inspector, args: argparse.Namespace, out: Console) -> int:
+    page = await inspector.timer_page(args.kind, cursor=args.cursor, limit=args.limit)
+    if args.json:
+        _print_json(page)
+        return 0
+    table = _table(f"Timers of {args.kind}")
+    for column in ("key", "next due", "status", "attempt", "recurs", "payload"):
+        table.add_column(column)
+    for timer in sorted(page.timers, key=lambda t: (t.due_ms is None, t.due_ms or 0, t.key)):
+        _add_row(
+            table,
+            timer.key,
+            _when(timer.due),
+            timer.status,
+            str(timer.attempt),
+            timer.recurs or "-",
+            _excerpt(timer.payload),
+        )
+    if not page.timers:
+        _add_row(table, "(none on this page)")
+    out.print(table)
+    if page.cursor is not None:
+        out.print(cell(f"more: anarchon timers {args.kind} --cursor {page.cursor}"))
+    return 0
+
+
+def _excerpt(payload: object) -> str:
+    """A payload as a table shows it: its JSON (bytes as ``bytes(N)``), cut at 60."""
+    if payload is None:
+        return "-"
+    if isinstance(payload, bytes):
+        return f"bytes({len(payload)})"
+    text = json.dumps(payload, ensure_ascii=False)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 async def _operate(inspector: Inspector, args: argparse.Namespace, out: Console) -> int:
@@ -431,6 +489,8 @@ def _plain(value: object) -> object:
         return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if isinstance(value, datetime):
         return value.isoformat().replace("+00:00", "Z")
+    if isinstance(value, bytes):
+        return {"base64": base64.b64encode(value).decode("ascii")}
     if isinstance(value, dict):
         return {str(k): _plain(v) for k, v in value.items()}
     if isinstance(value, list | tuple):

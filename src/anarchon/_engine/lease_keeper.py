@@ -19,13 +19,13 @@ from .._errors import ConnectionFailedError, LeaseLostError
 from .._model.job import Job
 from .._model.progress import encode_progress
 from .._store.contract import Store, describe_slot
-from .._store.keys import JobKeys
+from .._store.keys import JobKeys, TimerKeys
 from .._store.quarantine import MalformedEntry, quarantine_of
 from .._store.records import decode_progress
 from .._store.timers import TimerStore
 from ..clients import ServerReplyError
 from .context import EngineContext
-from .work import Attempt, Leased
+from .work import Leased
 
 __all__ = ["LeaseKeeper"]
 
@@ -98,37 +98,42 @@ class LeaseKeeper:
         )
 
     def progress_of(self, job: Job, slot_id: str, text: str) -> Any:
-        """What a won claim said the slot's last attempt kept (``Run.progress``): None
-        for none, and for one that does not read (quarantined, logged: the attempt
-        starts from the beginning)."""
+        """What a won claim said the slot's last attempt kept (``Run.progress``)."""
+        key = JobKeys.for_job(self._context.prefix, job.name).state
+        return self._decoded(key, f"p:{slot_id}", text, f"{job.name} {describe_slot(slot_id)}")
+
+    def firing_progress(self, kind: str, keys: TimerKeys, key: str, text: str) -> Any:
+        """What a won timer claim said the firing's last attempt kept
+        (``TimerRun.progress``)."""
+        return self._decoded(keys.progress, key, text, f"timer {kind} {key!r}")
+
+    def _decoded(self, key: str, field: str, text: str, what: str) -> Any:
+        """A progress as the store held it, decoded: None for none, and for one that
+        does not read (quarantined, logged: the attempt starts from the beginning)."""
         if not text:
             return None
-        key = JobKeys.for_job(self._context.prefix, job.name).state
         try:
-            return decode_progress(key, f"p:{slot_id}", text)
+            return decode_progress(key, field, text)
         except MalformedEntry as entry:
-            quarantine_of(self._context.prefix).add(entry, f"the progress of {job.name}")
+            quarantine_of(self._context.prefix).add(entry, f"the progress of {what}")
             log.warning(
-                "%s %s: the progress its last attempt kept does not read (%s); this attempt "
+                "%s: the progress its last attempt kept does not read (%s); this attempt "
                 "starts without it",
-                job.name,
-                describe_slot(slot_id),
+                what,
                 entry.problem,
             )
             return None
 
-    async def save_progress(self, attempt: Attempt, value: object) -> None:
-        """``Run.save_progress``: keep ``value`` while the attempt holds its lease; a
-        refusal (the fence) loses the lease here too."""
+    async def save_progress(self, attempt: Leased, value: object) -> None:
+        """``save_progress`` of a run or a firing: keep ``value`` while the attempt holds
+        its lease; a refusal (the fence) loses the lease here too."""
         text = encode_progress(value)
         if attempt.lease_lost.is_set():
             raise LeaseLostError(f"{attempt.describe()} no longer holds its lease: nothing kept")
         refused: str | None = None
         with anyio.move_on_after(self._context.round_trip_sec) as deadline:
             try:
-                refused = await self._store.save_progress(
-                    attempt.job.name, attempt.slot_id, attempt.token, text
-                )
+                refused = await attempt.keep_progress(self._store, self._timer_store, text)
             except ServerReplyError:
                 raise
             except Exception as exc:
@@ -142,7 +147,7 @@ class LeaseKeeper:
                 "or may not be kept"
             )
         if refused is not None:
-            reason = f"the store refused its progress: the run is {refused}"
+            reason = f"the store refused its progress: it is {refused}"
             self.lose(attempt, reason)
             raise LeaseLostError(f"{attempt.describe()}: {reason}; nothing kept")
 

@@ -92,6 +92,7 @@ class Runner:
             trigger="due" if win.trigger == "lapsed" else win.trigger,
             runner=self._context.instance_id,
             fence=win.fence,
+            progress=self._lease_keeper.firing_progress(kind.name, keys, win.key, win.progress),
         )
         firing = Firing(
             kind=kind,
@@ -100,6 +101,7 @@ class Runner:
             token=win.token,
             recurrence=Recurrence.decode(win.schedule),
         )
+        fire.keep_progress_with(partial(self._lease_keeper.save_progress, firing))
         self._start(firing, win.lease_left_ms, claim_sent, f"anarchon timer {kind.name}")
         return firing
 

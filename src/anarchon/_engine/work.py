@@ -148,6 +148,11 @@ class Leased:
         """Record how it ended, through the settle step of its kind."""
         raise NotImplementedError
 
+    async def keep_progress(self, store: Store, timer_store: TimerStore, text: str) -> str | None:
+        """Keep its progress (JSON text) in the store while it holds its lease: None, or
+        why the store refused it."""
+        raise NotImplementedError
+
     def ended_here(self, agenda: WaitsForRuns) -> None:
         """It has ended and settled: what waited for it may go on."""
 
@@ -231,6 +236,9 @@ class Attempt(Leased):
             reason=reason,
         )
 
+    async def keep_progress(self, store: Store, timer_store: TimerStore, text: str) -> str | None:
+        return await store.save_progress(self.job.name, self.slot_id, self.token, text)
+
     async def settle_with(self, settler: Settles, outcome: Outcome, error: str | None) -> None:
         await settler.settle_attempt(self, outcome, error)
 
@@ -296,6 +304,9 @@ class Firing(Leased):
             reason=reason,
             timer_key=fire.key,
         )
+
+    async def keep_progress(self, store: Store, timer_store: TimerStore, text: str) -> str | None:
+        return await timer_store.save_progress(self.keys, self.run.key, self.token, text)
 
     async def settle_with(self, settler: Settles, outcome: Outcome, error: str | None) -> None:
         await settler.settle_firing(self, outcome)

@@ -6,16 +6,25 @@ instance derives the same slot ids from the same schedule.
 
 from __future__ import annotations
 
+import calendar
+import re
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta, tzinfo
-from typing import Protocol, runtime_checkable
+from typing import Literal, Protocol, runtime_checkable
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from cronsim import CronSim, CronSimError
 
 from .._errors import InvalidScheduleError
 
-__all__ = ["CronSchedule", "IntervalSchedule", "Schedule", "SlotClock", "load_timezone"]
+__all__ = [
+    "CalendarInterval",
+    "CronSchedule",
+    "IntervalSchedule",
+    "Schedule",
+    "SlotClock",
+    "load_timezone",
+]
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
@@ -175,6 +184,142 @@ class IntervalSchedule:
 
     def __repr__(self) -> str:
         return f"IntervalSchedule(every_ms={self.every_ms})"
+
+
+_EVERY = re.compile(r"([1-9][0-9]{0,3})(d|w|mo|y)")
+
+
+class CalendarInterval:
+    """Every N days, weeks, months or years from a start, at the start's local time in a
+    time zone: what cron cannot say ("every 2 weeks on Monday from 2027-01-04", "every 3
+    months from January 15")::
+
+        CalendarInterval("2w", start="2027-01-04 09:00", timezone="Europe/Berlin")
+
+    Each fire time is the start moved by a whole number of intervals on the calendar, at
+    the start's wall-clock time: days and weeks keep the hour across daylight-saving
+    changes (a fire is 23 or 25 hours after the one before, not 24), months and years
+    keep the day of the month, or take the month's last day when it has fewer (every
+    month from January 31: February 28 or 29, March 31, April 30). A wall-clock time
+    in a repeated hour fires once, the first time; one in a skipped hour (02:30 on a
+    spring-forward night) is shifted past the gap (03:30), or, with ``missing="skip"``,
+    not fired that day.
+
+    Args:
+        every: The interval: a whole number from 1 to 9999 and a unit, ``d`` (days),
+            ``w`` (weeks), ``mo`` (months) or ``y`` (years): ``"2w"``, ``"3mo"``.
+        start: The first fire time: a datetime (naive: the zone's wall-clock time;
+            aware: converted to the zone's) or ISO 8601 text (``"2027-01-04 09:00"``).
+        timezone: The IANA time zone the start and the calendar are read in (default
+            ``"UTC"``).
+        missing: What a fire time in a skipped hour does: ``"shift"`` (default: it
+            fires at the same wall-clock time after the gap) or ``"skip"`` (that one
+            does not fire).
+
+    Raises:
+        InvalidScheduleError: ``every``, ``start``, ``timezone`` or ``missing`` cannot be
+            used.
+
+    Attributes:
+        every: The interval, as given.
+        start: The first fire time, as the zone's wall-clock time (naive).
+        timezone: The time zone's name, as given.
+        missing: ``"shift"`` or ``"skip"``.
+    """
+
+    __slots__ = ("_count", "_months", "_zone", "every", "missing", "start", "timezone")
+
+    def __init__(
+        self,
+        every: str,
+        *,
+        start: datetime | str,
+        timezone: str = "UTC",
+        missing: Literal["shift", "skip"] = "shift",
+    ) -> None:
+        found = _EVERY.fullmatch(every) if isinstance(every, str) else None
+        if found is None:
+            raise InvalidScheduleError(
+                f"every must be a number from 1 to 9999 and a unit: d, w, mo or y (such as "
+                f"'2w' or '3mo'), got {every!r}"
+            )
+        if missing not in ("shift", "skip"):
+            raise InvalidScheduleError(f"missing must be 'shift' or 'skip', got {missing!r}")
+        count, unit = int(found.group(1)), found.group(2)
+        self.every = every
+        self.timezone = timezone
+        self.missing = missing
+        self._zone = load_timezone(timezone)
+        #: The interval in days (days, weeks) or in months (months, years).
+        self._months = unit in ("mo", "y")
+        self._count = count * {"d": 1, "w": 7, "mo": 1, "y": 12}[unit]
+        self.start = self._wall_time(start)
+
+    def _wall_time(self, start: datetime | str) -> datetime:
+        if isinstance(start, str):
+            try:
+                start = datetime.fromisoformat(start)
+            except ValueError:
+                raise InvalidScheduleError(
+                    f"start must be a datetime or ISO 8601 text such as '2027-01-04 09:00', "
+                    f"got {start!r}"
+                ) from None
+        if not isinstance(start, datetime):
+            raise InvalidScheduleError(f"start must be a datetime, got {start!r}")
+        if start.tzinfo is not None:
+            start = start.astimezone(self._zone).replace(tzinfo=None)
+        return start.replace(fold=0)
+
+    def _wall_fire(self, index: int) -> datetime:
+        """The ``index``-th fire time (from 0) as the zone's wall-clock time."""
+        start = self.start
+        if not self._months:
+            return start + timedelta(days=index * self._count)
+        years, month = divmod(start.month - 1 + index * self._count, 12)
+        year = start.year + years
+        day = min(start.day, calendar.monthrange(year, month + 1)[1])
+        return start.replace(year=year, month=month + 1, day=day)
+
+    def _instant(self, wall: datetime) -> datetime | None:
+        """A wall-clock time as an instant: the first of a repeated hour's two; one in a
+        skipped hour shifted past the gap (its offset before the change), or None when
+        such times are skipped."""
+        instant = wall.replace(tzinfo=self._zone).astimezone(UTC)
+        if self.missing == "skip" and instant.astimezone(self._zone).replace(tzinfo=None) != wall:
+            return None
+        return instant
+
+    def next_after(self, moment: datetime, /) -> datetime | None:
+        """The first fire time strictly after ``moment``.
+
+        Args:
+            moment: An aware datetime.
+
+        Returns:
+            The fire time, an aware UTC datetime, or None past the year 9999.
+        """
+        wall = moment.astimezone(self._zone).replace(tzinfo=None)
+        if self._months:
+            passed = (wall.year - self.start.year) * 12 + wall.month - self.start.month
+        else:
+            passed = (wall.date() - self.start.date()).days
+        # A fire time or two before the estimate: daylight saving moves instants by hours.
+        first = max(passed // self._count - 1, 0)
+        for index in range(first, first + 400):  # a skipped fire time is rare: 400 is ample
+            try:
+                fire = self._instant(self._wall_fire(index))
+            except (OverflowError, ValueError):
+                return None  # past the year 9999
+            if fire is not None and fire > moment:
+                return fire
+        return None
+
+    def __repr__(self) -> str:
+        start = self.start.isoformat(sep=" ")
+        skip = ", missing='skip'" if self.missing == "skip" else ""
+        return (
+            f"CalendarInterval({self.every!r}, start={start!r}, timezone={self.timezone!r}{skip})"
+        )
 
 
 def to_epoch_ms(moment: datetime) -> int:

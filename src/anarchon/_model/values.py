@@ -9,6 +9,7 @@ from typing import Any, Literal
 from .._errors import InvalidOptionError, LeaseLostError
 
 __all__ = [
+    "AppliedTimers",
     "InstanceInfo",
     "JobInfo",
     "LeaseInfo",
@@ -18,6 +19,7 @@ __all__ = [
     "RunStatus",
     "TimerInfo",
     "TimerKindInfo",
+    "TimerPage",
     "TimerRun",
     "TimerStatus",
     "TimerTrigger",
@@ -169,12 +171,7 @@ class Run:
             ConnectionFailedError: The server did not answer in time: the progress may
                 or may not be kept.
         """
-        if self._saver is None:
-            raise InvalidOptionError(
-                "this run keeps no progress: save_progress needs a run the scheduler made, "
-                "with the lease strategy"
-            )
-        await self._saver(value)
+        await _save_with(self._saver, value)
 
     def raise_if_lost(self) -> None:
         """Raise ``LeaseLostError`` if this attempt must stop (``lease_lost`` is set).
@@ -259,6 +256,16 @@ class _Done:
         yield  # pragma: no cover - makes this a generator
 
 
+async def _save_with(saver: Callable[[Any], Awaitable[None]] | None, value: Any) -> None:
+    """``save_progress`` of a ``Run`` or a ``TimerRun``: through the scheduler's saver."""
+    if saver is None:
+        raise InvalidOptionError(
+            "this run keeps no progress: save_progress needs a run the scheduler made, "
+            "with the lease strategy"
+        )
+    await saver(value)
+
+
 @dataclass(frozen=True, slots=True)
 class TimerRun:
     """One attempt at firing one generation of a key's timer, as the handler sees it::
@@ -288,6 +295,8 @@ class TimerRun:
             instances, for stores that reject stale writers (as ``Run.fence``).
         lease_lost: Set when this attempt no longer holds its lease or the scheduler is
             stopping (async handlers are cancelled instead), as for a job's ``Run``.
+        progress: What this firing's last attempt kept with ``save_progress`` (decoded
+            JSON), or None: the first attempt, or none was kept.
     """
 
     kind: str
@@ -301,10 +310,51 @@ class TimerRun:
     runner: str
     fence: int
     lease_lost: threading.Event = field(default_factory=threading.Event, compare=False)
+    progress: Any = field(default=None, compare=False)
     #: The rearm asked for (at most one: the last call wins): (at_ms, delay_ms).
     _rearm: list[tuple[int | None, int | None]] = field(
         default_factory=list, init=False, compare=False, repr=False
     )
+    _saver: Callable[[Any], Awaitable[None]] | None = field(
+        default=None, init=False, compare=False, repr=False
+    )
+
+    def keep_progress_with(self, saver: Callable[[Any], Awaitable[None]]) -> None:
+        """The scheduler's: where ``save_progress`` keeps its value (a firing made by
+        hand keeps none).
+
+        Args:
+            saver: Keeps a value for the firing, fenced by its lease.
+        """
+        object.__setattr__(self, "_saver", saver)
+
+    async def save_progress(self, value: Any) -> None:
+        """Keep ``value`` as this firing's progress: its next attempt (a retry, or a
+        takeover after this instance died) gets it as ``fire.progress``. Fenced as a
+        job's ``Run.save_progress`` is: kept only while this attempt holds its lease;
+        gone once the firing is over (and never seen by another generation of the
+        key)::
+
+            @scheduler.timer("onboard", max_attempts=5)
+            async def onboard(fire: TimerRun) -> None:
+                done = set(fire.progress or [])
+                for step in ("account", "mailbox", "welcome"):
+                    if step not in done:
+                        await run_step(fire.key, step, fence=fire.fence)
+                        done.add(step)
+                        await fire.save_progress(sorted(done))
+
+        Args:
+            value: What JSON holds, at most 64 KiB encoded.
+
+        Raises:
+            InvalidOptionError: A value JSON cannot hold or too large, or a firing that
+                keeps no progress (one made by hand).
+            LeaseLostError: This attempt no longer holds its lease: nothing was kept.
+            ConnectionFailedError: The server did not answer in time: the progress may
+                or may not be kept.
+        """
+        await _save_with(self._saver, value)
 
     def rearm(self, *, at: datetime | None = None, delay_ms: int | None = None) -> Awaitable[None]:
         """Set the key's timer again, with the same payload: written in the same script as
@@ -431,6 +481,39 @@ class TimerInfo:
     status: TimerStatus
     attempt: int
     recurs: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class TimerPage:
+    """A page of a kind's timers (``Inspector.timer_page``), in no particular order.
+
+    Attributes:
+        timers: The timers of this page.
+        cursor: Where the next page starts (pass it back as ``cursor=``), or None: this
+            was the last page.
+    """
+
+    timers: tuple[TimerInfo, ...]
+    cursor: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class AppliedTimers:
+    """What ``Timers.apply`` changed to make a kind's recurring timers the given set.
+
+    Attributes:
+        created: The keys that had no timer, set now.
+        changed: The keys whose recurrence or payload differed (or that had a one-shot
+            timer), set again: a new generation.
+        removed: The keys of recurring timers not in the set, cancelled (with
+            ``remove_others``).
+        unchanged: How many were as given already (nothing was written for them).
+    """
+
+    created: tuple[str, ...]
+    changed: tuple[str, ...]
+    removed: tuple[str, ...]
+    unchanged: int
 
 
 @dataclass(frozen=True, slots=True)

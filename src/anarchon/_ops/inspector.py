@@ -24,14 +24,18 @@ from .._errors import (
     SchedulerStateError,
     reason,
 )
+from .._model.job import check_count
 from .._model.schedule import CronSchedule, IntervalSchedule, Schedule, SlotClock, from_epoch_ms
 from .._model.text import visible
+from .._model.timer import validate_kind
 from .._model.values import (
     InstanceInfo,
     JobInfo,
     LeaseInfo,
     RunResult,
+    TimerInfo,
     TimerKindInfo,
+    TimerPage,
 )
 from .._store.backend import RedisBackend
 from .._store.contract import is_slot_id, slot_ms_of
@@ -62,7 +66,7 @@ from .._store.records import (
     history_command,
     parse_history,
 )
-from .._store.timers import TimerPeek, TimerStore
+from .._store.timers import TimerPeek, TimerStore, timer_info
 from ..clients import Command, Connection, ServerReplyError, TransportError, score_pairs
 
 __all__ = [
@@ -489,6 +493,50 @@ class Inspector:
             )
         return found
 
+    async def timer_page(
+        self, kind: str, *, cursor: str | None = None, limit: int = 100
+    ) -> TimerPage:
+        """A page of ``kind``'s timers (key, next due, status, attempt, recurrence,
+        payload), in no particular order: a scan of the kind's keys, so a large kind is
+        read a page at a time. A timer set or cancelled while the pages are read may be
+        shown twice or not at all; one that does not read is quarantined and left out.
+
+        Args:
+            kind: A kind the fleet registered (an ``InvalidJobError`` otherwise).
+            cursor: Where the page starts: a ``TimerPage.cursor`` (None: the first page).
+            limit: About how many timers a page holds (1 to 1000; default 100): a page
+                holds at least one step of the scan, and may hold up to twice as many.
+
+        Returns:
+            The page, and the cursor of the next one (None after the last).
+
+        Raises:
+            InvalidJobError: The fleet registered no timer kind of that name.
+            InvalidOptionError: A cursor no page gave, or a limit out of its bounds.
+        """
+        name = validate_kind(kind)
+        most = check_count("limit", limit, most=_TIMER_PAGE_MAX)
+        raw = await self._execute(("HGET", self._keys.timer_kinds, name))
+        if raw is None:
+            raise InvalidJobError(
+                f"the fleet registered no timer kind named {visible(name)!r}; `anarchon "
+                "inspect` lists the kinds"
+            )
+        record = decode_timer_kind(self._keys.timer_kinds, name, raw)
+        at: tuple[int, int] | None = _page_cursor(cursor, record.buckets)
+        store = TimerStore(self._require(), prefix=self._prefix, runner="inspector")
+        found: list[TimerInfo] = []
+        while at is not None and len(found) < most:
+            where = TimerKeys.for_kind(self._prefix, name, at[0], record.buckets)
+            with _answered_in_time():
+                states, at = await store.scan(name, record.buckets, at, most)
+            for state in states:
+                info = timer_info(store, name, state, where.timers)
+                if info is not None:
+                    found.append(info)
+        next_cursor = None if at is None else f"{at[0]}-{at[1]}"
+        return TimerPage(tuple(found), next_cursor)
+
     async def quarantined(self, limit: int = 100) -> list[Quarantined]:
         """The malformed entries of the store: those this process met (newest first),
         then those the fleet's instances reported (``{<prefix>}:quarantine``), each
@@ -835,6 +883,23 @@ class CutInstanceInfo(InstanceInfo):
 def jobs_cut(instance: InstanceInfo) -> bool:
     """Whether ``instance``'s job list was read in part (``CutInstanceInfo``)."""
     return isinstance(instance, CutInstanceInfo)
+
+
+#: The most timers a page of ``timer_page`` asks for.
+_TIMER_PAGE_MAX = 1000
+
+
+def _page_cursor(cursor: str | None, buckets: int) -> tuple[int, int]:
+    """A ``TimerPage.cursor`` as the scan takes it: ``(bucket, HSCAN cursor)``."""
+    if cursor is None:
+        return (0, 0)
+    bucket, _, scan = cursor.partition("-")
+    if bucket.isdigit() and scan.isdigit() and int(bucket) < buckets and len(scan) <= 20:
+        return (int(bucket), int(scan))
+    raise InvalidOptionError(
+        f"cursor {visible(cursor, 40)!r} is no page's cursor: pass one a TimerPage gave, or "
+        "none for the first page"
+    )
 
 
 def _count(reply: object) -> int | None:

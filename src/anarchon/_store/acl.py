@@ -8,9 +8,16 @@ control, ``@dangerous`` commands, and the keys and channel of another prefix."""
 from __future__ import annotations
 
 import dataclasses
-import re
 
-from .keys import ClaimOnlyKeys, JobKeys, RegistryKeys, TimerKeys, format_key, hint_channel
+from .keys import (
+    ClaimOnlyKeys,
+    JobKeys,
+    RegistryKeys,
+    TimerKeys,
+    format_key,
+    glob_literal,
+    hint_channel,
+)
 
 __all__ = ["COMMANDS", "CONNECT_COMMANDS", "IDMP_COMMANDS", "acl_rules", "key_patterns"]
 
@@ -84,15 +91,8 @@ COMMANDS = (
 #: rule that names it).
 IDMP_COMMANDS = ("+xcfgset",)
 
-_GLOB = re.compile(r"([*?\[\]\\])")
-
 #: A name in a key pattern: any job, timer kind (with its bucket), instance or token.
 _ANY = "*"
-
-
-def _literal(text: str) -> str:
-    """``text`` as an ACL pattern matches it: glob characters escaped."""
-    return _GLOB.sub(r"\\\1", text)
 
 
 def key_patterns(prefix: str) -> list[str]:
@@ -105,7 +105,7 @@ def key_patterns(prefix: str) -> list[str]:
     refuse is a nested prefix's job and timer keys: ``{app:eu:x}:state`` has the shape of
     a job's key of ``app:`` (a ``*`` matches ``:``, and an ACL has no rule that refuses).
     Users that must be kept apart get prefixes neither of which starts with the other."""
-    pattern = _literal(prefix)
+    pattern = glob_literal(prefix)
     registry = RegistryKeys.for_prefix(pattern)
     timers = TimerKeys.for_kind(pattern, _ANY)
     keys = [
@@ -118,6 +118,7 @@ def key_patterns(prefix: str) -> list[str]:
         timers.permits,
         timers.starts,
         timers.groups,
+        timers.progress,
         timers.group_permits(_ANY),
         timers.group_waiting(_ANY),
         TimerKeys.buckets_key(pattern, _ANY),
@@ -144,7 +145,7 @@ def acl_rules(prefix: str, *, idmp: bool = False, setinfo: bool = True) -> list[
     commands = [c for c in COMMANDS if setinfo or c != "+client|setinfo"]
     rules = [
         "resetkeys", *key_patterns(prefix),
-        "resetchannels", f"&{_literal(hint_channel(prefix))}",
+        "resetchannels", f"&{glob_literal(hint_channel(prefix))}",
         "-@all", *commands,
     ]  # fmt: skip
     if idmp:

@@ -11,7 +11,8 @@ one hash tag, so that each script runs on one cluster node.
 - claim-only strategies, a job's ``<prefix><job>:runs|manual|results``
   (``ClaimOnlyKeys``: one key per command, no tag);
 - timers, a kind's ``{<prefix><kind>[#<bucket>]}:timers|timer-due|timer-meta``, its
-  fleet limits' ``timer-permits|timer-starts|timer-groups``, a key group's
+  firings' ``timer-progress``, its fleet limits' ``timer-permits|timer-starts|timer-groups``,
+  a key group's
   ``timer-group-permits:<group>|timer-group-waiting:<group>`` and
   ``{<prefix><kind>}:timer-buckets`` (``TimerKeys``);
 - the registry, ``{<prefix>}:instances|jobs|first-seen|timer-kinds|instance:<id>``
@@ -39,11 +40,21 @@ __all__ = [
     "bucket_of",
     "bucket_tag",
     "format_key",
+    "glob_literal",
     "hint_channel",
     "key_slot",
     "kind_keys",
     "parse_hint",
 ]
+
+
+_GLOB = re.compile(r"([*?\[\]\\])")
+
+
+def glob_literal(text: str) -> str:
+    """``text`` as a glob pattern (an ACL rule's, ``SCAN``'s ``MATCH``) matches it: its
+    glob characters escaped."""
+    return _GLOB.sub(r"\\\1", text)
 
 
 def format_key(prefix: str) -> str:
@@ -173,6 +184,8 @@ class TimerKeys:
     starts: str
     #: Its key groups with timers waiting for a permit (``max_concurrent_per_group``).
     groups: str
+    #: What its firings in flight kept (``TimerRun.save_progress``), by key.
+    progress: str
 
     def group_permits(self, group: str) -> str:
         """The fleet permits of one key group's firings (``max_concurrent_per_group``)."""
@@ -213,6 +226,7 @@ def kind_keys(prefix: str, kind: str, buckets: int = 1) -> tuple[TimerKeys, ...]
                 f"{tag}:timer-permits",
                 f"{tag}:timer-starts",
                 f"{tag}:timer-groups",
+                f"{tag}:timer-progress",
             )
         )
     return tuple(keys)

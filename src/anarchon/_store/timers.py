@@ -10,7 +10,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, cast
 
-from .._model.timer import TimerKind
+from .._model.progress import PROGRESS_BYTES_MAX
+from .._model.schedule import from_epoch_ms
+from .._model.timer import Recurrence, TimerKind
+from .._model.values import TimerInfo
 from ..clients import Command, Connection, ServerReplyError, score_pairs
 from .coalesce import pipeline
 from .keys import TimerKeys, bucket_of, hint_channel
@@ -29,15 +32,19 @@ __all__ = [
     "NO_FLEET_LIMITS",
     "FleetLimits",
     "TimerClaim",
+    "TimerCursor",
     "TimerEnd",
     "TimerFinishReply",
     "TimerStore",
     "TimerWin",
     "decode_payload",
     "encode_payload",
+    "timer_info",
 ]
 
 TimerTrigger = Literal["due", "retry", "takeover", "lapsed"]
+#: Where a scan of a kind's timers goes on: (bucket, HSCAN cursor).
+TimerCursor = tuple[int, int]
 #: The fleet limits a claim may say held due timers back.
 _LIMITS = ("concurrent", "rate", "group")
 TimerOutcome = Literal["ok", "failed", "cancelled", "interrupted"]
@@ -111,6 +118,9 @@ class TimerWin:
     schedule: str
     payload: str
     lease_left_ms: int
+    #: What the firing's last attempt kept (``TimerRun.save_progress``), as the store
+    #: holds it (JSON text, read with ``records.decode_progress``); "" for none.
+    progress: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,7 +200,7 @@ class TimerFinishReply:
 def _win(raw: list[Any], keys: TimerKeys) -> TimerWin:
     """One won firing of a claim's reply; ``MalformedEntry`` if its numbers do not read
     (never a fence that is not a whole number handed to a handler)."""
-    key, gen, due_ms, attempt, fence, token, trigger, schedule, payload, left_ms = raw
+    key, gen, due_ms, attempt, fence, token, trigger, schedule, payload, left_ms = raw[:10]
     numbers = [whole(_text(gen)), instant_ms(_text(due_ms)), whole(_text(attempt))]
     numbers += [whole(_text(fence)), whole(_text(left_ms))]
     if None in numbers or not numbers[3]:
@@ -207,6 +217,7 @@ def _win(raw: list[Any], keys: TimerKeys) -> TimerWin:
         _text(schedule),
         _text(payload),
         left_n,
+        _text(raw[10]) if len(raw) > 10 else "",
     )
 
 
@@ -273,7 +284,7 @@ class TimerStore:
         keys = self.keys(kind, key, buckets)
         return ScriptCall(
             timer_script("timer_set"),
-            (keys.timers, keys.due, keys.meta),
+            (keys.timers, keys.due, keys.meta, keys.progress),
             (key, _opt(at_ms), _opt(delay_ms), schedule, payload, self.hints),
         )
 
@@ -296,11 +307,58 @@ class TimerStore:
 
     async def cancel(self, kind: str, key: str, buckets: int = 1) -> bool:
         keys = self.keys(kind, key, buckets)
-        call = ScriptCall(timer_script("timer_cancel"), (keys.timers, keys.due, keys.meta), (key,))
+        call = ScriptCall(
+            timer_script("timer_cancel"), (keys.timers, keys.due, keys.meta, keys.progress), (key,)
+        )
         (reply,) = await run_scripts(self.conn, [call])
         if isinstance(reply, ServerReplyError):
             raise reply
         return int(reply[0]) == 1
+
+    async def cancel_many(
+        self, kind: str, keys: Sequence[str], buckets: int = 1
+    ) -> list[bool | ServerReplyError]:
+        """Cancel timers in one round trip; True for each key that had one."""
+        calls = []
+        for key in keys:
+            where = self.keys(kind, key, buckets)
+            calls.append(
+                ScriptCall(
+                    timer_script("timer_cancel"),
+                    (where.timers, where.due, where.meta, where.progress),
+                    (key,),
+                )
+            )
+        replies = await run_scripts(self.conn, calls)
+        return [
+            reply if isinstance(reply, ServerReplyError) else int(reply[0]) == 1
+            for reply in replies
+        ]
+
+    async def scan(
+        self, kind: str, buckets: int, at: TimerCursor, count: int, match: str | None = None
+    ) -> tuple[list[TimerState], TimerCursor | None]:
+        """One step of a scan of a kind's timers (``HSCAN`` of one bucket, from ``at``):
+        the timers read (those that do not read are quarantined and left out), and where
+        the next step starts (None: every bucket was scanned). A timer may come twice
+        across steps, as ``HSCAN`` may return a field twice."""
+        bucket, cursor = at
+        keys = TimerKeys.for_kind(self.prefix, kind, bucket, buckets)
+        command: list[str | int] = ["HSCAN", keys.timers, cursor]
+        if match is not None:
+            command += ["MATCH", match]
+        command += ["COUNT", count]
+        reply = await self.conn.execute(tuple(command))
+        following = int(_text(reply[0]))
+        found = []
+        # The fields and values as the client gave them: flat, as pairs, or a map.
+        for field, raw in score_pairs(reply[1]):
+            state = self._decode(_text(field), raw, keys.timers)
+            if state is not None:
+                found.append(state)
+        if following != 0:
+            return found, (bucket, following)
+        return found, (bucket + 1, 0) if bucket + 1 < buckets else None
 
     async def get(self, kind: str, key: str, buckets: int = 1) -> TimerState | None:
         """The key's timer; None if it has none, or a record that does not read (which is
@@ -372,6 +430,7 @@ class TimerStore:
                 keys.permits,
                 keys.starts,
                 keys.groups,
+                keys.progress,
             ),
             (
                 limit,
@@ -407,6 +466,19 @@ class TimerStore:
             tuple(name for name in map(_text, limited or []) if name in _LIMITS),
         )
 
+    async def save_progress(self, keys: TimerKeys, key: str, token: str, text: str) -> str | None:
+        """Keep a firing's progress (lua/timer_save_progress.lua) while ``token`` holds its
+        lease: None, or why it was refused (the firing's state: ``retry``, ``expired``)."""
+        call = ScriptCall(
+            timer_script("timer_save_progress"),
+            (keys.timers, keys.progress),
+            (key, token, text, PROGRESS_BYTES_MAX),
+        )
+        (reply,) = await run_scripts(self.conn, [call])
+        if isinstance(reply, ServerReplyError):
+            raise reply
+        return None if int(reply[0]) == 1 else _text(reply[1])
+
     async def heartbeat_many(
         self, beats: Sequence[tuple[TimerKeys, str, str, FleetLimits]], lease_ms: int
     ) -> list[bool | ServerReplyError]:
@@ -431,7 +503,7 @@ class TimerStore:
     async def finish(self, end: TimerEnd, keys: TimerKeys) -> TimerFinishReply:
         call = ScriptCall(
             timer_script("timer_finish"),
-            (keys.timers, keys.due, keys.meta, keys.permits, keys.groups),
+            (keys.timers, keys.due, keys.meta, keys.permits, keys.groups, keys.progress),
             (
                 end.key,
                 end.token,
@@ -450,3 +522,30 @@ class TimerStore:
             return TimerFinishReply(held=False, status=str(reply[1]))
         status = {"r": "retry", "p": "pending"}.get(str(reply[1]), str(reply[1]))
         return TimerFinishReply(held=True, status=status, in_ms=int(reply[2]))
+
+
+def timer_info(
+    store: TimerStore, kind: str, state: TimerState, timers_key: str
+) -> TimerInfo | None:
+    """A stored timer as the read side shows it; None for one whose recurrence or payload
+    does not read (quarantined)."""
+    try:
+        recurrence = Recurrence.decode(state.schedule)
+        payload = decode_payload(state.payload)
+    except Exception as exc:
+        problem = f"its recurrence or payload does not read ({type(exc).__name__})"
+        quarantine_of(store.prefix).add(
+            MalformedEntry(timers_key, state.key, problem), "that timer"
+        )
+        return None
+    return TimerInfo(
+        kind=kind,
+        key=state.key,
+        generation=state.gen,
+        due=None if state.due_ms is None else from_epoch_ms(state.due_ms),
+        due_ms=state.due_ms,
+        payload=payload,
+        status=state.status,
+        attempt=state.attempt,
+        recurs=None if recurrence is None else recurrence.describe(),
+    )

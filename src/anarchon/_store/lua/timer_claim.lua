@@ -6,6 +6,7 @@
 -- KEYS[6] starts (sorted set: the firings started within the rate limit's period, by
 --         token, scored with when)
 -- KEYS[7] groups (sorted set: timer_state.lua's index of key groups with waiting timers)
+-- KEYS[8] progress (hash: timer_state.lua's progress of the firings in flight)
 -- ARGV: limit, lease_ms, runner, token_base (fresh per claim, the same when sent again),
 --       max_attempts,
 --       fleet_max (the bucket's share of max_concurrent_fleet; 0: no limit),
@@ -18,7 +19,8 @@
 -- no more than the permits free and the starts the window has left.
 -- Replies {wins, next_ms, more, now_ms, spent, malformed, limited}:
 --   wins: one {key, gen, due_ms, attempt, fence, token, trigger, schedule, payload,
---         lease_ms} per firing the caller runs now. trigger: due (attempt 1), retry (an
+--         lease_ms, progress} per firing the caller runs now (progress: what the
+--         firing's last attempt kept, or ''). trigger: due (attempt 1), retry (an
 --         attempt that failed), takeover (the runner's lease expired), or lapsed (a
 --         recurring timer out of attempts: the caller runs nothing and finishes it as
 --         interrupted, with its next due time);
@@ -35,6 +37,7 @@
 --   limited: the limits reached ('concurrent', 'rate', 'group') while due timers wait.
 local timers_key, due_key, meta_key, claimed_key, permits_key, starts_key, groups_key =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
+local progress_key = KEYS[8]
 local limit = tonumber(ARGV[1])
 local lease_ms = tonumber(ARGV[2])
 local runner = ARGV[3]
@@ -61,7 +64,7 @@ local last = last_fence(meta_key, bad)
 
 local function entry(key, t, trigger, left_ms)
   return {key, int(t.fire_gen), int(t.fire_due_ms), t.attempt, int(t.fence), t.token,
-    trigger, t.schedule, t.payload, left_ms}
+    trigger, t.schedule, t.payload, left_ms, firing_progress(progress_key, key, t, bad)}
 end
 
 -- A timer whose group holds every permit waits in the group's waiting set.
@@ -94,6 +97,8 @@ local function win(key, t, attempt, trigger)
   t.status, t.attempt, t.fence, t.trigger, t.runner = 'f', attempt, fence, trigger, runner
   t.token, t.until_ms = mine .. int(fence), now + lease_ms
   store_timer(timers_key, due_key, key, t)
+  -- A generation's first attempt starts with nothing kept.
+  if trigger == 'due' then redis.call('HDEL', progress_key, key) end
   redis.call('SADD', claimed_key, key)
   if fleet_max > 0 then redis.call('ZADD', permits_key, int(t.until_ms), key) end
   if rate_max > 0 then redis.call('ZADD', starts_key, int(now), t.token) end
@@ -191,6 +196,7 @@ for _, key in ipairs(due) do
     -- The lease expired: its runner vanished, and that attempt is over.
     if t.gen ~= t.fire_gen then
       t = after_firing(t)            -- set again or cancelled meanwhile: nothing follows
+      redis.call('HDEL', progress_key, key)
     elseif t.attempt < max_attempts then
       win(key, t, t.attempt + 1, 'takeover')
       t = false
@@ -200,6 +206,7 @@ for _, key in ipairs(due) do
     else
       t = nil                        -- a one-shot timer out of attempts: spent
       spent[#spent + 1] = key
+      redis.call('HDEL', progress_key, key)
     end
     if t ~= false then store_timer(timers_key, due_key, key, t) end
   end
@@ -212,6 +219,7 @@ for _, key in ipairs(due) do
       win(key, t, t.attempt + 1, 'retry')
     else
       store_timer(timers_key, due_key, key, after_firing(t))
+      redis.call('HDEL', progress_key, key)
     end
   elseif t.status == 'p' and t.due_ms <= now then
     t.fire_gen, t.fire_due_ms = t.gen, t.due_ms

@@ -3,6 +3,7 @@
 -- KEYS[4] permits (sorted set): the firing's fleet permit, if it holds one, is given back
 -- KEYS[5] groups (sorted set): its key group's permit too, and the group's waiting
 --         timers are looked at again by the next claim
+-- KEYS[6] progress (hash): the firing's progress goes once the firing is over
 -- ARGV: key, token, outcome (ok | failed | cancelled: given back, not counted as an
 --       attempt | interrupted: a lapsed recurrence),
 --       max_attempts, retry_delay_ms,
@@ -14,8 +15,8 @@
 -- Replies {'settled', status, ms}: status r (a retry may start in ms), p (the key's
 -- next generation is pending, due in ms), or done (nothing is left of the timer);
 -- {'lost', status} when the caller's token no longer holds the firing: nothing changes.
-local timers_key, due_key, meta_key, permits_key, groups_key =
-  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local timers_key, due_key, meta_key, permits_key, groups_key, progress_key =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local key = ARGV[1]
 local token = ARGV[2]
 local outcome = ARGV[3]
@@ -61,6 +62,7 @@ if current and outcome == 'failed' and t.attempt < max_attempts then
 end
 
 -- This firing is over.
+redis.call('HDEL', progress_key, key)
 if not current then
   t = after_firing(t)                -- set again, or cancelled, while it fired
 elseif next_at_ms ~= '' or next_delay_ms ~= '' then

@@ -1,5 +1,6 @@
 -- timer_set: set a key's timer, replacing what was set before (the newest set wins).
 -- KEYS[1] timers (hash)   KEYS[2] due (sorted set)   KEYS[3] meta (hash)
+-- KEYS[4] progress (hash): an older generation's progress goes (none is in flight)
 -- ARGV: key, at_ms (epoch ms, or '' to count delay_ms from the server's clock),
 --       delay_ms, schedule ('' for a one-shot timer), payload,
 --       hint channel ('' or absent for none)
@@ -12,7 +13,7 @@
 -- A firing of the key in flight goes on (it cannot be called back); the new
 -- generation is due once it settles, and no retry, rearm or recurrence of the old
 -- generation follows. An old generation waiting for its retry is dropped.
-local timers_key, due_key, meta_key = KEYS[1], KEYS[2], KEYS[3]
+local timers_key, due_key, meta_key, progress_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local key = ARGV[1]
 local at_ms = ARGV[2]
 local delay_ms = ARGV[3]
@@ -35,6 +36,7 @@ if t and t.status == 'f' then
   t.gen, t.due_ms, t.schedule, t.payload = gen, due_ms, schedule, payload
 else
   t = pending_timer(gen, due_ms, schedule, payload)
+  redis.call('HDEL', progress_key, key)
 end
 store_timer(timers_key, due_key, key, t)
 if hint_channel ~= '' and t.status == 'p' then

@@ -104,6 +104,25 @@ local function after_firing(t)
   return nil
 end
 
+-- A firing's progress (fire.save_progress, timer_save_progress.lua) is kept in the
+-- kind's progress hash under the key, as '<generation>|<text>', while the firing is in
+-- flight or waits for its retry; it goes when the firing is over, and when the key is
+-- set again or cancelled with no firing in flight.
+-- The progress an attempt of t's firing reads: its generation's, or '' (none, another
+-- generation's, or one that does not read: reported in bad).
+local function firing_progress(progress_key, key, t, bad)
+  local raw = redis.call('HGET', progress_key, key)
+  if not raw then return '' end
+  local gen, text = string.match(raw, '^(%d+)|(.*)$')
+  if not gen then
+    bad[#bad + 1] = {progress_key, excerpt(key), "not a firing's progress (<generation>|<json>)",
+      excerpt(raw)}
+    return ''
+  end
+  if tonumber(gen) ~= t.fire_gen then return '' end
+  return text
+end
+
 -- Key groups (a kind's max_concurrent_per_group): a key's group is its text before the
 -- first group_by separator (the whole key without one). At most group_max firings of a
 -- group are in flight at once: each holds a permit in the group's permits (a sorted set
