@@ -1,5 +1,6 @@
-"""Calendar intervals as properties, against an oracle written here from the documented
-rules (``CalendarInterval``'s docstring): the n-th fire time is the start moved by n
+"""Calendar intervals (and cron's last weekday and last Friday of a month) as
+properties, against an oracle written here from the documented rules
+(``CalendarInterval``'s docstring): the n-th fire time is the start moved by n
 intervals on the calendar (days and weeks: whole days; months and years: the same day of
 the month, or the month's last day), at the start's wall-clock time in the zone; a wall
 time the zone repeats fires once, the first time; one the zone skips fires at the same
@@ -23,7 +24,7 @@ import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from anarchon import CalendarInterval, InvalidScheduleError
+from anarchon import CalendarInterval, CronSchedule, InvalidScheduleError
 from anarchon._model.schedule import SlotClock, from_epoch_ms, to_epoch_ms
 from property_tests.profiles import examples
 
@@ -188,3 +189,47 @@ def test_a_calendar_interval_that_cannot_be_used_says_why(every: str, start: str
         CalendarInterval(every, start=start)
     with pytest.raises(InvalidScheduleError, match="'shift' or 'skip'"):
         CalendarInterval("1d", start="2027-01-01", missing="later")  # type: ignore[arg-type]
+
+
+def last_weekday(year: int, month: int, weekdays: range | tuple[int, ...]) -> date:
+    """The month's last day whose weekday (Monday 0) is one of ``weekdays``."""
+    day = date(year, month, calendar.monthrange(year, month)[1])
+    while day.weekday() not in weekdays:
+        day -= timedelta(days=1)
+    return day
+
+
+@settings(max_examples=examples(100), deadline=None)
+@given(
+    zone=st.sampled_from(ZONES),
+    hour=st.sampled_from([0, 1, 2, 3, 9, 18]),
+    minute=st.sampled_from([0, 30]),
+    which=st.sampled_from(["LW", "5L"]),
+    first=st.dates(min_value=date(2025, 1, 1), max_value=date(2027, 6, 30)),
+)
+def test_the_last_weekday_and_the_last_friday_of_each_month_fire_once(
+    zone: str, hour: int, minute: int, which: str, first: date
+) -> None:
+    """``M H LW * *`` (the last weekday of the month) and ``M H * * 5L`` (its last
+    Friday) fire once a month, on that day in the zone, at that wall time (or, in a
+    skipped hour, the instant the clocks jumped), through a year of clock changes."""
+    expression = f"{minute} {hour} LW * *" if which == "LW" else f"{minute} {hour} * * 5L"
+    schedule = CronSchedule(expression, zone)
+    here = ZoneInfo(zone)
+    moment = datetime.combine(first, time(0)).replace(tzinfo=here).astimezone(UTC)
+    weekdays = range(5) if which == "LW" else (4,)
+    months: list[tuple[int, int]] = []
+    for _ in range(12):
+        fire = schedule.next_after(moment)
+        assert fire is not None
+        local = fire.astimezone(here)
+        day = last_weekday(local.year, local.month, weekdays)
+        assert local.date() == day, (expression, zone, local)
+        if (local.hour, local.minute) != (hour, minute):
+            event("in a skipped hour: at the jump")
+            assert not instants_of(datetime.combine(day, time(hour, minute)), here)
+        months.append((local.year, local.month))
+        moment = fire
+    # One a month, month after month.
+    for (year, month), following in itertools.pairwise(months):
+        assert following == ((year + 1, 1) if month == 12 else (year, month + 1)), months

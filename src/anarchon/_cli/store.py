@@ -135,7 +135,9 @@ def add_store_commands(commands: Any) -> None:
         help="about N timers a page (1 to 1000; default: 100)",
     )
     timers.add_argument(
-        "--cursor", metavar="CURSOR", help="the page that starts here (a page's cursor)"
+        "--cursor",
+        metavar="CURSOR",
+        help="the page that starts here, as a page's last line says (default: the first page)",
     )
     for name, text in (
         ("pause", "pause a job across the fleet (its slots are recorded as skipped)"),
