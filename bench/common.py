@@ -379,9 +379,9 @@ def claim_args(job: str, prefix: str, slot_ms: int, runner: str) -> list[str | i
     as the lease store sends them."""
     keys = JobKeys.for_job(prefix, job)
     return [
-        lease_script("claim").sha, 6, keys.state, keys.active, keys.slots, keys.runs,
-        keys.results, keys.permits, slot_ms, slot_ms, secrets.token_hex(8), runner, 30_000, 3,
-        0, "schedule", KEEP_MS, 1000, 0, 1, 1, 1, 0, 0, 0,
+        lease_script("claim").sha, 5, keys.state, keys.active, keys.slots, keys.runs,
+        keys.results, slot_ms, slot_ms, secrets.token_hex(8), runner, 30_000, 3, 0,
+        "schedule", KEEP_MS, 1000, 0, 1, 1, 1, 0,
     ]  # fmt: skip
 
 

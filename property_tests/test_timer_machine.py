@@ -311,7 +311,7 @@ class TimerMachine(RuleBasedStateMachine):
         )  # fmt: skip
         raw = self.call(
             "timer_finish",
-            [*self.three, self.keys.permits, self.keys.groups, self.keys.progress],
+            [*self.three, self.keys.progress, self.keys.permits, self.keys.groups],
             [key, firing.token, outcome, self.max_attempts, self.retry_delay_ms,
              "" if next_at is None else next_at, "" if next_delay is None else next_delay,
              *self.group_args],
@@ -444,7 +444,7 @@ def test_a_finish_lets_its_key_groups_waiting_timer_go_on_at_once(server: Server
         assert int(first[1]) == now + LEASE_MS  # the claimer comes back by then
         finished = call(
             "timer_finish",
-            [*three, keys.permits, keys.groups, keys.progress],
+            [*three, keys.progress, keys.permits, keys.groups],
             [won, token, "ok", 3, 300, "", "", *groups],
         )
         assert finished[0] == "settled"

@@ -378,7 +378,7 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "fleet-permit-kept-on-finish",
         "finish.lua",
-        "redis.call('ZREM', permits_key, slot)\n",
+        "drop_permit(permits_key, slot)\n",
         "",
         "a job's finish keeps its fleet permit (held until the lease it had would end)",
         (FLEET,),

@@ -168,8 +168,9 @@ async def test_the_scripts_hand_out_one_permit_per_run_and_take_it_back(
             [str(base).encode()],
         )
         end = AttemptEnd(
-            "limited", str(base), "t1", 1, "schedule", first.fence, base, base, "ok", None, 3, 0
-        )
+            "limited", str(base), "t1", 1, "schedule", first.fence, base, base, "ok", None, 3, 0,
+            fleet=True,
+        )  # fmt: skip
         assert (await store.finish(end)).held
         (again,) = await store.claim_many([request(base + 1000, "t2")])
         assert not isinstance(again, Exception) and again.kind == "won", again

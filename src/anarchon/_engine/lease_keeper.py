@@ -99,19 +99,21 @@ class LeaseKeeper:
 
     def progress_of(self, job: Job, slot_id: str, text: str) -> Any:
         """What a won claim said the slot's last attempt kept (``Run.progress``)."""
+        if not text:
+            return None  # the common case, and a hot path: nothing to name
         key = JobKeys.for_job(self._context.prefix, job.name).state
         return self._decoded(key, f"p:{slot_id}", text, f"{job.name} {describe_slot(slot_id)}")
 
     def firing_progress(self, kind: str, keys: TimerKeys, key: str, text: str) -> Any:
         """What a won timer claim said the firing's last attempt kept
         (``TimerRun.progress``)."""
+        if not text:
+            return None
         return self._decoded(keys.progress, key, text, f"timer {kind} {key!r}")
 
     def _decoded(self, key: str, field: str, text: str, what: str) -> Any:
-        """A progress as the store held it, decoded: None for none, and for one that
-        does not read (quarantined, logged: the attempt starts from the beginning)."""
-        if not text:
-            return None
+        """A progress as the store held it, decoded: None for one that does not read
+        (quarantined, logged: the attempt starts from the beginning)."""
         try:
             return decode_progress(key, field, text)
         except MalformedEntry as entry:

@@ -73,6 +73,7 @@ class Settler:
             error="released unstarted: the scheduler stopped",
             max_attempts=attempts_for(job, slot_id),
             retry_delay_ms=0,
+            fleet=job.max_concurrent_fleet is not None,
         )
         reply = None
         with anyio.move_on_after(self._context.round_trip_sec):
@@ -141,6 +142,7 @@ class Settler:
             if outcome != "failed" or job.retries(attempt.failure)
             else run.attempt,
             retry_delay_ms=self._retry_delay_ms(job) * 2 ** (run.attempt - 1),
+            fleet=job.max_concurrent_fleet is not None,
         )
         reply, _ = await self._send(job.name, lambda: store.finish(end))
         if reply is None:

@@ -113,6 +113,8 @@ class AttemptEnd:
     error: str | None
     max_attempts: int
     retry_delay_ms: int
+    #: The job has a fleet limit: the attempt gives its permit back.
+    fleet: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -125,31 +125,30 @@ class LeaseStore(Store):
         calls = []
         for r in requests:
             keys = self.keys(r.job)
-            calls.append(
-                ScriptCall(
-                    claim,
-                    (keys.state, keys.active, keys.slots, keys.runs, keys.results, keys.permits),
-                    (
-                        r.slot_id,
-                        r.slot_ms,
-                        r.token,
-                        self.runner,
-                        r.lease_ms,
-                        r.max_attempts,
-                        1 if r.allow_overlap else 0,
-                        r.trigger,
-                        r.keep_ms,
-                        self.history_size,
-                        self.history_ttl_ms,
-                        1 if self.trim_runs_by_id else 0,
-                        1 if r.may_start else 0,
-                        2 if r.superseded else 1 if r.skip_if_blocked else 0,
-                        1 if r.probe else 0,
-                        1 if r.replace else 0,
-                        r.fleet_max or 0,
-                    ),
-                )
-            )
+            script_keys = [keys.state, keys.active, keys.slots, keys.runs, keys.results]
+            args: list[str | int] = [
+                r.slot_id,
+                r.slot_ms,
+                r.token,
+                self.runner,
+                r.lease_ms,
+                r.max_attempts,
+                1 if r.allow_overlap else 0,
+                r.trigger,
+                r.keep_ms,
+                self.history_size,
+                self.history_ttl_ms,
+                1 if self.trim_runs_by_id else 0,
+                1 if r.may_start else 0,
+                2 if r.superseded else 1 if r.skip_if_blocked else 0,
+                1 if r.probe else 0,
+                1 if r.replace else 0,
+            ]
+            if r.fleet_max:
+                # Only a job with a fleet limit sends its permits (claims are hot).
+                script_keys.append(keys.permits)
+                args.append(r.fleet_max)
+            calls.append(ScriptCall(claim, script_keys, args))
         replies = await run_scripts(self.conn, calls)
         return [
             reply
@@ -186,19 +185,17 @@ class LeaseStore(Store):
         calls = []
         for beat in beats:
             keys = self.keys(beat.job)
-            calls.append(
-                ScriptCall(
-                    lease_script("heartbeat"),
-                    (keys.state, keys.active, keys.permits),
-                    (
-                        beat.slot_id,
-                        beat.token,
-                        beat.lease_ms,
-                        1 if beat.allow_overlap else 0,
-                        beat.fleet_max or 0,
-                    ),
-                )
-            )
+            script_keys = [keys.state, keys.active]
+            args: list[str | int] = [
+                beat.slot_id,
+                beat.token,
+                beat.lease_ms,
+                1 if beat.allow_overlap else 0,
+            ]
+            if beat.fleet_max:
+                script_keys.append(keys.permits)
+                args.append(beat.fleet_max)
+            calls.append(ScriptCall(lease_script("heartbeat"), script_keys, args))
         replies = await run_scripts(self.conn, calls)
         return [
             reply if isinstance(reply, ServerReplyError) else int(reply[0]) == 1
@@ -209,7 +206,7 @@ class LeaseStore(Store):
         keys = self.keys(end.job)
         call = ScriptCall(
             lease_script("finish"),
-            (keys.state, keys.active, keys.results, keys.permits),
+            (keys.state, keys.active, keys.results, *((keys.permits,) if end.fleet else ())),
             (
                 end.slot_id,
                 slot_ms_of(end.slot_id),

@@ -161,6 +161,11 @@ class FleetLimits:
             kind.max_concurrent_per_group or 0,
         )
 
+    @property
+    def held(self) -> bool:
+        """Whether its firings hold permits (of the kind's, or of a key group's)."""
+        return self.concurrent > 0 or self.group_max > 0
+
     def group_args(self, keys: TimerKeys) -> tuple[str, int, str]:
         """The scripts' arguments of the key groups: separator, limit, the name of a
         group's permits before the group."""
@@ -487,11 +492,15 @@ class TimerStore:
         False means that lease is lost."""
         heartbeat = timer_script("timer_heartbeat")
         calls = [
+            # A kind with fleet limits keeps its permits; the others send no more than
+            # before (heartbeats are hot).
             ScriptCall(
                 heartbeat,
                 (keys.timers, keys.due, keys.permits),
                 (key, token, lease_ms, limits.concurrent, *limits.group_args(keys)),
             )
+            if limits.held
+            else ScriptCall(heartbeat, (keys.timers, keys.due), (key, token, lease_ms))
             for keys, key, token, limits in beats
         ]
         replies = await run_scripts(self.conn, calls)
@@ -503,7 +512,13 @@ class TimerStore:
     async def finish(self, end: TimerEnd, keys: TimerKeys) -> TimerFinishReply:
         call = ScriptCall(
             timer_script("timer_finish"),
-            (keys.timers, keys.due, keys.meta, keys.permits, keys.groups, keys.progress),
+            (
+                keys.timers,
+                keys.due,
+                keys.meta,
+                keys.progress,
+                *((keys.permits, keys.groups) if end.limits.held else ()),
+            ),
             (
                 end.key,
                 end.token,
@@ -512,7 +527,7 @@ class TimerStore:
                 end.retry_delay_ms,
                 _opt(end.next_at_ms),
                 _opt(end.next_delay_ms),
-                *end.limits.group_args(keys),
+                *(end.limits.group_args(keys) if end.limits.held else ()),
             ),
         )
         (reply,) = await run_scripts(self.conn, [call])

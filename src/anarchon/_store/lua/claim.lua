@@ -1,7 +1,7 @@
 -- claim: decide whether the caller runs a slot of a job (the lease flowchart).
 -- KEYS[1] state (hash)   KEYS[2] active (set)   KEYS[3] slots (sorted set)
 -- KEYS[4] runs (stream)  KEYS[5] results (sorted set)  KEYS[6] permits (sorted set:
--- lease_state.lua's fleet permits)
+-- lease_state.lua's fleet permits; sent with fleet_max only, by a job with a limit)
 -- ARGV: slot, slot_score, token, runner, lease_ms, max_attempts, allow_overlap (0/1),
 --       trigger, keep_ms, history_size, history_ttl_ms, trim_runs_by_id (0/1: XTRIM MINID
 --       exists, Redis 6.2+ and Valkey), may_start (0/1), skip_if_blocked (0/1: a first claim
@@ -12,7 +12,7 @@
 --       replace (0/1: overlap 'replace': a first claim blocked by older runs of the job
 --       ends them, recorded cancelled, and wins),
 --       fleet_max (max_concurrent_fleet: the most of the job's runs at once in the fleet,
---       each holding a permit while its lease lives; 0 for no limit)
+--       each holding a permit while its lease lives; absent or 0 for no limit)
 -- Every reply is {kind, attempt, fence, ms, text, orphans, malformed}:
 --   {'won', attempt, fence, lease_ms_left, trigger, orphans, malformed, progress}  the
 --                     caller runs this attempt; progress: what the slot's last attempt
@@ -55,7 +55,7 @@ local skip_if_blocked = ARGV[14] == '1'
 local superseded = ARGV[14] == '2'
 local probe = ARGV[15] == '1'
 local replace = ARGV[16] == '1'
-local fleet_max = tonumber(ARGV[17])
+local fleet_max = tonumber(ARGV[17] or '0')
 
 local now = server_now_ms()
 
@@ -147,7 +147,7 @@ local function trim_old_state()
         end
         redis.call('HDEL', state_key, other, PROGRESS_PREFIX .. other)
         redis.call('ZREM', slots_key, other)
-        redis.call('ZREM', permits_key, other)
+        drop_permit(permits_key, other)
       end
     end
   end
@@ -251,7 +251,7 @@ local function replace_older()
         redis.call('HSET', state_key, other, encode_state(o))
         redis.call('HDEL', state_key, PROGRESS_PREFIX .. other)
         redis.call('SREM', active_key, other)
-        redis.call('ZREM', permits_key, other)
+        drop_permit(permits_key, other)
       end
     end
   end
@@ -305,7 +305,7 @@ if s.status == 'running' then
     redis.call('HSET', state_key, slot, encode_state(s))
     redis.call('HDEL', state_key, PROGRESS_PREFIX .. slot)
     redis.call('SREM', active_key, slot)
-    redis.call('ZREM', permits_key, slot)
+    drop_permit(permits_key, slot)
     return {'done', 0, 0, 0, 'interrupted', {}, bad}
   end
   -- Attempts are left: the run now waits for its next attempt, which starts at once.

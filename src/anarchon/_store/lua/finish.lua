@@ -1,6 +1,7 @@
 -- finish: end the caller's attempt and record its result.
 -- KEYS[1] state (hash)   KEYS[2] active (set)   KEYS[3] results (sorted set)
--- KEYS[4] permits (sorted set): the attempt's fleet permit, if it holds one, is given back
+-- KEYS[4] permits (sorted set; a job with a fleet limit only): the attempt's fleet permit
+-- is given back
 -- ARGV: slot, slot_score, token, outcome (ok|failed|cancelled), max_attempts,
 --       retry_delay_ms, error, history_size, history_ttl_ms
 -- Replies {'settled', status, ms, malformed} where status is the run's state afterwards
@@ -42,7 +43,7 @@ else
   s.status, s.until_ms = outcome, now
 end
 redis.call('HSET', state_key, slot, encode_state(s))
-redis.call('ZREM', permits_key, slot)
+drop_permit(permits_key, slot)
 if s.status ~= 'retry' then
   -- Settled for good: no attempt will read its progress.
   redis.call('SREM', active_key, slot)

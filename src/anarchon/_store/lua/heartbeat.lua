@@ -1,6 +1,7 @@
 -- heartbeat: extend the lease of the caller's attempt.
--- KEYS[1] state (hash)   KEYS[2] active (set)   KEYS[3] permits (sorted set)
--- ARGV: slot, token, lease_ms, allow_overlap (0/1), fleet_max (0: no limit)
+-- KEYS[1] state (hash)   KEYS[2] active (set)   KEYS[3] permits (sorted set; with a
+-- fleet limit only)
+-- ARGV: slot, token, lease_ms, allow_overlap (0/1), fleet_max (absent or 0: no limit)
 -- Replies {1, lease_ms} while the caller's token holds the run, even after the
 -- expiry if nobody has taken over yet; otherwise {0, status} and changes nothing
 -- (status 'malformed': the run's state does not read; the attempt has lost it).
@@ -14,7 +15,7 @@ local slot = ARGV[1]
 local token = ARGV[2]
 local lease_ms = tonumber(ARGV[3])
 local allow_overlap = ARGV[4] == '1'
-local fleet_max = tonumber(ARGV[5])
+local fleet_max = tonumber(ARGV[5] or '0')
 
 local now = server_now_ms()
 local s = decode_state(redis.call('HGET', state_key, slot))

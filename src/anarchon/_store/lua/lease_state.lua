@@ -245,6 +245,12 @@ local function free_permits(permits_key, member, now, limit, bad)
   return limit - held, soonest
 end
 
+-- A run's permit given back (permits_key nil: the caller's job has no fleet limit, and
+-- sent no permits key: the common case costs no more than before).
+local function drop_permit(permits_key, member)
+  if permits_key then redis.call('ZREM', permits_key, member) end
+end
+
 -- Take (or keep) member's permit until until_ms when one is free under limit (0: no
 -- limit, nothing is written). Returns true, or false and the ms until the soonest held
 -- permit expires.

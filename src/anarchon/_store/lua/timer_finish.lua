@@ -1,9 +1,11 @@
 -- timer_finish: end the caller's firing, and write what follows it.
 -- KEYS[1] timers (hash)   KEYS[2] due (sorted set)   KEYS[3] meta (hash)
--- KEYS[4] permits (sorted set): the firing's fleet permit, if it holds one, is given back
--- KEYS[5] groups (sorted set): its key group's permit too, and the group's waiting
+-- KEYS[4] progress (hash): the firing's progress goes once the firing is over
+-- KEYS[5] permits (sorted set): the firing's fleet permit is given back
+-- KEYS[6] groups (sorted set): its key group's permit too, and the group's waiting
 --         timers are looked at again by the next claim
--- KEYS[6] progress (hash): the firing's progress goes once the firing is over
+-- (KEYS[5] and KEYS[6], and the group arguments, come from a kind with a fleet limit
+-- only: the common finish sends no more than it needs.)
 -- ARGV: key, token, outcome (ok | failed | cancelled: given back, not counted as an
 --       attempt | interrupted: a lapsed recurrence),
 --       max_attempts, retry_delay_ms,
@@ -15,7 +17,7 @@
 -- Replies {'settled', status, ms}: status r (a retry may start in ms), p (the key's
 -- next generation is pending, due in ms), or done (nothing is left of the timer);
 -- {'lost', status} when the caller's token no longer holds the firing: nothing changes.
-local timers_key, due_key, meta_key, permits_key, groups_key, progress_key =
+local timers_key, due_key, meta_key, progress_key, permits_key, groups_key =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local key = ARGV[1]
 local token = ARGV[2]
@@ -25,7 +27,7 @@ local retry_delay_ms = tonumber(ARGV[5])
 local next_at_ms = ARGV[6]
 local next_delay_ms = ARGV[7]
 local group_by = ARGV[8]
-local group_max = tonumber(ARGV[9])
+local group_max = tonumber(ARGV[9] or '0')
 local group_permits = ARGV[10]
 
 local now = server_now_ms()
@@ -35,7 +37,7 @@ if t == false then return {'lost', 'malformed'} end  -- the claim that meets it 
 if t.token ~= token then return {'lost', t.status} end
 -- The caller finished this attempt already (a finish sent again after a lost reply).
 if t.status ~= 'f' then return {'settled', t.status, math.max(t.until_ms - now, 0)} end
-redis.call('ZREM', permits_key, key)
+drop_permit(permits_key, key)
 if group_max > 0 then
   local group = group_of(key, group_by)
   redis.call('ZREM', group_permits .. group, key)

@@ -2,7 +2,8 @@
 -- KEYS[1] timers (hash)   KEYS[2] due (sorted set)   KEYS[3] permits (sorted set)
 -- ARGV: key, token, lease_ms, fleet_max (the bucket's share of max_concurrent_fleet; 0:
 --       no limit), group_by, group_max, group_permits (max_concurrent_per_group, as
---       timer_claim.lua takes them)
+--       timer_claim.lua takes them); KEYS[3] and the arguments after lease_ms come from
+--       a kind with a fleet limit only
 -- Replies {1, lease_ms} while the caller's token holds the firing, even after the
 -- expiry if nobody has taken over yet (and, with a fleet limit, while a permit is free
 -- to it: one whose lease ran out may be another firing's now); otherwise {0, status}
@@ -11,9 +12,9 @@ local timers_key, due_key, permits_key = KEYS[1], KEYS[2], KEYS[3]
 local key = ARGV[1]
 local token = ARGV[2]
 local lease_ms = tonumber(ARGV[3])
-local fleet_max = tonumber(ARGV[4])
+local fleet_max = tonumber(ARGV[4] or '0')
 local group_by = ARGV[5]
-local group_max = tonumber(ARGV[6])
+local group_max = tonumber(ARGV[6] or '0')
 local group_permits = ARGV[7]
 
 local now = server_now_ms()
