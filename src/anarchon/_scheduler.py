@@ -5,14 +5,15 @@ them), registers jobs and timer kinds, and hands the work on: to its engine inst
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable
 from datetime import datetime
 from types import TracebackType
 from typing import Any, Generic, Literal, TypeVar, Unpack, overload
 
 from ._engine.instance import Instance
-from ._errors import InvalidOptionError
-from ._model.job import Handler
+from ._errors import InvalidJobError, InvalidOptionError
+from ._model.job import Handler, check_count
 from ._model.options import (
     DEFAULT_MAX_CONCURRENT,
     JobOptions,
@@ -23,7 +24,8 @@ from ._model.options import (
     make_job,
     make_timer_kind,
 )
-from ._model.schedule import Schedule
+from ._model.schedule import FIRE_TIMES_MAX, Schedule, fire_times
+from ._model.text import visible
 from ._model.values import AppliedTimers, RunResult, TimerInfo, TimerSetting
 from ._observe.events import Event, EventStream
 from ._store.backend import ClaimOnly, K, Leases, RedisBackend
@@ -742,6 +744,28 @@ class Scheduler(Generic[K]):
         return hook
 
     # --------------------------------------------------------------- reading
+
+    def next_fire_times(self, job: str, n: int = 10) -> list[datetime]:
+        """The job's next ``n`` fire times after now, from its schedule here (no store
+        needed): aware UTC datetimes; ``dt.astimezone(ZoneInfo(zone))`` shows one in
+        the job's zone. Fewer when the schedule ends.
+
+        Args:
+            job: The job's name.
+            n: How many (1 to 1000; default 10).
+
+        Returns:
+            The fire times, earliest first.
+
+        Raises:
+            InvalidJobError: No job of that name here.
+            InvalidOptionError: ``n`` out of its bounds.
+        """
+        found = self._instance.jobs.get(job)
+        if found is None:
+            raise InvalidJobError(f"no job named {visible(job)!r} on this scheduler")
+        count = check_count("n", n, most=FIRE_TIMES_MAX)
+        return fire_times(found.schedule, int(time.time() * 1000), count)
 
     async def history(self, job: str, limit: int = 100) -> list[RunResult]:
         """The newest recorded attempts of ``job`` (and its skipped slots) from the store,

@@ -1,6 +1,6 @@
 """The commands that read and operate a store from a shell: ``anarchon inspect``,
-``history``, ``leases``, ``timers``, ``pause``, ``resume`` and ``run-now``. Tables
-(``rich``) where a person reads, JSON (``--json``) where a program does."""
+``history``, ``leases``, ``timers``, ``next``, ``pause``, ``resume`` and ``run-now``.
+Tables (``rich``) where a person reads, JSON (``--json``) where a program does."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ from .._store.quarantine import Quarantined
 __all__ = ["add_store_commands", "run_store_command"]
 
 #: The commands this module runs.
-COMMANDS = ("inspect", "history", "leases", "timers", "pause", "resume", "run-now")
+COMMANDS = ("inspect", "history", "leases", "timers", "next", "pause", "resume", "run-now")
 #: Malformed store entries ``inspect`` lists at most (the newest).
 MALFORMED_SHOWN = 50
 
@@ -117,6 +117,19 @@ def add_store_commands(commands: Any) -> None:
         "runner, fence and the time left on its lease.",
     )
     leases.add_argument("job", metavar="JOB", nargs="?", help="one job (default: every job)")
+    upcoming = commands.add_parser(
+        "next",
+        parents=[common],
+        help="show a job's next fire times (UTC and its zone)",
+        description="Reckons a job's next fire times from the definition its instances "
+        "registered (no scheduler needs to run here): each in UTC and in the job's time "
+        "zone. Of a job with a custom schedule, only the next slot its instances last "
+        "reported is known.",
+    )
+    upcoming.add_argument("job", metavar="JOB")
+    upcoming.add_argument(
+        "-n", type=int, default=10, metavar="N", help="how many (1 to 1000; default: 10)"
+    )
     timers = commands.add_parser(
         "timers",
         parents=[common],
@@ -156,6 +169,7 @@ def run_store_command(args: argparse.Namespace) -> int:
         "history": lambda i: _history(i, args, out),
         "leases": lambda i: _leases(i, args, out),
         "timers": lambda i: _timers(i, args, out),
+        "next": lambda i: _next(i, args, out),
         "pause": lambda i: _operate(i, args, out),
         "resume": lambda i: _operate(i, args, out),
         "run-now": lambda i: _operate(i, args, out),
@@ -221,6 +235,23 @@ async def _leases(inspector: Inspector, args: argparse.Namespace, out: Console) 
         _print_json(leases)
     else:
         out.print(_leases_table(leases))
+    return 0
+
+
+async def _next(inspector: Inspector, args: argparse.Namespace, out: Console) -> int:
+    fires = await inspector.next_fire_times(args.job, args.n)
+    (job,) = await inspector.jobs([args.job])
+    if args.json:
+        _print_json({"job": job.name, "timezone": job.timezone, "next": fires})
+        return 0
+    table = _table(f"Next fire times of {args.job}")
+    for column in ("UTC", f"in {job.timezone}"):
+        table.add_column(column)
+    for fire in fires:
+        _add_row(table, _when(fire), _in_zone(fire, job.timezone))
+    if not fires:
+        _add_row(table, "(none known)")
+    out.print(table)
     return 0
 
 

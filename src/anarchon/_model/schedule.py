@@ -23,6 +23,7 @@ __all__ = [
     "IntervalSchedule",
     "Schedule",
     "SlotClock",
+    "fire_times",
     "load_timezone",
 ]
 
@@ -341,6 +342,23 @@ def iso_ms(epoch_ms: int | float) -> str:
     if moment.microsecond:
         text += f".{moment.microsecond // 1000:03d}"
     return text + "Z"
+
+
+#: The most fire times one preview lists.
+FIRE_TIMES_MAX = 1000
+
+
+def fire_times(schedule: Schedule, after_ms: int, count: int) -> list[datetime]:
+    """The next ``count`` fire times of ``schedule`` after ``after_ms`` (fewer if it
+    ends), as aware UTC datetimes: what a job's slots will be."""
+    clock = SlotClock(schedule)
+    found: list[datetime] = []
+    at_ms: int | None = after_ms
+    while at_ms is not None and len(found) < count:
+        at_ms = clock.next_slot_ms(at_ms)
+        if at_ms is not None:
+            found.append(from_epoch_ms(at_ms))
+    return found
 
 
 class SlotClock:

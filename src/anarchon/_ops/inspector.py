@@ -25,7 +25,14 @@ from .._errors import (
     reason,
 )
 from .._model.job import check_count
-from .._model.schedule import CronSchedule, IntervalSchedule, Schedule, SlotClock, from_epoch_ms
+from .._model.schedule import (
+    FIRE_TIMES_MAX,
+    CronSchedule,
+    IntervalSchedule,
+    Schedule,
+    fire_times,
+    from_epoch_ms,
+)
 from .._model.text import visible
 from .._model.timer import validate_kind
 from .._model.values import (
@@ -493,6 +500,24 @@ class Inspector:
             )
         return found
 
+    async def next_fire_times(self, job: str, n: int = 10) -> list[datetime]:
+        """A job's next ``n`` fire times after now, from the definition its instances
+        registered (``anarchon next JOB``): a cron expression in its zone, or an
+        interval. Of a job with a custom schedule, only the next slot its instances
+        last reported can be known here.
+
+        Args:
+            job: A job the fleet registered (an ``InvalidJobError`` otherwise).
+            n: How many (1 to 1000; default 10).
+
+        Returns:
+            Aware UTC datetimes, earliest first.
+        """
+        count = check_count("n", n, most=FIRE_TIMES_MAX)
+        definitions, malformed = await self._definitions([job])
+        name = self._check_job(job, definitions, malformed)
+        return _next_fires(definitions[name], int(time.time() * 1000), count)
+
     async def timer_page(
         self, kind: str, *, cursor: str | None = None, limit: int = 100
     ) -> TimerPage:
@@ -832,6 +857,14 @@ def _text(raw: Any) -> str:
 def _next_fire(definition: dict[str, Any], now_ms: int) -> datetime | None:
     """The next slot after now, reckoned from a built-in schedule; a custom one reports
     the next slot its instances last saw."""
+    found = _next_fires(definition, now_ms, 1)
+    return found[0] if found else None
+
+
+def _next_fires(definition: dict[str, Any], now_ms: int, count: int) -> list[datetime]:
+    """The next ``count`` slots after now, reckoned from a built-in schedule (a cron
+    expression in its zone, an interval); of a custom one, the one slot its instances
+    last reported (none when it is past)."""
     schedule: Schedule | None = None
     try:
         if definition.get("cron"):
@@ -841,10 +874,9 @@ def _next_fire(definition: dict[str, Any], now_ms: int) -> datetime | None:
     except Exception:
         schedule = None
     if schedule is not None:
-        slot_ms = SlotClock(schedule).next_slot_ms(now_ms)
-        return None if slot_ms is None else from_epoch_ms(slot_ms)
+        return fire_times(schedule, now_ms, count)
     seen = definition.get("next_slot_ms")  # checked by decode_definition
-    return None if seen is None else from_epoch_ms(int(seen))
+    return [] if seen is None or int(seen) <= now_ms else [from_epoch_ms(int(seen))]
 
 
 def _lease(job: str, keys: JobKeys, slot_id: str, raw: Any, now_ms: int) -> LeaseInfo | None:
