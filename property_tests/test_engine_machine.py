@@ -350,7 +350,11 @@ def slot_index(spec: JobSpec, slot_ms: int) -> int:
 
 async def save(run: Run, entry: Start, value: str) -> None:
     """``run.save_progress(value)``, its answer written in the ledger (never raised: the
-    engine ends an attempt that lost its lease on its own)."""
+    engine ends an attempt that lost its lease on its own). It is in the ledger as
+    "unknown" from before it is sent: a handler cancelled while the save is in flight
+    (its lease lost, on a loaded machine) may have had it applied."""
+    index = len(entry.saves)
+    entry.saves.append((value, "unknown", wall_ms()))
     try:
         await run.save_progress(value)
         outcome = "ok"
@@ -358,7 +362,7 @@ async def save(run: Run, entry: Start, value: str) -> None:
         outcome = "refused"
     except Exception:
         outcome = "unknown"  # no answer in time: it may or may not have been applied
-    entry.saves.append((value, outcome, wall_ms()))
+    entry.saves[index] = (value, outcome, wall_ms())
 
 
 async def behave(spec: JobSpec, run: Run, entry: Start | None = None) -> None:
