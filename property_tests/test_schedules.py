@@ -20,21 +20,20 @@ that the autumn change repeats fires once, the first time. Moments are drawn
 around every clock change of 2025-2027 in Europe/London, America/New_York and
 Australia/Lord_Howe (half-hour changes) on purpose.
 
-Where anarchon disagrees with those rules (``known_disagreement``), the
-examples are left out of the properties and each disagreement is pinned by a
-strict xfail test at the end, which fails once the behaviour is fixed.
+The same rules hold for 6-field expressions and half-hour changes: the cases
+where anarchon once disagreed (before it walked wall-clock times itself) are
+pinned by the tests at the end.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta, tzinfo
 from functools import cache
 from zoneinfo import ZoneInfo
 
 import pytest
-from hypothesis import assume, event, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from anarchon import CronSchedule, IntervalSchedule
@@ -284,25 +283,6 @@ def clock_changes(zone_name: str, first_year: int = 2025, last_year: int = 2027)
     return changes
 
 
-def known_disagreement(expression: str, zone: str, moment: datetime, until: datetime) -> str:
-    """Why anarchon's answer from ``moment`` (on to ``until``) may differ from the
-    documented rules, or "". Each reason is pinned by a strict xfail test below (it
-    fails once the behaviour is fixed: then delete its reason here)."""
-    oracle = CronOracle.parse(expression)
-    seconds_field = len(expression.split()) == 6
-    terms = [term for field in expression.split() for term in field.split(",")]
-    if any(re.fullmatch(r"(\d+)-\1/\d+", term) for term in terms):
-        return "a range of one value with a step runs on to the field's maximum"
-    changes = clock_changes(zone, 2024, 2031)
-    if not any(moment - timedelta(hours=2) <= c <= until + timedelta(hours=2) for c in changes):
-        return ""
-    if oracle.fixed_time and seconds_field:
-        return "a 6-field fixed-time job fires by elapsed time through a clock change"
-    if zone == LORD_HOWE and (seconds_field or not oracle.fixed_time):
-        return "a half-hour clock change shifts an hour's fires by half an hour"
-    return ""
-
-
 def oracle_fires(expression: str, zone: str, moment: datetime, count: int) -> list[datetime]:
     oracle = CronOracle.parse(expression)
     fires: list[datetime] = []
@@ -316,11 +296,8 @@ def oracle_fires(expression: str, zone: str, moment: datetime, count: int) -> li
 
 def assert_fires_agree(expression: str, zone: str, moment: datetime, count: int) -> None:
     """``count`` fires from ``moment`` on, each asked from the one before, are the
-    oracle's (examples of a known disagreement are left to its xfail test)."""
+    oracle's."""
     expected = oracle_fires(expression, zone, moment, count)
-    reason = known_disagreement(expression, zone, moment, expected[-1] if expected else moment)
-    event(f"known disagreement: {reason}" if reason else "compared")
-    assume(not reason)
     schedule = CronSchedule(expression, zone)
     asked = moment
     for want in [*expected, None][:count]:
@@ -403,7 +380,8 @@ def test_a_fixed_time_job_asked_during_the_repeated_hour_answers_a_later_instant
     assert fires_from(expression, zone, moment) == documented
 
 
-# -- known disagreements with the documented rules (strict: each fails once fixed)
+# -- where anarchon once disagreed with the documented rules (cronsim's own
+# daylight-saving handling: none for 6-field expressions, hours stepped in UTC)
 
 #: name: (expression, zone, moment, the documented next two fires as local ISO times)
 DISAGREEMENTS: dict[str, tuple[str, str, datetime, list[str]]] = {
@@ -436,26 +414,22 @@ DISAGREEMENTS: dict[str, tuple[str, str, datetime, list[str]]] = {
 
 
 @pytest.mark.parametrize("name", sorted(DISAGREEMENTS))
-def test_the_oracle_finds_the_documented_fires_where_anarchon_disagrees(name: str) -> None:
+def test_the_oracle_finds_the_documented_fires_where_anarchon_once_disagreed(name: str) -> None:
     expression, zone, moment, documented = DISAGREEMENTS[name]
     fires = oracle_fires(expression, zone, moment, 2)
     assert [fire.astimezone(zone_of(zone)).isoformat() for fire in fires] == documented
-    assert known_disagreement(expression, zone, moment, fires[-1])  # left out above
 
 
-@pytest.mark.xfail(strict=True, reason="6-field jobs get no Debian DST rules: no fire that day")
 def test_a_six_field_fixed_time_in_the_skipped_hour_fires_once_when_the_clocks_jump() -> None:
     expression, zone, moment, documented = DISAGREEMENTS["six fields, skipped hour"]
     assert fires_from(expression, zone, moment) == documented
 
 
-@pytest.mark.xfail(strict=True, reason="6-field jobs get no Debian DST rules: 01:30 fires twice")
 def test_a_six_field_fixed_time_in_the_repeated_hour_fires_once() -> None:
     expression, zone, moment, documented = DISAGREEMENTS["six fields, repeated hour"]
     assert fires_from(expression, zone, moment) == documented
 
 
-@pytest.mark.xfail(strict=True, reason="hours stepped in UTC across a half-hour change: 03:30")
 @pytest.mark.parametrize("name", ["half-hour change, autumn", "half-hour change, spring"])
 def test_a_job_every_minute_of_an_hour_fires_from_its_first_minute_after_a_half_hour_change(
     name: str,

@@ -7,6 +7,7 @@ instance derives the same slot ids from the same schedule.
 from __future__ import annotations
 
 import calendar
+import heapq
 import re
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta, tzinfo
@@ -68,9 +69,12 @@ class CronSchedule:
     """A cron expression: 5 fields, or 6 with **seconds first**, in a time zone.
 
     Fixed-time jobs follow Debian cron on daylight-saving changes: a time in the
-    skipped hour fires once at the first valid instant after it, a time in the
-    repeated hour fires once. Jobs with a ``*`` in the minute or hour field keep
-    firing by elapsed time through both changes.
+    skipped hour fires once, at the instant the clocks jumped, and a time in the
+    repeated hour fires once, the first time. Jobs with a ``*`` at the start of the
+    minute or hour field (``*``, ``*/15``) fire by elapsed time through both changes:
+    at every instant whose wall-clock time matches, so not in the skipped hour and
+    twice in the repeated one. The same rules hold for 6-field expressions (the
+    seconds field does not make a job fixed-time or not) and for half-hour changes.
 
     >>> CronSchedule("0 3 * * *", "Europe/Athens").next_after(datetime(2026, 1, 1, tzinfo=UTC))
     datetime.datetime(2026, 1, 1, 1, 0, tzinfo=datetime.timezone.utc)
@@ -90,7 +94,7 @@ class CronSchedule:
         timezone: The time zone's name, as given.
     """
 
-    __slots__ = ("_zone", "expression", "timezone")
+    __slots__ = ("_by_elapsed_time", "_zone", "expression", "timezone")
 
     def __init__(self, expression: str, timezone: str = "UTC") -> None:
         if not isinstance(expression, str):
@@ -115,6 +119,9 @@ class CronSchedule:
             raise InvalidScheduleError(
                 f"invalid cron expression {expression!r}: {exc or 'it never fires'}"
             ) from exc
+        # Debian cron's test, for either length: the minute or hour field starts with *.
+        minute, hour = fields[-5], fields[-4]
+        self._by_elapsed_time = minute.startswith("*") or hour.startswith("*")
 
     def next_after(self, moment: datetime, /) -> datetime | None:
         """The first fire time strictly after ``moment``.
@@ -137,15 +144,72 @@ class CronSchedule:
         Returns:
             An iterator of aware UTC datetimes.
         """
-        local = moment.astimezone(self._zone)
-        fires = (fire.astimezone(UTC) for fire in CronSim(self.expression, local))
-        # Asked during the second pass of a repeated hour, cronsim starts with that
-        # hour's fixed times of the first pass, which lie before ``moment``: they
-        # fired already (a fixed time fires once in a repeated hour, the first time).
-        return (fire for fire in fires if fire > moment)
+        if self._zone is UTC:
+            walls = CronSim(self.expression, moment.astimezone(UTC).replace(tzinfo=None))
+            return (wall.replace(tzinfo=UTC) for wall in walls)
+        return self._zoned_fires_after(moment)
+
+    def _zoned_fires_after(self, moment: datetime) -> Iterator[datetime]:
+        """The fire times in a zone with clock changes: the expression's wall-clock
+        times in order (no zone: cronsim's own daylight-saving rules are not used), each
+        made an instant by the rules above. A job by elapsed time fires a repeated wall
+        time a second time an hour or so after the first, so those second instants wait
+        in a heap until the walk passes them."""
+        zone = self._zone
+        local = moment.astimezone(zone)
+        start = local.replace(tzinfo=None)
+        if local.fold == 0:
+            # In the first pass of a repeated hour, the second pass of wall times a
+            # little before ``start`` is still to come.
+            first_offset, second_offset = local.utcoffset(), local.replace(fold=1).utcoffset()
+            if first_offset is not None and second_offset is not None:
+                start -= max(first_offset - second_offset, _NO_TIME)
+        later: list[datetime] = []
+        last = moment
+        for wall in CronSim(self.expression, start - _ONE_SECOND):
+            first = wall.replace(tzinfo=zone, fold=0).astimezone(UTC)
+            second = wall.replace(tzinfo=zone, fold=1).astimezone(UTC)
+            while later and later[0] <= first:
+                fire = heapq.heappop(later)
+                if fire > last:
+                    last = fire
+                    yield fire
+            if first < second:  # a repeated wall time
+                if self._by_elapsed_time:
+                    heapq.heappush(later, second)
+            elif first > second:  # a wall time the clocks skipped
+                if self._by_elapsed_time:
+                    continue
+                first = _clocks_jumped(zone, second, first)
+            if first > last:
+                last = first
+                yield first
+        while later:
+            fire = heapq.heappop(later)
+            if fire > last:
+                last = fire
+                yield fire
 
     def __repr__(self) -> str:
         return f"CronSchedule({self.expression!r}, {self.timezone!r})"
+
+
+_NO_TIME = timedelta(0)
+_ONE_SECOND = timedelta(seconds=1)
+
+
+def _clocks_jumped(zone: tzinfo, low: datetime, high: datetime) -> datetime:
+    """The instant in ``(low, high]`` (UTC) at which ``zone``'s clocks jumped forward:
+    the first one with the offset ``high`` has (the change falls on a whole second)."""
+    offset = high.astimezone(zone).utcoffset()
+    while high - low > _ONE_SECOND:
+        middle = low + (high - low) // 2
+        middle -= timedelta(microseconds=middle.microsecond)
+        if middle.astimezone(zone).utcoffset() == offset:
+            high = middle
+        else:
+            low = middle
+    return high
 
 
 class IntervalSchedule:
