@@ -19,6 +19,7 @@ from .._errors import InvalidOptionError
 from .._model.text import visible
 from .._ops.serve import WAIT_FOR_SERVER_SEC
 from .dev_server import add_dev_server_command, run_dev_server
+from .schedule import add_check_schedule_command, run_check_schedule
 from .store import COMMANDS as STORE_COMMANDS
 from .store import add_prefix_option, add_store_commands, run_store_command
 from .usage import MissingExtra, UsageError
@@ -101,6 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_dev_server_command(commands, _port)
     _run_parser(commands)
     add_store_commands(commands)
+    add_check_schedule_command(commands)
     add_web_command(commands, _port)
     return parser
 
@@ -257,6 +259,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _health(args)
         if args.command in STORE_COMMANDS:
             return run_store_command(args)
+        if args.command == "check-schedule":
+            return run_check_schedule(args)
         if args.command == "web":
             return run_web(args)
         if args.command == "dev-server":

@@ -117,7 +117,7 @@ class CronSchedule:
             next(CronSim(self.expression, datetime.now(self._zone)))
         except (CronSimError, ValueError, StopIteration) as exc:
             raise InvalidScheduleError(
-                f"invalid cron expression {expression!r}: {exc or 'it never fires'}"
+                f"invalid cron expression {expression!r}: {_never_fires(fields) or exc}"
             ) from exc
         # Debian cron's test, for either length: the minute or hour field starts with *.
         minute, hour = fields[-5], fields[-4]
@@ -192,6 +192,21 @@ class CronSchedule:
 
     def __repr__(self) -> str:
         return f"CronSchedule({self.expression!r}, {self.timezone!r})"
+
+
+def _never_fires(fields: list[str]) -> str:
+    """Why an expression that is refused never fires, if that is why: its day of the
+    month is one that none of its months has (``"0 0 30 2 *"``), or no day matches in
+    50 years. "" if it is refused for another reason."""
+    every_month = [*fields[:-2], "*", fields[-1]]
+    try:
+        next(CronSim(" ".join(every_month), datetime(2000, 1, 1)))
+    except (CronSimError, ValueError, StopIteration):
+        return ""
+    return (
+        "it never fires: none of the months in its month field has that day of the month "
+        "(February has 28 or 29 days; April, June, September and November 30)"
+    )
 
 
 _NO_TIME = timedelta(0)
