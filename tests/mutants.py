@@ -59,6 +59,7 @@ RULES = "tests/test_lease_rules.py"
 LEASES = "tests/test_leases.py"
 TAKEOVER = "tests/test_takeover.py"
 FLEET = "tests/test_fleet_limits.py"
+CALENDARS = "tests/test_calendars.py"
 ENGINE_MACHINE = "property_tests/test_engine_machine.py"
 ENGINE_FAULTS = "tests/test_engine_faults.py"
 TIMER_MACHINE = "property_tests/test_timer_machine.py"
@@ -365,6 +366,23 @@ MUTANTS: list[Mutant] = [
         "t = pending_timer(t.gen, due_ms,",
         "a rearm or recurrence keeps the generation that fired",
         (TIMER_MACHINE,),
+    ),
+    # A job's exclude= (issue 44's calendars).
+    Mutant(
+        "excluded-slot-runs",
+        "claim.lua",
+        "  if excluded and not manual then\n",
+        "  if false then\n",
+        "a slot the job's exclude= leaves out starts as any other",
+        (CALENDARS,),
+    ),
+    Mutant(
+        "excluded-manual-run",
+        "claim.lua",
+        "  if excluded and not manual then\n",
+        "  if excluded then\n",
+        "a manual run of an excluded slot's instant is recorded skipped",
+        (CALENDARS,),
     ),
     # The fleet limits (lease_state.lua's permits, a kind's rate and key groups).
     Mutant(

@@ -367,6 +367,9 @@ MALFORMED_DEFINITIONS = {
     "bad-every": '{"schedule": "x", "every_ms": "soon"}',
     "bad-strategy": '{"schedule": "x", "every_ms": 1000, "strategy": ["lease"]}',
     "bad-next": '{"schedule": "x", "next_slot_ms": 1e300}',
+    "bad-fires": '{"schedule": "x", "next_fires_ms": [1, "soon"]}',
+    "many-fires": '{"schedule": "x", "next_fires_ms": [' + ", ".join(["1"] * 101) + "]}",
+    "bad-exclude": '{"schedule": "x", "exclude": {"dates": []}}',
 }
 
 

@@ -29,7 +29,14 @@ from ._errors import (
     UnsupportedClientError,
     UnsupportedServerError,
 )
-from ._model.schedule import CalendarInterval, CronSchedule, IntervalSchedule, Schedule
+from ._model.exclusions import Excludes
+from ._model.schedule import (
+    CalendarInterval,
+    CombinedSchedule,
+    CronSchedule,
+    IntervalSchedule,
+    Schedule,
+)
 from ._model.values import (
     AppliedTimers,
     InstanceInfo,
@@ -75,6 +82,8 @@ from ._version import __version__ as __version__
 __all__ = [
     "AppliedTimers",
     "CalendarInterval",
+    "CombinedSchedule",
+    "Excludes",
     "AnarchonError",
     "ClaimOnly",
     "ConnectionFailedError",

@@ -205,18 +205,20 @@ class Scheduler(Generic[K]):
     @overload
     def job(
         self: Scheduler[Leases],
-        schedule: str | Schedule | None = None,
+        schedule: str | Schedule | list[str | Schedule] | None = None,
         **options: Unpack[LeaseJobOptions],
     ) -> Callable[[F], F]: ...
 
     @overload
     def job(
         self: Scheduler[ClaimOnly],
-        schedule: str | Schedule | None = None,
+        schedule: str | Schedule | list[str | Schedule] | None = None,
         **options: Unpack[JobOptions],
     ) -> Callable[[F], F]: ...
 
-    def job(self, schedule: str | Schedule | None = None, **options: Any) -> Callable[[F], F]:
+    def job(
+        self, schedule: str | Schedule | list[str | Schedule] | None = None, **options: Any
+    ) -> Callable[[F], F]:
         """Register the decorated function as a job::
 
             @scheduler.job("*/5 * * * *", max_attempts=3)
@@ -230,7 +232,9 @@ class Scheduler(Generic[K]):
         Args:
             schedule: When the job fires: a cron string of 5 fields, or 6 with seconds
                 first, read in ``timezone``; or any object with
-                ``next_after(datetime)`` (a ``Schedule``). None with ``every_ms``.
+                ``next_after(datetime)`` (a ``Schedule``); or a list of them (a
+                ``CombinedSchedule``: a slot at each instant any of them fires, once
+                where two fire together). None with ``every_ms``.
             **options: The job's options, below. Those marked *lease strategy only*
                 are a type error with a claim-only backend, and an
                 ``InvalidOptionError`` if passed anyway.
@@ -290,6 +294,15 @@ class Scheduler(Generic[K]):
             retry_on (type[Exception] | tuple[type[Exception], ...] | None): Retry only
                 these exceptions (*lease strategy only*): any other fails the run at
                 once. None: every exception is retried.
+            exclude (str | Iterable[date | str] | Excludes | None): The slots of the
+                schedule that do not run (*lease strategy only*): a cron expression read
+                in ``timezone`` (a slot whose wall-clock time it matches, such as
+                ``"* * 25 12 *"`` for all of December 25), a collection of dates (up to
+                10 000, ``date`` or ISO text: a slot on one of them in ``timezone``), or
+                an object with ``excludes(datetime) -> bool`` (a holiday calendar; it is
+                given the slot in ``timezone``, and must answer the same on every
+                instance). Each excluded slot is claimed as any slot is and recorded
+                skipped, with the reason, once for the fleet. None: none.
 
         Returns:
             A decorator that registers the function and returns it unchanged.
@@ -314,7 +327,7 @@ class Scheduler(Generic[K]):
     def add_job(
         self: Scheduler[Leases],
         handler: Handler,
-        schedule: str | Schedule | None = None,
+        schedule: str | Schedule | list[str | Schedule] | None = None,
         **options: Unpack[LeaseJobOptions],
     ) -> None: ...
 
@@ -322,12 +335,15 @@ class Scheduler(Generic[K]):
     def add_job(
         self: Scheduler[ClaimOnly],
         handler: Handler,
-        schedule: str | Schedule | None = None,
+        schedule: str | Schedule | list[str | Schedule] | None = None,
         **options: Unpack[JobOptions],
     ) -> None: ...
 
     def add_job(
-        self, handler: Handler, schedule: str | Schedule | None = None, **options: Any
+        self,
+        handler: Handler,
+        schedule: str | Schedule | list[str | Schedule] | None = None,
+        **options: Any,
     ) -> None:
         """Register a job: ``job()`` without the decorator.
 
@@ -353,7 +369,10 @@ class Scheduler(Generic[K]):
         self._add_job(handler, schedule, options)
 
     def _add_job(
-        self, handler: Handler, schedule: str | Schedule | None, options: dict[str, Any]
+        self,
+        handler: Handler,
+        schedule: str | Schedule | list[str | Schedule] | None,
+        options: dict[str, Any],
     ) -> None:
         backend = self.backend
         job = make_job(handler, schedule, options, rules=backend.rules, taken=self._instance.jobs)
@@ -748,7 +767,8 @@ class Scheduler(Generic[K]):
     def next_fire_times(self, job: str, n: int = 10) -> list[datetime]:
         """The job's next ``n`` fire times after now, from its schedule here (no store
         needed): aware UTC datetimes; ``dt.astimezone(ZoneInfo(zone))`` shows one in
-        the job's zone. Fewer when the schedule ends.
+        the job's zone. Fewer when the schedule ends. Slots its ``exclude=`` leaves out
+        are not listed.
 
         Args:
             job: The job's name.
@@ -765,7 +785,7 @@ class Scheduler(Generic[K]):
         if found is None:
             raise InvalidJobError(f"no job named {visible(job)!r} on this scheduler")
         count = check_count("n", n, most=FIRE_TIMES_MAX)
-        return fire_times(found.schedule, int(time.time() * 1000), count)
+        return fire_times(found.schedule, int(time.time() * 1000), count, found.excluded)
 
     async def history(self, job: str, limit: int = 100) -> list[RunResult]:
         """The newest recorded attempts of ``job`` (and its skipped slots) from the store,

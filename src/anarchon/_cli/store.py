@@ -123,8 +123,8 @@ def add_store_commands(commands: Any) -> None:
         help="show a job's next fire times (UTC and its zone)",
         description="Reckons a job's next fire times from the definition its instances "
         "registered (no scheduler needs to run here): each in UTC and in the job's time "
-        "zone. Of a job with a custom schedule, only the next slot its instances last "
-        "reported is known.",
+        "zone. Of a job with a custom or combined schedule, or with exclude=, the next ten "
+        "its instances last reported (excluded slots left out) are all that is known.",
     )
     upcoming.add_argument("job", metavar="JOB")
     upcoming.add_argument(

@@ -250,6 +250,10 @@ class Claimer:
             superseded=due.superseded,
             replace=due.first and due.trigger == "schedule" and job.overlap_policy == "replace",
             fleet_max=job.max_concurrent_fleet,
+            # Every claim of an excluded slot says so: the fleet's first records it skipped.
+            excluded=job.excluded(due.slot_ms)
+            if job.exclude is not None and due.trigger in ("schedule", "catch-up")
+            else None,
         )
 
     def _on_claim_reply(
@@ -300,6 +304,14 @@ class Claimer:
                 extra={"job": job.name, "slot_ms": due.slot_ms},
             )
             self._context.skipped(job.name, due.slot_ms, "paused")
+        elif reply.kind == "done" and reply.status == "excluded":
+            log.info(
+                "%s: slot %s skipped (recorded in history): the job's exclude= leaves it out",
+                job.name,
+                iso_ms(due.slot_ms),
+                extra={"job": job.name, "slot_ms": due.slot_ms},
+            )
+            self._context.skipped(job.name, due.slot_ms, "excluded")
         elif reply.kind == "done" and reply.status == "superseded":
             log.info(
                 "%s: slot %s skipped (recorded in history): a newer slot waits in its place "

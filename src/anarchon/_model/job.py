@@ -12,13 +12,15 @@ from typing import Any
 import anyio.to_thread
 
 from .._errors import InvalidJobError, InvalidOptionError, InvalidScheduleError
-from .schedule import CronSchedule, IntervalSchedule, Schedule, SlotClock
+from .exclusions import Exclusion
+from .schedule import CombinedSchedule, CronSchedule, IntervalSchedule, Schedule, SlotClock
 from .text import visible
 from .values import OverlapPolicy, Run
 
 __all__ = [
     "Handler",
     "Job",
+    "ScheduleSpec",
     "check_duration_ms",
     "exception_types",
     "invoke_handler",
@@ -118,7 +120,20 @@ def overlap_policy(value: object) -> OverlapPolicy:
     )
 
 
-def make_schedule(schedule: str | Schedule | None, every_ms: int | None, timezone: str) -> Schedule:
+#: What a job's ``schedule`` may be: a cron string, a ``Schedule``, or a list of them.
+ScheduleSpec = str | Schedule | list[str | Schedule] | tuple[str | Schedule, ...]
+
+
+def make_schedule(schedule: ScheduleSpec | None, every_ms: int | None, timezone: str) -> Schedule:
+    if isinstance(schedule, list | tuple):
+        if every_ms is not None:
+            raise InvalidScheduleError("give either schedules or every_ms, not both")
+        if not schedule:
+            raise InvalidScheduleError(
+                "a job's list of schedules is empty; give at least one cron string or schedule"
+            )
+        parts = [make_schedule(part, None, timezone) for part in schedule]
+        return parts[0] if len(parts) == 1 else CombinedSchedule(*parts)
     if schedule is not None and every_ms is not None:
         raise InvalidScheduleError("give either a cron schedule or every_ms, not both")
     if every_ms is not None:
@@ -217,6 +232,12 @@ class Job:
     #: The most of its runs that go on at once in the whole fleet, each holding a permit
     #: in the store while its lease lives (None: no limit).
     max_concurrent_fleet: int | None = None
+    #: The slots of its schedule that do not run (recorded skipped, with the reason).
+    exclude: Exclusion | None = None
+
+    def excluded(self, slot_ms: int) -> str | None:
+        """Why its scheduled slot at ``slot_ms`` does not run, or None."""
+        return None if self.exclude is None else self.exclude.reason(slot_ms)
 
     def retries(self, failure: BaseException | None) -> bool:
         """Whether a failure with this exception may be retried (``retry_on``)."""

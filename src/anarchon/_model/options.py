@@ -7,14 +7,17 @@ import os
 import re
 import secrets
 import socket
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from datetime import date
 from typing import Any, TypedDict
 
 from .._errors import InvalidJobError, InvalidOptionError
+from .exclusions import Excludes, make_exclusion
 from .job import (
     Handler,
     Job,
+    ScheduleSpec,
     check_count,
     check_duration_ms,
     exception_types,
@@ -24,7 +27,7 @@ from .job import (
     takes_run_argument,
     validate_job_name,
 )
-from .schedule import Schedule, SlotClock
+from .schedule import SlotClock
 from .timer import TimerKind, validate_kind
 from .values import OverlapPolicy
 
@@ -88,6 +91,8 @@ class LeaseJobOptions(JobOptions, total=False):
     retry_on: type[Exception] | tuple[type[Exception], ...] | None
     #: The most of its runs at once in the whole fleet (default: no limit).
     max_concurrent_fleet: int | None
+    #: The slots of its schedule that do not run (default: none).
+    exclude: str | Iterable[date | str] | Excludes | None
 
 
 #: The options every strategy's jobs take, and those only the lease strategy's take.
@@ -131,7 +136,7 @@ def refuse_lease_options(
 
 def make_job(
     handler: Handler,
-    schedule: str | Schedule | None,
+    schedule: ScheduleSpec | None,
     options: Mapping[str, Any],
     *,
     rules: OptionRules,
@@ -192,6 +197,7 @@ def make_job(
         retry_on=exception_types("retry_on", options.get("retry_on")),
         max_concurrent=own_bound(options.get("max_concurrent")),
         max_concurrent_fleet=fleet_bound(options.get("max_concurrent_fleet")),
+        exclude=make_exclusion(options.get("exclude"), options.get("timezone", "UTC")),
     )
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import calendar
 import heapq
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta, tzinfo
 from typing import Literal, Protocol, runtime_checkable
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -20,6 +20,7 @@ from .._errors import InvalidScheduleError
 
 __all__ = [
     "CalendarInterval",
+    "CombinedSchedule",
     "CronSchedule",
     "IntervalSchedule",
     "Schedule",
@@ -402,6 +403,91 @@ class CalendarInterval:
         )
 
 
+#: The most schedules one ``CombinedSchedule`` holds.
+COMBINED_MAX = 100
+
+
+class CombinedSchedule:
+    """Several schedules as one: a slot at each instant any of them fires, once where two
+    or more fire at the same instant. A job given a list of schedules gets one::
+
+        @scheduler.job(["0 9 * * 1-5", "0 12 * * 6"], timezone="Europe/Berlin")
+
+    Each part keeps its own rules (a cron expression its daylight-saving rules).
+
+    Args:
+        *parts: The schedules (1 to 100): ``CronSchedule``, ``IntervalSchedule``,
+            ``CalendarInterval`` or any ``Schedule``.
+
+    Raises:
+        InvalidScheduleError: No part, more than 100, or one that is not a schedule.
+
+    Attributes:
+        parts: The schedules, as given.
+    """
+
+    __slots__ = ("parts",)
+
+    def __init__(self, *parts: Schedule) -> None:
+        if not 1 <= len(parts) <= COMBINED_MAX:
+            raise InvalidScheduleError(
+                f"a combined schedule holds 1 to {COMBINED_MAX} schedules, got {len(parts)}"
+            )
+        for part in parts:
+            if not isinstance(part, Schedule):
+                raise InvalidScheduleError(
+                    f"cannot use {part!r} in a combined schedule: pass cron strings or objects "
+                    "with next_after(datetime)"
+                )
+        self.parts = tuple(parts)
+
+    def next_after(self, moment: datetime, /) -> datetime | None:
+        """The first instant strictly after ``moment`` at which any part fires.
+
+        Args:
+            moment: An aware datetime.
+
+        Returns:
+            The fire time, an aware UTC datetime, or None when no part fires again.
+        """
+        return next(self.fires_after(moment), None)
+
+    def fires_after(self, moment: datetime, /) -> Iterator[datetime]:
+        """Every fire time strictly after ``moment``, in order, each instant once.
+
+        Args:
+            moment: An aware datetime.
+
+        Returns:
+            An iterator of aware UTC datetimes.
+        """
+        last = moment
+        for fire in heapq.merge(*(_fires_of(part, moment) for part in self.parts)):
+            if fire > last:
+                last = fire
+                yield fire
+
+    def __repr__(self) -> str:
+        return f"CombinedSchedule({', '.join(map(repr, self.parts))})"
+
+
+def _fires_of(schedule: Schedule, moment: datetime) -> Iterator[datetime]:
+    """A schedule's fire times after ``moment`` in UTC, each checked as a slot clock
+    checks them (aware, moving forward)."""
+    if isinstance(schedule, CronSchedule | CombinedSchedule):
+        yield from schedule.fires_after(moment)
+        return
+    at = moment
+    while (fire := schedule.next_after(at)) is not None:
+        if fire.tzinfo is None or fire <= at:
+            raise InvalidScheduleError(
+                f"{schedule!r}.next_after() returned {fire.isoformat()}, which is naive or "
+                "not after the moment it was given; return an aware datetime after it"
+            )
+        at = fire
+        yield fire.astimezone(UTC)
+
+
 def to_epoch_ms(moment: datetime) -> int:
     """Milliseconds since the Unix epoch of an aware datetime (floored)."""
     delta = moment - _EPOCH
@@ -427,15 +513,28 @@ def iso_ms(epoch_ms: int | float) -> str:
 FIRE_TIMES_MAX = 1000
 
 
-def fire_times(schedule: Schedule, after_ms: int, count: int) -> list[datetime]:
+#: The most slots a preview looks at, excluded ones included.
+_PREVIEW_LOOKS_MAX = 100_000
+
+
+def fire_times(
+    schedule: Schedule,
+    after_ms: int,
+    count: int,
+    excluded: Callable[[int], object] | None = None,
+) -> list[datetime]:
     """The next ``count`` fire times of ``schedule`` after ``after_ms`` (fewer if it
-    ends), as aware UTC datetimes: what a job's slots will be."""
+    ends), as aware UTC datetimes: what a job's slots will be. Slots for which
+    ``excluded`` is true are left out (fewer when more than 100 000 in a row are)."""
     clock = SlotClock(schedule)
     found: list[datetime] = []
-    at_ms: int | None = after_ms
-    while at_ms is not None and len(found) < count:
-        at_ms = clock.next_slot_ms(at_ms)
-        if at_ms is not None:
+    at_ms = after_ms
+    for _ in range(_PREVIEW_LOOKS_MAX):
+        next_ms = clock.next_slot_ms(at_ms) if len(found) < count else None
+        if next_ms is None:
+            break
+        at_ms = next_ms
+        if excluded is None or not excluded(at_ms):
             found.append(from_epoch_ms(at_ms))
     return found
 
@@ -454,7 +553,7 @@ class SlotClock:
 
     def next_slot_ms(self, after_ms: int) -> int | None:
         """The first slot strictly after ``after_ms``, or None if there is none."""
-        if isinstance(self._schedule, CronSchedule):
+        if isinstance(self._schedule, CronSchedule | CombinedSchedule):
             if self._fires is None or after_ms != self._last_ms:
                 self._fires = self._schedule.fires_after(from_epoch_ms(after_ms))
             fire = next(self._fires, None)

@@ -50,7 +50,7 @@ GATHER_SEC = 0.05
 ClaimAnswer = Literal["won", "running", "overlap", "done", "refused"]
 #: Why a scheduled slot did not run: an older run was not settled and the job does not
 #: allow overlap ("overlap"), it was found too late ("late"), or the job is paused.
-SkipReason = Literal["overlap", "late", "paused"]
+SkipReason = Literal["overlap", "late", "paused", "excluded"]
 
 
 #: The last millisecond an event was stamped with: (epoch ms, that instant as a datetime).
@@ -197,7 +197,8 @@ class SlotSkipped(Event):
         slot_ms: The slot's instant in Unix epoch milliseconds.
         reason: ``"overlap"``: an older run of the job was not settled and the job does
             not allow overlap; ``"late"``: it was found too late (past ``max_late_ms``,
-            outside any catch-up); ``"paused"``: the job is paused.
+            outside any catch-up); ``"paused"``: the job is paused; ``"excluded"``:
+            the job's ``exclude=`` leaves it out.
     """
 
     job: str

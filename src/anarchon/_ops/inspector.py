@@ -233,7 +233,15 @@ class Inspector:
                     options={
                         key: value
                         for key, value in definition.items()
-                        if key not in ("schedule", "cron", "every_ms", "timezone", "strategy")
+                        if key
+                        not in (
+                            "schedule",
+                            "cron",
+                            "every_ms",
+                            "timezone",
+                            "strategy",
+                            "next_fires_ms",
+                        )
                     },
                 )
             )
@@ -503,8 +511,9 @@ class Inspector:
     async def next_fire_times(self, job: str, n: int = 10) -> list[datetime]:
         """A job's next ``n`` fire times after now, from the definition its instances
         registered (``anarchon next JOB``): a cron expression in its zone, or an
-        interval. Of a job with a custom schedule, only the next slot its instances
-        last reported can be known here.
+        interval. Of a job with a custom or combined schedule, or with ``exclude=``,
+        the next ten its instances last reported (excluded slots left out) are all that
+        can be known here.
 
         Args:
             job: A job the fleet registered (an ``InvalidJobError`` otherwise).
@@ -863,20 +872,25 @@ def _next_fire(definition: dict[str, Any], now_ms: int) -> datetime | None:
 
 def _next_fires(definition: dict[str, Any], now_ms: int, count: int) -> list[datetime]:
     """The next ``count`` slots after now, reckoned from a built-in schedule (a cron
-    expression in its zone, an interval); of a custom one, the one slot its instances
-    last reported (none when it is past)."""
+    expression in its zone, an interval); of one the store cannot reckon (custom,
+    combined, or with exclusions), the next ones its instances last reported (up to
+    ten), or the one next slot an older instance reported (none when it is past)."""
     schedule: Schedule | None = None
-    try:
-        if definition.get("cron"):
-            schedule = CronSchedule(str(definition["cron"]), str(definition.get("timezone")))
-        elif definition.get("every_ms"):
-            schedule = IntervalSchedule(int(definition["every_ms"]))
-    except Exception:
-        schedule = None
+    if "next_fires_ms" not in definition and "exclude" not in definition:
+        try:
+            if definition.get("cron"):
+                schedule = CronSchedule(str(definition["cron"]), str(definition.get("timezone")))
+            elif definition.get("every_ms"):
+                schedule = IntervalSchedule(int(definition["every_ms"]))
+        except Exception:
+            schedule = None
     if schedule is not None:
         return fire_times(schedule, now_ms, count)
-    seen = definition.get("next_slot_ms")  # checked by decode_definition
-    return [] if seen is None or int(seen) <= now_ms else [from_epoch_ms(int(seen))]
+    reported = definition.get("next_fires_ms")  # checked by decode_definition
+    if reported is None:
+        seen = definition.get("next_slot_ms")
+        reported = [] if seen is None else [seen]
+    return [from_epoch_ms(int(fire)) for fire in reported if int(fire) > now_ms][:count]
 
 
 def _lease(job: str, keys: JobKeys, slot_id: str, raw: Any, now_ms: int) -> LeaseInfo | None:

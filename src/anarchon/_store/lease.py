@@ -140,7 +140,7 @@ class LeaseStore(Store):
                 self.history_ttl_ms,
                 1 if self.trim_runs_by_id else 0,
                 1 if r.may_start else 0,
-                2 if r.superseded else 1 if r.skip_if_blocked else 0,
+                r.excluded or (2 if r.superseded else 1 if r.skip_if_blocked else 0),
                 1 if r.probe else 0,
                 1 if r.replace else 0,
             ]

@@ -276,12 +276,17 @@ _STRATEGIES = frozenset(("lease", "stream-id", "idmp", "script"))
 _JSON = json.JSONDecoder()
 
 
+#: The most next fire times a stored definition may hold (instances report 10).
+_REPORTED_FIRES_MAX = 100
+
+
 def decode_definition(key: str, name: str, raw: Any) -> dict[str, Any]:
     """A job's definition as the registry keeps it (``registry.job_definition``, JSON in
     the ``key`` hash's field ``name``), with the fields the views read checked:
     ``schedule`` text, ``cron`` text or null, ``every_ms`` a whole number above 0 or
     null, ``timezone`` a zone this machine knows, ``strategy`` one of anarchon's,
-    ``next_slot_ms`` an instant or null; the other options as stored.
+    ``next_slot_ms`` an instant or null, ``next_fires_ms`` a short list of instants or
+    absent, ``exclude`` text or absent; the other options as stored.
     ``MalformedEntry`` for one that is not such a definition."""
     definition = _json_object(key, name, raw)
 
@@ -297,6 +302,15 @@ def decode_definition(key: str, name: str, raw: Any) -> dict[str, Any]:
     next_slot_ms = definition.get("next_slot_ms")
     if next_slot_ms is not None and not _instant(next_slot_ms):
         raise wrong(f"next_slot_ms is {next_slot_ms!r}, not an instant in epoch ms")
+    next_fires = definition.get("next_fires_ms")
+    if next_fires is not None and not (
+        isinstance(next_fires, list)
+        and len(next_fires) <= _REPORTED_FIRES_MAX
+        and all(_instant(fire) for fire in next_fires)
+    ):
+        raise wrong(f"next_fires_ms is not a list of up to {_REPORTED_FIRES_MAX} instants")
+    if definition.get("exclude") is not None and not isinstance(definition["exclude"], str):
+        raise wrong("exclude is not text")
     strategy = definition.get("strategy", "lease")
     if not isinstance(strategy, str) or strategy not in _STRATEGIES:
         raise wrong(f"strategy is {strategy!r}, not one of {', '.join(sorted(_STRATEGIES))}")

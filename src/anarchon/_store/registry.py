@@ -23,7 +23,7 @@ from typing import Any
 import anyio
 
 from .._model.job import Job
-from .._model.schedule import CronSchedule, IntervalSchedule
+from .._model.schedule import CronSchedule, IntervalSchedule, fire_times, to_epoch_ms
 from .._model.timer import TimerKind
 from .._version import __version__
 from ..clients import Command, Connection, ServerReplyError, score_pairs
@@ -33,12 +33,15 @@ from .quarantine import quarantine_malformed, quarantine_of
 from .scripts import ScriptCall, lease_script, run_scripts
 from .timers import score_ms
 
-__all__ = ["REGISTRATION_TTL_MS", "Registry", "job_definition"]
+__all__ = ["REGISTRATION_TTL_MS", "REPORTED_FIRES", "Registry", "job_definition"]
 
 log = logging.getLogger("anarchon")
 
 #: How long a registration lasts without renewal; renewed every third of it.
 REGISTRATION_TTL_MS = 30_000
+#: How many next fire times an instance reports of a job whose schedule the store cannot
+#: reckon from its definition (a custom or combined schedule, or one with exclusions).
+REPORTED_FIRES = 10
 
 
 def job_definition(job: Job, strategy: str, next_slot_ms: int | None) -> dict[str, Any]:
@@ -62,6 +65,13 @@ def job_definition(job: Job, strategy: str, next_slot_ms: int | None) -> dict[st
         "max_concurrent_fleet": job.max_concurrent_fleet,
         "next_slot_ms": next_slot_ms,
     }
+    if job.exclude is not None:
+        definition["exclude"] = job.exclude.text
+    if (definition["cron"] is None and definition["every_ms"] is None) or job.exclude is not None:
+        # A schedule the store cannot reckon from the definition (custom, combined, or
+        # with exclusions): its next fire times, as this instance reckons them.
+        fires = fire_times(job.schedule, int(time.time() * 1000), REPORTED_FIRES, job.excluded)
+        definition["next_fires_ms"] = [to_epoch_ms(fire) for fire in fires]
     return definition
 
 

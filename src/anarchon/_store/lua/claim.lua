@@ -7,7 +7,9 @@
 --       exists, Redis 6.2+ and Valkey), may_start (0/1), skip_if_blocked (0/1: a first claim
 --       answered overlap records the slot as skipped, once, for every instance; 2: a slot
 --       waiting behind an older run that a newer slot replaces in the wait, overlap
---       'buffer_one': recorded as skipped if it has not started, blocked or not),
+--       'buffer_one': recorded as skipped if it has not started, blocked or not;
+--       text starting 'excluded:': a scheduled slot the job's exclude= leaves out,
+--       recorded as skipped with this text as the reason by its first claim),
 --       probe (0/1: only ask whether the caller's token holds a live lease; changes nothing),
 --       replace (0/1: overlap 'replace': a first claim blocked by older runs of the job
 --       ends them, recorded cancelled, and wins),
@@ -27,7 +29,7 @@
 --   {'done', 0, 0, 0, status, orphans}  the run is settled ('forgotten': a later claim found
 --                     no state; 'skipped': another instance's first claim found it blocked or
 --                     paused; 'paused': this claim found the job paused, and recorded the slot
---                     as skipped; 'superseded': this claim (skip_if_blocked 2) recorded it as
+--                     as skipped; 'excluded': this claim recorded the excluded slot as skipped; 'superseded': this claim (skip_if_blocked 2) recorded it as
 --                     skipped; 'malformed': the slot's state, or the job's fence, does not
 --                     read: nothing starts)
 -- orphans (on a slot's first claim only, at most ORPHANS_MAX): other unsettled slots of
@@ -53,6 +55,7 @@ local trim_runs_by_id = ARGV[12] == '1'
 local may_start = ARGV[13] == '1'
 local skip_if_blocked = ARGV[14] == '1'
 local superseded = ARGV[14] == '2'
+local excluded = string.sub(ARGV[14], 1, 9) == 'excluded:' and ARGV[14] or nil
 local probe = ARGV[15] == '1'
 local replace = ARGV[16] == '1'
 local fleet_max = tonumber(ARGV[17] or '0')
@@ -261,6 +264,12 @@ end
 if not s then
   trim_old_state()
   local manual = string.sub(slot, 1, 1) == 'm'
+  if excluded and not manual then
+    -- Left out by the job's exclude=: settled as skipped, dead runs still taken over.
+    skip(excluded)
+    local _, orphans = scan_active(true)
+    return {'done', 0, 0, 0, 'excluded', orphans, bad}
+  end
   if not manual and redis.call('HEXISTS', state_key, PAUSED_FIELD) == 1 then
     -- Paused: the slot does not start (dead runs are still taken over).
     skip('paused: the job is paused')
