@@ -74,6 +74,8 @@ class JobModel:
     holder: str | None = None
     # Results recorded per (slot, attempt): the status each attempt ended with.
     results: dict[tuple[str, int], str] = field(default_factory=dict)
+    # The runs that ended ok or finally failed (max_runs counts them).
+    ended: int = 0
 
     def active(self) -> list[str]:
         return [slot for slot, run in self.runs.items() if run.status in ("running", "retry")]
@@ -160,6 +162,7 @@ class JobModel:
             run.token = ""  # the expired attempt's token holds nothing any more
             if run.attempt >= max_attempts:
                 run.status, run.until_ms = "interrupted", now
+                self.ended += 1
                 return Reply("done", status="interrupted")
             run.status, run.until_ms = "retry", now
         if run.status == "retry":
@@ -204,4 +207,6 @@ class JobModel:
             run.until_ms = now + (0 if outcome == "cancelled" else retry_delay_ms)
         else:
             run.status, run.until_ms = outcome, now
+        if run.status in ("ok", "failed"):
+            self.ended += 1
         return run.status

@@ -447,9 +447,11 @@ class LeaseMachine(RuleBasedStateMachine):
     def state_matches_the_model(self) -> None:
         state = self.client.hgetall(self.keys[0])
         fence = state.pop("fence", "0")
-        assert int(fence) == self.model.fence  # invariant 7: nothing but runs, the fence
-        # and the holder: the slot of the last run that took a lease
+        assert int(fence) == self.model.fence  # invariant 7: nothing but runs, the fence,
+        # the holder (the slot of the last run that took a lease) and the runs' count
         assert state.pop("holder", None) == self.model.holder
+        # The runs that ended ok or finally failed, as max_runs counts them.
+        assert int(state.pop("runs", "0")) == self.model.ended
         assert set(state) <= set(self.model.runs)
         # Invariant 5: every run a claim could still ask about is remembered.
         assert self.model.must_remember(self.now, KEEP_MS) <= set(state)

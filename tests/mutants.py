@@ -60,6 +60,7 @@ LEASES = "tests/test_leases.py"
 TAKEOVER = "tests/test_takeover.py"
 FLEET = "tests/test_fleet_limits.py"
 CALENDARS = "tests/test_calendars.py"
+BOUNDS = "tests/test_bounds.py"
 ENGINE_MACHINE = "property_tests/test_engine_machine.py"
 ENGINE_FAULTS = "tests/test_engine_faults.py"
 TIMER_MACHINE = "property_tests/test_timer_machine.py"
@@ -383,6 +384,31 @@ MUTANTS: list[Mutant] = [
         "  if excluded then\n",
         "a manual run of an excluded slot's instant is recorded skipped",
         (CALENDARS,),
+    ),
+    # A job's max_runs (issue 44's bounds).
+    Mutant(
+        "max-runs-not-asked",
+        "claim.lua",
+        "  if max_runs > 0 then\n",
+        "  if false then\n",
+        "a job's runs start whatever its max_runs",
+        (BOUNDS,),
+    ),
+    Mutant(
+        "runs-not-counted",
+        "finish.lua",
+        "  count_run(state_key, s.status)\n",
+        "",
+        "a run that ends is not counted against its job's max_runs",
+        (BOUNDS,),
+    ),
+    Mutant(
+        "runs-counted-with-retries",
+        "finish.lua",
+        "if s.status ~= 'retry' then\n  -- Settled for good",
+        "count_run(state_key, 'ok')\nif s.status ~= 'retry' then\n  -- Settled for good",
+        "every finish counts a run, repeated ones and retried attempts too",
+        (BOUNDS,),
     ),
     # The fleet limits (lease_state.lua's permits, a kind's rate and key groups).
     Mutant(

@@ -83,6 +83,11 @@ class SentinelGroup:
             _, port = sentinel.sentinel_get_master_addr_by_name(MASTER)
         return int(port)
 
+    def role(self, port: int) -> str:
+        """What the server on ``port`` says it is: ``master`` or ``slave``."""
+        with _client(port) as server:
+            return str(server.info("replication")["role"])
+
     def subscribers(self, channel: str) -> int:
         """How many clients of the primary subscribe to ``channel``."""
         with _client(self.primary_port()) as primary:

@@ -12,7 +12,7 @@ from typing import Any
 import anyio
 import pytest
 
-from anarchon import InvalidOptionError, RedisBackend, Run, Scheduler
+from anarchon import Inspector, InvalidOptionError, RedisBackend, Run, Scheduler
 from tests.helpers import OneShot, wait_until
 from tests.sentinels import MASTER, SentinelGroup
 from tests.servers import ServerSpec
@@ -113,3 +113,47 @@ def test_a_group_that_fails_to_start_leaves_no_server_running(
 
 def _fail_at_once(condition: Any, what: str, timeout_sec: float = 30) -> None:
     raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.mark.engine_tier
+async def test_max_runs_holds_across_a_promotion(
+    server: ServerSpec, prefix: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job with max_runs=6, a slot every half second; after two runs the primary is
+    replaced by its replica. The count goes on on the new primary: the job ends with
+    the new primary counting 6 runs, finished. A run beyond 6 can only be one counted
+    on the old primary between the promotion and its demotion (written there, and lost
+    with it: what any write then is); an instance that heard "finished" from the old
+    primary asks again, and hears the new one's count."""
+    # A finished job asks the store again a second later, not a minute.
+    monkeypatch.setattr("anarchon._engine.context.FINISHED_RECHECK_SEC", 1.0)
+    ran: Counter[int] = Counter()
+    with group_of(server, tmp_path) as group:
+        scheduler = Scheduler(RedisBackend(redis=group.url, prefix=prefix), lease_ms=3000)
+
+        @scheduler.job(every_ms=500, name="campaign", max_runs=6)
+        async def campaign(run: Run) -> None:
+            ran[run.slot_ms] += 1
+
+        async with scheduler:
+            await wait_until(lambda: len(ran) >= 2, 20, "runs before the promotion")
+            began_ms = time.time() * 1000
+            old = group.primary_port()
+            new = await anyio.to_thread.run_sync(group.failover)
+            await wait_until(lambda: group.role(old) == "slave", 30, "the old primary's demotion")
+            demoted_ms = time.time() * 1000
+            # Read from the new primary itself (a Sentinel may name the old one a while).
+            store = RedisBackend(redis=f"redis://127.0.0.1:{new}/0", prefix=prefix)
+            async with Inspector(store) as inspector:
+                for _ in range(300):
+                    (job,) = await inspector.jobs(["campaign"])
+                    if job.finished:
+                        break
+                    await anyio.sleep(0.1)
+            ended = sum(ran.values())
+            await anyio.sleep(1.5)  # three more slots: none may run
+    around = [s for s in ran if began_ms - 2000 <= s <= demoted_ms + 2000]
+    assert sum(ran.values()) == ended, "a run after the job finished"
+    assert 6 <= ended <= 6 + len(around), (ran, began_ms, demoted_ms)
+    assert all(n == 1 for s, n in ran.items() if s not in around), ran
+    assert job.runs == 6 and job.finished is not None and "max_runs 6" in job.finished, job

@@ -108,7 +108,7 @@ class RunOverlapError(AnarchonError):
     """``run_now()`` was refused: another run of the job is unsettled (it holds a live
     lease, waits for its retry, or is orphaned) and the job does not allow overlapping
     runs, or the job's runs in the fleet hold every permit of its
-    ``max_concurrent_fleet``."""
+    ``max_concurrent_fleet``, or its runs reached its ``max_runs`` (it is finished)."""
 
     code = "ANARCHON_OVERLAP"
 

@@ -265,6 +265,12 @@ class Scheduler(Generic[K]):
                 is claimed once one of its runs here ends (other instances may take it
                 meanwhile); it matters for ``overlap="allow"``, since otherwise one run
                 of the job goes on at a time in the fleet.
+            start_at (datetime | None): Its first slot is at or after this instant (an
+                aware datetime; None: no bound).
+            end_at (datetime | None): Its last slot is before this instant (an aware
+                datetime after ``start_at``; None: no bound). Past it the job claims
+                nothing more, and ``Inspector.jobs`` and the dashboard show it
+                finished; its state and history stay in the store.
             max_concurrent_fleet (int | None): The most of the job's runs that go on at
                 once in the whole fleet (*lease strategy only*; 1 to 100 000; None: no
                 limit). Each run holds a permit in the store while its lease lives: its
@@ -294,6 +300,13 @@ class Scheduler(Generic[K]):
             retry_on (type[Exception] | tuple[type[Exception], ...] | None): Retry only
                 these exceptions (*lease strategy only*): any other fails the run at
                 once. None: every exception is retried.
+            max_runs (int | None): How many of its runs may end, ok or finally failed
+                (a run whose last attempt crashed counts as failed), counted once in the
+                store for the fleet, manual runs included (*lease strategy only*; 1 to
+                1 000 000 000; None: no bound). A slot's first claim starts no run once
+                that many have ended, or have ended or are under way (then the slot is
+                recorded skipped); the job is then finished: it claims nothing more and
+                ``run_now`` is refused, until a higher ``max_runs`` is deployed.
             exclude (str | Iterable[date | str] | Excludes | None): The slots of the
                 schedule that do not run (*lease strategy only*): a cron expression read
                 in ``timezone`` (a slot whose wall-clock time it matches, such as

@@ -728,6 +728,12 @@ def _job_details(job: JobInfo, recent: list[RunResult], fleet: _Fleet) -> str:
             f"yes, by {_esc(job.paused_by or '?')}" if job.paused else "no",
         ),
         ("first seen", _when(job.first_seen)),
+        *([("finished", _esc(job.finished))] if job.finished else []),
+        *(
+            [("runs ended", _esc(_runs_text(job)))]
+            if job.runs is not None and (job.runs or "max_runs" in job.options)
+            else []
+        ),
         ("run by", by),
         *(
             [("in the fleet", _esc(fleet_text(job.fleet_running, limit) + " runs at once"))]
@@ -739,6 +745,12 @@ def _job_details(job: JobInfo, recent: list[RunResult], fleet: _Fleet) -> str:
     ]
     body = "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in rows)
     return f'<table class="details">{body}</table>'
+
+
+def _runs_text(job: JobInfo) -> str:
+    """A job's runs that ended, against its ``max_runs``: ``3``, ``3 of 10``."""
+    bound = job.options.get("max_runs")
+    return f"{job.runs} of {bound}" if isinstance(bound, int) else f"{job.runs}"
 
 
 def _leases_table(root: str, leases: list[LeaseInfo]) -> str:

@@ -123,8 +123,9 @@ def add_store_commands(commands: Any) -> None:
         help="show a job's next fire times (UTC and its zone)",
         description="Reckons a job's next fire times from the definition its instances "
         "registered (no scheduler needs to run here): each in UTC and in the job's time "
-        "zone. Of a job with a custom or combined schedule, or with exclude=, the next ten "
-        "its instances last reported (excluded slots left out) are all that is known.",
+        "zone. Of a job with a combined or bounded schedule, or with exclude=, the next "
+        "ten its instances last reported (excluded slots left out); of a custom schedule, "
+        "only the next slot they last reported.",
     )
     upcoming.add_argument("job", metavar="JOB")
     upcoming.add_argument(
@@ -364,7 +365,7 @@ def _jobs_table(jobs: list[JobInfo], instances: list[InstanceInfo], every_read: 
             f"{schedule} ({job.strategy})" if job.strategy != "lease" else schedule,
             _when(job.next_fire),
             zone,
-            f"yes, by {job.paused_by}" if job.paused else "no",
+            _paused_text(job),
             run_by or Text("no live instance", style="bold red"),
             last,
             *([fleet_text(job.fleet_running, job.options.get("max_concurrent_fleet")) or "-"]
@@ -373,6 +374,12 @@ def _jobs_table(jobs: list[JobInfo], instances: list[InstanceInfo], every_read: 
     if not jobs:
         _add_row(table, "(none: no instance has registered a job under this prefix)")
     return table
+
+
+def _paused_text(job: JobInfo) -> str:
+    """Whether a job claims its slots: paused (by whom), finished (why), or not."""
+    paused = f"yes, by {job.paused_by}" if job.paused else "no"
+    return f"{paused}; finished: {job.finished}" if job.finished else paused
 
 
 def _in_zone(moment: datetime, timezone: str) -> str:

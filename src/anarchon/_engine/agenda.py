@@ -465,6 +465,8 @@ class Agenda:
             return
         if due.first and due.failures == 0 and not due.held:
             self._schedule_next_slot(job, due.slot_ms, now_ms)
+        if due.first and self._context.resting(job.name):
+            return  # max_runs reached: not claimed (a run under way goes on)
         if due.first and not self._in_time(job, due, now_ms):
             if due.failures == 0:
                 self._log_missed(job, due, now_ms)

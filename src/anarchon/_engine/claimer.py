@@ -250,6 +250,7 @@ class Claimer:
             superseded=due.superseded,
             replace=due.first and due.trigger == "schedule" and job.overlap_policy == "replace",
             fleet_max=job.max_concurrent_fleet,
+            max_runs=job.max_runs,
             # Every claim of an excluded slot says so: the fleet's first records it skipped.
             excluded=job.excluded(due.slot_ms)
             if job.exclude is not None and due.trigger in ("schedule", "catch-up")
@@ -268,6 +269,8 @@ class Claimer:
             # A newer slot runs or waits: the older ones waiting here give it their place.
             self._agenda.supersede_waiters(job, due.slot_ms)
         if reply.kind == "won":
+            if job.name in self._context.finished:
+                self._context.unfinish(job.name)
             if (job.name, due.slot_id) in self._context.attempts:
                 return  # a repeated claim of an attempt that runs here already
             if time.monotonic() >= self._store.held_until(reply.wait_ms, sent):
@@ -304,6 +307,8 @@ class Claimer:
                 extra={"job": job.name, "slot_ms": due.slot_ms},
             )
             self._context.skipped(job.name, due.slot_ms, "paused")
+        elif reply.kind == "done" and reply.status == "finished":
+            self._context.finish(job.name, f"its runs reached its max_runs ({job.max_runs})")
         elif reply.kind == "done" and reply.status == "excluded":
             log.info(
                 "%s: slot %s skipped (recorded in history): the job's exclude= leaves it out",

@@ -30,6 +30,10 @@ __all__ = ["Capacity", "EngineContext", "Owner", "Room", "Running", "ServerHealt
 log = logging.getLogger("anarchon")
 
 
+#: How often a finished job's slot is claimed all the same, to ask the store again.
+FINISHED_RECHECK_SEC = 60.0
+
+
 class ServerHealth:
     """Whether the server answers, as this instance last saw it. An outage is logged
     (and told as an event) once when it starts (WARNING) and once when it ends (INFO,
@@ -56,6 +60,9 @@ class ServerHealth:
             down_sec = time.monotonic() - self.down_since
             log.info("the server answers again, after %.1f s", down_sec)
             self.down_since = None
+            # What the store said may have changed (a failover can lose its last writes):
+            # finished jobs ask it again.
+            self._context.finished.clear()
             if self._context.events.on:
                 self._context.events.emit(
                     ServerBack(instance=self._context.instance_id, down_sec=down_sec)
@@ -214,6 +221,9 @@ class EngineContext:
     #: Jobs that no longer claim slots, with the reason (their schedule raised, or the
     #: server answered their claims with a permanent error).
     disabled: dict[str, str] = field(default_factory=dict)
+    #: The jobs whose runs reached their ``max_runs`` (``finish``): why, and when
+    #: (monotonic) their next slot's claim asks the store again.
+    finished: dict[str, tuple[str, float]] = field(default_factory=dict)
     #: The kinds of timer this instance fires, by name.
     timer_kinds: dict[str, TimerKind] = field(default_factory=dict)
     #: How long an instance waits at most between two claims of a kind's due timers
@@ -257,6 +267,30 @@ class EngineContext:
             self.events.emit(
                 SlotSkipped(instance=self.instance_id, job=job, slot_ms=slot_ms, reason=reason)
             )
+
+    def finish(self, job: str, reason: str) -> None:
+        """``job`` reached its ``max_runs``: its new slots are not claimed here (its runs
+        under way go on), but for one a minute (and the first after an outage), which
+        asks the store again: a higher bound deployed elsewhere, or a count a failover
+        lost, lets the job run again."""
+        if job not in self.finished:
+            log.info(
+                "%s: the job is finished: %s; its slots are not claimed (raise max_runs and "
+                "redeploy to run it again)",
+                job,
+                reason,
+            )
+        self.finished[job] = (reason, time.monotonic() + FINISHED_RECHECK_SEC)
+
+    def resting(self, job: str) -> bool:
+        """Whether ``job`` is finished here and its next claim need not ask again."""
+        entry = self.finished.get(job)
+        return entry is not None and time.monotonic() < entry[1]
+
+    def unfinish(self, job: str) -> None:
+        """A claim of ``job`` was won: it is not finished (any more)."""
+        if self.finished.pop(job, None) is not None:
+            log.info("%s: the job runs again: its runs are below its max_runs", job)
 
     def disable(self, job: str, reason: str) -> None:
         """Stop claiming slots of ``job``, loudly; the other jobs go on."""

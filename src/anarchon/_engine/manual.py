@@ -116,10 +116,17 @@ class ManualRuns:
             allow_overlap=job.overlap,
             keep_ms=job.keep_ms(lease_ms),
             fleet_max=job.max_concurrent_fleet,
+            max_runs=job.max_runs,
         )
         reply, sent = await self._claim_with_retries(store, job, request)
         for orphan in reply.orphans:
             self._claimer.take_over(job, orphan, wall_ms())
+        if reply.kind == "done" and reply.status == "finished":
+            self._context.finish(job.name, f"its runs reached its max_runs ({job.max_runs})")
+            raise RunOverlapError(
+                f"{job.name!r} is finished: its runs in the fleet reached its max_runs "
+                f"({job.max_runs}); raise max_runs to run it again"
+            )
         if reply.kind == "overlap" and reply.status == "fleet":
             raise RunOverlapError(
                 f"{job.name!r} has as many runs in the fleet as its max_concurrent_fleet "

@@ -7,6 +7,7 @@ import inspect
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import anyio.to_thread
@@ -234,6 +235,13 @@ class Job:
     max_concurrent_fleet: int | None = None
     #: The slots of its schedule that do not run (recorded skipped, with the reason).
     exclude: Exclusion | None = None
+    #: Its first slot is at or after this instant, its last before ``end_at`` (None:
+    #: no bound); the schedule (a ``BoundedSchedule`` then) holds them too.
+    start_at: datetime | None = None
+    end_at: datetime | None = None
+    #: The runs that may end (ok or finally failed) in the fleet, counted in the store;
+    #: then the job is finished (None: no bound).
+    max_runs: int | None = None
 
     def excluded(self, slot_ms: int) -> str | None:
         """Why its scheduled slot at ``slot_ms`` does not run, or None."""

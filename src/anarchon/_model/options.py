@@ -9,7 +9,7 @@ import secrets
 import socket
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from datetime import date
+from datetime import UTC, date, datetime
 from typing import Any, TypedDict
 
 from .._errors import InvalidJobError, InvalidOptionError
@@ -27,7 +27,7 @@ from .job import (
     takes_run_argument,
     validate_job_name,
 )
-from .schedule import SlotClock
+from .schedule import BoundedSchedule, SlotClock
 from .timer import TimerKind, validate_kind
 from .values import OverlapPolicy
 
@@ -38,6 +38,8 @@ MAX_ATTEMPTS = 1000
 MAX_LEASE_MS = 24 * 3600 * 1000
 #: The most results a job's history keeps (the scripts trim by rank with it).
 MAX_HISTORY_SIZE = 1_000_000
+#: The most runs ``max_runs`` may allow.
+MAX_RUNS = 1_000_000_000
 
 __all__ = [
     "MAX_ATTEMPTS",
@@ -73,6 +75,10 @@ class JobOptions(TypedDict, total=False):
     timeout_ms: int | None
     #: The most of its runs at once on one instance (default: the instance's bound).
     max_concurrent: int | None
+    #: Its first slot is at or after this instant (default: none).
+    start_at: datetime | None
+    #: Its last slot is before this instant; then it is finished (default: none).
+    end_at: datetime | None
 
 
 class LeaseJobOptions(JobOptions, total=False):
@@ -93,6 +99,9 @@ class LeaseJobOptions(JobOptions, total=False):
     max_concurrent_fleet: int | None
     #: The slots of its schedule that do not run (default: none).
     exclude: str | Iterable[date | str] | Excludes | None
+    #: How many runs may end (ok or finally failed) in the fleet; then it is finished
+    #: (default: no bound).
+    max_runs: int | None
 
 
 #: The options every strategy's jobs take, and those only the lease strategy's take.
@@ -171,6 +180,10 @@ def make_job(
         most=MAX_ATTEMPTS,
     )
     job_schedule = make_schedule(schedule, options.get("every_ms"), options.get("timezone", "UTC"))
+    start_at, end_at = _bounds(options.get("start_at"), options.get("end_at"))
+    if start_at is not None or end_at is not None:
+        job_schedule = BoundedSchedule(job_schedule, start_at, end_at)
+    max_runs = options.get("max_runs")
     catch_up_ms = options.get("catch_up_ms")
     timeout_ms = options.get("timeout_ms")
     retry_delay_ms = options.get("retry_delay_ms")
@@ -198,6 +211,27 @@ def make_job(
         max_concurrent=own_bound(options.get("max_concurrent")),
         max_concurrent_fleet=fleet_bound(options.get("max_concurrent_fleet")),
         exclude=make_exclusion(options.get("exclude"), options.get("timezone", "UTC")),
+        start_at=start_at,
+        end_at=end_at,
+        max_runs=None if max_runs is None else check_count("max_runs", max_runs, most=MAX_RUNS),
+    )
+
+
+def _bounds(start_at: object, end_at: object) -> tuple[datetime | None, datetime | None]:
+    """``start_at`` and ``end_at``, checked: aware datetimes, the end after the start."""
+    for option, value in (("start_at", start_at), ("end_at", end_at)):
+        if value is not None and not (isinstance(value, datetime) and value.tzinfo is not None):
+            raise InvalidOptionError(
+                f"{option} must be an aware datetime (such as datetime(2027, 1, 1, "
+                f"tzinfo=UTC)), got {value!r}"
+            )
+    if isinstance(start_at, datetime) and isinstance(end_at, datetime) and end_at <= start_at:
+        raise InvalidOptionError(
+            f"end_at ({end_at.isoformat()}) must be after start_at ({start_at.isoformat()})"
+        )
+    return (
+        start_at.astimezone(UTC) if isinstance(start_at, datetime) else None,
+        end_at.astimezone(UTC) if isinstance(end_at, datetime) else None,
     )
 
 

@@ -19,6 +19,7 @@ from cronsim import CronSim, CronSimError
 from .._errors import InvalidScheduleError
 
 __all__ = [
+    "BoundedSchedule",
     "CalendarInterval",
     "CombinedSchedule",
     "CronSchedule",
@@ -471,10 +472,44 @@ class CombinedSchedule:
         return f"CombinedSchedule({', '.join(map(repr, self.parts))})"
 
 
+class BoundedSchedule:
+    """A job's schedule within its ``start_at`` and ``end_at``: its slots at or after
+    the start and before the end (either may be None)."""
+
+    __slots__ = ("end", "schedule", "start")
+
+    def __init__(self, schedule: Schedule, start: datetime | None, end: datetime | None) -> None:
+        self.schedule = schedule
+        self.start = start
+        self.end = end
+
+    def next_after(self, moment: datetime, /) -> datetime | None:
+        return next(self.fires_after(moment), None)
+
+    def fires_after(self, moment: datetime, /) -> Iterator[datetime]:
+        if self.start is not None and moment < self.start:
+            moment = self.start - _ONE_MICROSECOND
+        for fire in _fires_of(self.schedule, moment):
+            if self.end is not None and fire >= self.end:
+                return
+            yield fire
+
+    def __repr__(self) -> str:
+        bounds = [
+            f"{name}={at.isoformat()!r}"
+            for name, at in (("start_at", self.start), ("end_at", self.end))
+            if at is not None
+        ]
+        return f"BoundedSchedule({self.schedule!r}, {', '.join(bounds)})"
+
+
+_ONE_MICROSECOND = timedelta(microseconds=1)
+
+
 def _fires_of(schedule: Schedule, moment: datetime) -> Iterator[datetime]:
     """A schedule's fire times after ``moment`` in UTC, each checked as a slot clock
     checks them (aware, moving forward)."""
-    if isinstance(schedule, CronSchedule | CombinedSchedule):
+    if isinstance(schedule, CronSchedule | CombinedSchedule | BoundedSchedule):
         yield from schedule.fires_after(moment)
         return
     at = moment
@@ -553,7 +588,7 @@ class SlotClock:
 
     def next_slot_ms(self, after_ms: int) -> int | None:
         """The first slot strictly after ``after_ms``, or None if there is none."""
-        if isinstance(self._schedule, CronSchedule | CombinedSchedule):
+        if isinstance(self._schedule, CronSchedule | CombinedSchedule | BoundedSchedule):
             if self._fires is None or after_ms != self._last_ms:
                 self._fires = self._schedule.fires_after(from_epoch_ms(after_ms))
             fire = next(self._fires, None)

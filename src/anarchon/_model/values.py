@@ -541,7 +541,12 @@ class JobInfo:
         fleet_running: Its runs holding a permit of its ``max_concurrent_fleet`` now
             (its limit is ``options["max_concurrent_fleet"]``), or None without one.
         options: The rest of its definition, by option name (``overlap``,
-            ``max_attempts``, ``catch_up_ms``, ``timeout_ms``, ...).
+            ``max_attempts``, ``catch_up_ms``, ``timeout_ms``, ...; ``start_at`` and
+            ``end_at`` in epoch ms).
+        runs: Its runs that ended ok or finally failed, as the store counts them (what
+            ``max_runs`` bounds; lease strategy only), or None.
+        finished: Why it claims nothing more, or None: its ``end_at`` passed (and its
+            last slot with it), or its runs reached its ``max_runs``.
     """
 
     name: str
@@ -557,6 +562,8 @@ class JobInfo:
     first_seen: datetime | None
     options: dict[str, Any] = field(default_factory=dict)
     fleet_running: int | None = None
+    runs: int | None = None
+    finished: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

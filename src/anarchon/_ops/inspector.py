@@ -32,6 +32,7 @@ from .._model.schedule import (
     Schedule,
     fire_times,
     from_epoch_ms,
+    iso_ms,
 )
 from .._model.text import visible
 from .._model.timer import validate_kind
@@ -55,7 +56,7 @@ from .._store.keys import (
     hint_channel,
     kind_keys,
 )
-from .._store.lease import PAUSED_FIELD, request_run, set_paused
+from .._store.lease import FINISHED_FIELD, PAUSED_FIELD, RUNS_FIELD, request_run, set_paused
 from .._store.quarantine import (
     MalformedEntry,
     Quarantine,
@@ -196,7 +197,7 @@ class Inspector:
             history_command(self._results_key(name, strategies[name]), 1) for name in names
         ]
         commands += [
-            ("HGET", JobKeys.for_job(self._prefix, name).state, PAUSED_FIELD) for name in leased
+            ("HMGET", JobKeys.for_job(self._prefix, name).state, *_JOB_FLAGS) for name in leased
         ]
         # The live fleet permits of each job with a limit across the fleet.
         limited = [name for name in leased if definitions[name].get("max_concurrent_fleet")]
@@ -212,8 +213,8 @@ class Inspector:
         for name in names:
             definition = definitions[name]
             strategy = strategies[name]
-            flag = paused.get(name)
-            paused_by = None if flag is None or isinstance(flag, MalformedEntry) else str(flag)
+            flags = _job_flags(paused.get(name))
+            paused_by = flags.get(PAUSED_FIELD)
             results = self._history_of(name, strategy, newest[name])
             seen = first_seen.get(name)
             found.append(
@@ -230,6 +231,8 @@ class Inspector:
                     last=results[0] if results else None,
                     first_seen=None if seen is None else from_epoch_ms(seen),
                     fleet_running=_count(held.get(name)),
+                    runs=_runs(flags.get(RUNS_FIELD)) if name in leased else None,
+                    finished=_finished(definition, flags.get(FINISHED_FIELD), now_ms),
                     options={
                         key: value
                         for key, value in definition.items()
@@ -511,9 +514,9 @@ class Inspector:
     async def next_fire_times(self, job: str, n: int = 10) -> list[datetime]:
         """A job's next ``n`` fire times after now, from the definition its instances
         registered (``anarchon next JOB``): a cron expression in its zone, or an
-        interval. Of a job with a custom or combined schedule, or with ``exclude=``,
-        the next ten its instances last reported (excluded slots left out) are all that
-        can be known here.
+        interval. Of a job with a combined or bounded schedule, or with ``exclude=``,
+        the next ten its instances last reported (excluded slots left out); of a custom
+        schedule, only the next slot its instances last reported.
 
         Args:
             job: A job the fleet registered (an ``InvalidJobError`` otherwise).
@@ -861,6 +864,38 @@ def _score_pairs(reply: Any) -> list[tuple[str, float]]:
 
 def _text(raw: Any) -> str:
     return raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
+
+
+#: The job-wide fields of a job's state hash that ``jobs()`` reads: who paused it, its
+#: runs that ended, and why it is finished (lease_state.lua).
+_JOB_FLAGS = (PAUSED_FIELD, RUNS_FIELD, FINISHED_FIELD)
+
+
+def _job_flags(reply: Any) -> dict[str, str]:
+    """HMGET's reply of ``_JOB_FLAGS`` as text, by field (those present)."""
+    if not isinstance(reply, list | tuple):
+        return {}  # a state key of another type: quarantined by the job's other reads
+    return {
+        name: _text(value)
+        for name, value in zip(_JOB_FLAGS, reply, strict=False)
+        if value is not None
+    }
+
+
+def _runs(text: str | None) -> int | None:
+    """The count of a job's ended runs (None: one that is not a count)."""
+    if text is None:
+        return 0
+    return int(text) if text.isdigit() and len(text) < 20 else None
+
+
+def _finished(definition: dict[str, Any], stored: str | None, now_ms: int) -> str | None:
+    """Why a job claims nothing more, or None: its ``end_at`` passed (checked by
+    decode_definition), or the store marked it finished (its ``max_runs``)."""
+    end_at = definition.get("end_at")
+    if end_at is not None and int(end_at) <= now_ms:
+        return f"end_at {iso_ms(int(end_at))} passed"
+    return stored
 
 
 def _next_fire(definition: dict[str, Any], now_ms: int) -> datetime | None:

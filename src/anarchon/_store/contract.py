@@ -61,6 +61,9 @@ class ClaimRequest:
     #: Only ask whether this claim's token holds a live lease (a stopping instance
     #: resolving a claim whose reply was lost); the store changes nothing.
     probe: bool = False
+    #: The job's ``max_runs``: a run starts only while fewer of its runs have ended (ok
+    #: or finally failed) in the store (None: no bound).
+    max_runs: int | None = None
     #: A scheduled slot that the job's ``exclude=`` leaves out: why (``"excluded: ..."``).
     #: Its first claim in the fleet records it skipped with this reason.
     excluded: str | None = None

@@ -27,11 +27,22 @@ from .quarantine import MalformedEntry, quarantine_malformed, quarantine_of, who
 from .records import read_history, read_result
 from .scripts import ScriptCall, lease_script, run_scripts
 
-__all__ = ["PAUSED_FIELD", "LeaseStore", "request_run", "set_paused"]
+__all__ = [
+    "FINISHED_FIELD",
+    "PAUSED_FIELD",
+    "RUNS_FIELD",
+    "LeaseStore",
+    "request_run",
+    "set_paused",
+]
 
 
 #: The state hash's field that pauses a job (see lua/lease_state.lua).
 PAUSED_FIELD = "paused"
+#: lease_state.lua's fields of a job's state hash: its runs that ended ok or finally
+#: failed, and why it is finished (its max_runs reached).
+RUNS_FIELD = "runs"
+FINISHED_FIELD = "finished"
 
 
 async def set_paused(conn: Connection, state: str, paused_by: str | None) -> bool:
@@ -144,10 +155,12 @@ class LeaseStore(Store):
                 1 if r.probe else 0,
                 1 if r.replace else 0,
             ]
-            if r.fleet_max:
-                # Only a job with a fleet limit sends its permits (claims are hot).
+            if r.fleet_max or r.max_runs:
+                # Only a job with a fleet limit or a max_runs sends these (claims are hot).
                 script_keys.append(keys.permits)
-                args.append(r.fleet_max)
+                args.append(r.fleet_max or 0)
+                if r.max_runs:
+                    args.append(r.max_runs)
             calls.append(ScriptCall(claim, script_keys, args))
         replies = await run_scripts(self.conn, calls)
         return [

@@ -311,6 +311,13 @@ def decode_definition(key: str, name: str, raw: Any) -> dict[str, Any]:
         raise wrong(f"next_fires_ms is not a list of up to {_REPORTED_FIRES_MAX} instants")
     if definition.get("exclude") is not None and not isinstance(definition["exclude"], str):
         raise wrong("exclude is not text")
+    for bound in ("start_at", "end_at"):
+        at = definition.get(bound)
+        if at is not None and not _instant(at):
+            raise wrong(f"{bound} is {at!r}, not an instant in epoch ms")
+    max_runs = definition.get("max_runs")
+    if max_runs is not None and not (_number(max_runs) or 0) > 0:
+        raise wrong(f"max_runs is {max_runs!r}, not a whole number above 0")
     strategy = definition.get("strategy", "lease")
     if not isinstance(strategy, str) or strategy not in _STRATEGIES:
         raise wrong(f"strategy is {strategy!r}, not one of {', '.join(sorted(_STRATEGIES))}")

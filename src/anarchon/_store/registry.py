@@ -23,7 +23,16 @@ from typing import Any
 import anyio
 
 from .._model.job import Job
-from .._model.schedule import CronSchedule, IntervalSchedule, fire_times, to_epoch_ms
+from .._model.schedule import (
+    BoundedSchedule,
+    CalendarInterval,
+    CombinedSchedule,
+    CronSchedule,
+    IntervalSchedule,
+    Schedule,
+    fire_times,
+    to_epoch_ms,
+)
 from .._model.timer import TimerKind
 from .._version import __version__
 from ..clients import Command, Connection, ServerReplyError, score_pairs
@@ -46,7 +55,8 @@ REPORTED_FIRES = 10
 
 def job_definition(job: Job, strategy: str, next_slot_ms: int | None) -> dict[str, Any]:
     """A job as the registry shows it (JSON-ready)."""
-    schedule = job.schedule
+    bounded = job.schedule
+    schedule = bounded.schedule if isinstance(bounded, BoundedSchedule) else bounded
     definition: dict[str, Any] = {
         "schedule": repr(schedule),
         "cron": schedule.expression if isinstance(schedule, CronSchedule) else None,
@@ -67,12 +77,34 @@ def job_definition(job: Job, strategy: str, next_slot_ms: int | None) -> dict[st
     }
     if job.exclude is not None:
         definition["exclude"] = job.exclude.text
-    if (definition["cron"] is None and definition["every_ms"] is None) or job.exclude is not None:
-        # A schedule the store cannot reckon from the definition (custom, combined, or
-        # with exclusions): its next fire times, as this instance reckons them.
-        fires = fire_times(job.schedule, int(time.time() * 1000), REPORTED_FIRES, job.excluded)
+    for bound, at in (("start_at", job.start_at), ("end_at", job.end_at)):
+        if at is not None:
+            definition[bound] = to_epoch_ms(at)
+    if job.max_runs is not None:
+        definition["max_runs"] = job.max_runs
+    reckoned = definition["cron"] is not None or definition["every_ms"] is not None
+    if (not reckoned or bounded is not schedule or job.exclude is not None) and built_in(
+        job.schedule
+    ):
+        # A schedule the store cannot reckon from the definition (combined, bounded, or
+        # with exclusions) but made of anarchon's own: its next fire times, as this
+        # instance reckons them. A custom one's code is not called here: of it, the
+        # views know the next slot alone.
+        try:
+            fires = fire_times(job.schedule, int(time.time() * 1000), REPORTED_FIRES, job.excluded)
+        except Exception:  # the job's own claims say what is wrong with its schedule
+            fires = []
         definition["next_fires_ms"] = [to_epoch_ms(fire) for fire in fires]
     return definition
+
+
+def built_in(schedule: Schedule) -> bool:
+    """Whether ``schedule`` is made of anarchon's schedules alone (no custom code)."""
+    if isinstance(schedule, CombinedSchedule):
+        return all(built_in(part) for part in schedule.parts)
+    if isinstance(schedule, BoundedSchedule):
+        return built_in(schedule.schedule)
+    return isinstance(schedule, CronSchedule | IntervalSchedule | CalendarInterval)
 
 
 class Registry:

@@ -14,7 +14,9 @@
 --       replace (0/1: overlap 'replace': a first claim blocked by older runs of the job
 --       ends them, recorded cancelled, and wins),
 --       fleet_max (max_concurrent_fleet: the most of the job's runs at once in the fleet,
---       each holding a permit while its lease lives; absent or 0 for no limit)
+--       each holding a permit while its lease lives; absent or 0 for no limit),
+--       max_runs (the job's runs that may end, ok or finally failed, counted in
+--       RUNS_FIELD; absent or 0 for no bound: sent with fleet_max, 0 for none)
 -- Every reply is {kind, attempt, fence, ms, text, orphans, malformed}:
 --   {'won', attempt, fence, lease_ms_left, trigger, orphans, malformed, progress}  the
 --                     caller runs this attempt; progress: what the slot's last attempt
@@ -29,7 +31,9 @@
 --   {'done', 0, 0, 0, status, orphans}  the run is settled ('forgotten': a later claim found
 --                     no state; 'skipped': another instance's first claim found it blocked or
 --                     paused; 'paused': this claim found the job paused, and recorded the slot
---                     as skipped; 'excluded': this claim recorded the excluded slot as skipped; 'superseded': this claim (skip_if_blocked 2) recorded it as
+--                     as skipped; 'excluded': this claim recorded the excluded slot as skipped;
+--                     'finished': the job's runs reached its max_runs: nothing is recorded,
+--                     and the job is marked finished (FINISHED_FIELD); 'superseded': this claim (skip_if_blocked 2) recorded it as
 --                     skipped; 'malformed': the slot's state, or the job's fence, does not
 --                     read: nothing starts)
 -- orphans (on a slot's first claim only, at most ORPHANS_MAX): other unsettled slots of
@@ -59,6 +63,7 @@ local excluded = string.sub(ARGV[14], 1, 9) == 'excluded:' and ARGV[14] or nil
 local probe = ARGV[15] == '1'
 local replace = ARGV[16] == '1'
 local fleet_max = tonumber(ARGV[17] or '0')
+local max_runs = tonumber(ARGV[18] or '0')
 
 local now = server_now_ms()
 
@@ -264,6 +269,21 @@ end
 if not s then
   trim_old_state()
   local manual = string.sub(slot, 1, 1) == 'm'
+  if max_runs > 0 then
+    -- max_runs: the runs that ended, and those under way (any of them may end counted).
+    local ended = tonumber(redis.call('HGET', state_key, RUNS_FIELD)) or 0
+    if ended >= max_runs then
+      redis.call('HSET', state_key, FINISHED_FIELD,
+        'max_runs ' .. max_runs .. ' reached: ' .. ended .. ' runs ended')
+      return {'done', 0, 0, 0, 'finished', {}, bad}
+    end
+    redis.call('HDEL', state_key, FINISHED_FIELD)  -- the bound may have been raised
+    if not manual and ended + redis.call('SCARD', active_key) >= max_runs then
+      skip('max_runs: ' .. max_runs .. ' runs have ended or are under way')
+      local _, orphans = scan_active(true)
+      return {'done', 0, 0, 0, 'skipped', orphans, bad}
+    end
+  end
   if excluded and not manual then
     -- Left out by the job's exclude=: settled as skipped, dead runs still taken over.
     skip(excluded)
@@ -315,6 +335,7 @@ if s.status == 'running' then
     redis.call('HDEL', state_key, PROGRESS_PREFIX .. slot)
     redis.call('SREM', active_key, slot)
     drop_permit(permits_key, slot)
+    count_run(state_key, 'interrupted')
     return {'done', 0, 0, 0, 'interrupted', {}, bad}
   end
   -- Attempts are left: the run now waits for its next attempt, which starts at once.

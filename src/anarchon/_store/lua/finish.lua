@@ -4,6 +4,7 @@
 -- is given back
 -- ARGV: slot, slot_score, token, outcome (ok|failed|cancelled), max_attempts,
 --       retry_delay_ms, error, history_size, history_ttl_ms
+-- A run that ends ok or finally failed is counted (lease_state.lua's RUNS_FIELD).
 -- Replies {'settled', status, ms, malformed} where status is the run's state afterwards
 -- (retry: the next attempt may start in ms; malformed: a results key that could not take
 -- the result, lease_state.lua's record_result), or {'lost', status} when the
@@ -48,5 +49,6 @@ if s.status ~= 'retry' then
   -- Settled for good: no attempt will read its progress.
   redis.call('SREM', active_key, slot)
   redis.call('HDEL', state_key, PROGRESS_PREFIX .. slot)
+  count_run(state_key, s.status)
 end
 return {'settled', s.status, s.until_ms - now, bad}

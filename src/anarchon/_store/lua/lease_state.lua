@@ -89,6 +89,20 @@ local FENCE_FIELD = 'fence'
 -- instead of starting it. Runs already started, their retries and manual runs go on.
 local PAUSED_FIELD = 'paused'
 
+-- The hash field that counts the job's runs that ended ok or finally failed (finish.lua,
+-- and claim.lua for a run whose last attempt's lease ran out), and the one that says the
+-- job reached its max_runs (claim.lua: why, in words). A claim with a higher max_runs
+-- (the bound raised in code) clears it.
+local RUNS_FIELD = 'runs'
+local FINISHED_FIELD = 'finished'
+
+-- A run of the job ended for good, ok or failed: counted.
+local function count_run(state_key, status)
+  if status == 'ok' or status == 'failed' or status == 'interrupted' then
+    redis.call('HINCRBY', state_key, RUNS_FIELD, 1)
+  end
+end
+
 -- The last fence of a hash (a job's state, a timer kind's meta): its FENCE_FIELD read
 -- strictly, a problem added to bad when it does not read. Returns the last fence (0 if
 -- there is none), or nil:
