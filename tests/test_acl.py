@@ -73,8 +73,12 @@ async def test_the_least_acl_runs_jobs_timers_the_registry_and_the_inspector(
     scheduler = Scheduler(RedisBackend(redis=url, prefix=prefix), lease_ms=3000)
 
     # Overlap allowed: run_now must not meet a scheduled run of the job (a race this
-    # test is not about). The fleet limits' keys and commands are the user's too.
-    @scheduler.job(IntervalSchedule(500), name="tick", overlap="allow", max_concurrent_fleet=10)
+    # test is not about). The fleet limits', max_runs' and exclusions' commands are the
+    # user's too (every other slot is excluded).
+    @scheduler.job(
+        IntervalSchedule(500), name="tick", overlap="allow", max_concurrent_fleet=10,
+        max_runs=1000, exclude="*/2 * * * * *",
+    )  # fmt: skip
     async def tick() -> None:
         ran.append("tick")
 

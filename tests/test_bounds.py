@@ -156,3 +156,22 @@ def test_max_runs_is_refused_by_a_claim_only_strategy_and_bounds_shape_the_previ
     )
     fires = scheduler.next_fire_times("window", n=20)
     assert len(fires) == 6 and fires[0] >= soon and fires[-1] < soon + timedelta(hours=1)
+
+
+def test_the_dashboards_job_page_shows_a_finished_job_its_runs_and_exclusions_as_text() -> None:
+    """The job page's rows for a job past its max_runs: finished and why, its runs
+    against the bound, and its exclude= among the options, each escaped."""
+    from anarchon import JobInfo
+    from anarchon.web import _Fleet, _job_details
+
+    job = JobInfo(
+        name="campaign", schedule="IntervalSchedule(every_ms=250)", cron=None, every_ms=250,
+        timezone="UTC", strategy="lease", next_fire=None, paused=False, paused_by=None,
+        last=None, first_seen=None,
+        options={"max_runs": 3, "exclude": "cron '<b>* * 25 12 *</b>'"},
+        runs=3, finished="max_runs 3 reached: 3 runs ended <script>",
+    )  # fmt: skip
+    page = _job_details(job, [], _Fleet([], every_read=True))
+    assert "<th>finished</th><td>max_runs 3 reached: 3 runs ended &lt;script&gt;" in page
+    assert "<th>runs ended</th><td>3 of 3</td>" in page, page
+    assert "&lt;b&gt;* * 25 12 *&lt;/b&gt;" in page and "<b>" not in page, page
