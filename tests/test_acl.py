@@ -105,7 +105,10 @@ async def test_the_least_acl_runs_jobs_timers_the_registry_and_the_inspector(
             await inspector.failures()
             # The dashboard's actions are these three.
             assert await inspector.pause("tick") and await inspector.resume("tick")
-            await inspector.run_now("tick")
+            await inspector.run_now("tick", note="a check")
+            assert [e.action for e in await inspector.audit("tick", 3)] == [
+                "run-now", "resume", "pause",
+            ]  # fmt: skip
     assert refusals(direct, user) == []
 
 

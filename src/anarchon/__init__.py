@@ -39,6 +39,7 @@ from ._model.schedule import (
 )
 from ._model.values import (
     AppliedTimers,
+    AuditEntry,
     InstanceInfo,
     JobInfo,
     LeaseInfo,
@@ -81,6 +82,7 @@ from ._version import __version__ as __version__
 
 __all__ = [
     "AppliedTimers",
+    "AuditEntry",
     "CalendarInterval",
     "CombinedSchedule",
     "Excludes",

@@ -819,7 +819,7 @@ class Scheduler(Generic[K]):
         """
         return await self._instance.history(job, limit)
 
-    async def pause(self, job: str) -> bool:
+    async def pause(self, job: str, *, note: str | None = None, by: str | None = None) -> bool:
         """Pause ``job`` across the fleet: a stored flag that every instance honours at its
         next claim. A slot that comes due while the job is paused is recorded in the
         history as skipped (``"paused: the job is paused"``) and does not run, then or
@@ -828,9 +828,13 @@ class Scheduler(Generic[K]):
 
         Args:
             job: The name of a job registered on this scheduler.
+            note: Why (up to 500 characters): kept with the pause (``JobInfo.paused_by``)
+                and in the audit log (``Inspector.audit``).
+            by: Who (up to 200 characters; None: ``user@host`` of this process).
 
         Returns:
-            True if this call paused it, False if it was paused already.
+            True if this call paused it, False if it was paused already (then the audit
+            log is not written).
 
         Raises:
             SchedulerStateError: The scheduler is not running (an ``Inspector`` pauses
@@ -838,26 +842,31 @@ class Scheduler(Generic[K]):
             InvalidJobError: No job of that name is registered here.
             InvalidOptionError: The backend's strategy is a claim-only one.
         """
-        return await self._instance.set_paused(job, paused=True)
+        return await self._instance.set_paused(job, paused=True, note=note, by=by)
 
-    async def resume(self, job: str) -> bool:
+    async def resume(self, job: str, *, note: str | None = None, by: str | None = None) -> bool:
         """Resume ``job`` (paused with ``pause``): its next slot runs. Slots skipped while
         it was paused stay skipped. Lease strategy only.
 
         Args:
             job: The name of a job registered on this scheduler.
+            note: Why (up to 500 characters), for the audit log.
+            by: Who (up to 200 characters; None: ``user@host`` of this process).
 
         Returns:
-            True if this call resumed it, False if it was not paused.
+            True if this call resumed it, False if it was not paused (then the audit log
+            is not written).
 
         Raises:
             SchedulerStateError: The scheduler is not running.
             InvalidJobError: No job of that name is registered here.
             InvalidOptionError: The backend's strategy is a claim-only one.
         """
-        return await self._instance.set_paused(job, paused=False)
+        return await self._instance.set_paused(job, paused=False, note=note, by=by)
 
-    async def run_now(self, job: str) -> RunResult:
+    async def run_now(
+        self, job: str, *, note: str | None = None, by: str | None = None
+    ) -> RunResult:
         """Run ``job`` now on this instance, wait for it, and return its result.
 
         The run gets a slot id of its own (never equal to a scheduled one), is
@@ -875,6 +884,9 @@ class Scheduler(Generic[K]):
 
         Args:
             job: The name of a job registered on this scheduler.
+            note: Why (up to 500 characters), for the audit log (written as the run is
+                asked for).
+            by: Who (up to 200 characters; None: ``user@host`` of this process).
 
         Returns:
             The run's result, as recorded in the history.
@@ -887,4 +899,4 @@ class Scheduler(Generic[K]):
                 allow overlapping runs.
             ConnectionFailedError: The claim got no answer, after a few tries.
         """
-        return await self._instance.run_now(job)
+        return await self._instance.run_now(job, note=note, by=by)

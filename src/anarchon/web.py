@@ -55,6 +55,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from ._errors import AnarchonError, ConnectionFailedError, InvalidJobError, InvalidOptionError
 from ._model.text import visible
 from ._model.values import (
+    AuditEntry,
     InstanceInfo,
     JobInfo,
     LeaseInfo,
@@ -72,6 +73,7 @@ from ._ops.inspector import (
     runners,
     running_text,
 )
+from ._store.audit import who
 from ._store.backend import RedisBackend
 from ._store.quarantine import Quarantined
 from .clients import ServerReplyError
@@ -84,6 +86,8 @@ log = logging.getLogger("anarchon")
 STRIP = 30
 #: Attempts a job's page lists (and the overview reads, for the recent failures).
 HISTORY = 100
+#: How many of a job's audit entries its page shows (the newest).
+AUDIT_SHOWN = 10
 #: A page is made within this many seconds, or it says the server did not answer.
 PAGE_SEC = 20.0
 #: Jobs on a page of the overview (``?page=N``): what one page reads and draws is
@@ -329,6 +333,7 @@ class _Site:
                 raise InvalidJobError(f"no job named '{visible(name, NAME_CHARS)}' any more")
             (job,) = found
             leases = await inspector.leases(name)
+            audit = await inspector.audit(name, AUDIT_SHOWN)
             instances = await inspector.instances(ROWS_MAX)
             fleet = _Fleet(instances, every_read=await inspector.instance_count() <= ROWS_MAX)
             return "".join(
@@ -339,6 +344,7 @@ class _Site:
                     _section("Runs in progress", _leases_table(root, leases)),
                     _section("Fire lateness (slot to start)", _lateness_chart(history)),
                     _section("History", _results_table(root, history, with_job=False)),
+                    _section("Audit log", _audit_table(audit)),
                 ]
             )
 
@@ -397,12 +403,13 @@ class _Site:
             return self._page(request, "anarchon", _message("error", text), 401)
 
         async def operate(inspector: Inspector) -> str:
+            by = f"dashboard ({who()})"  # who is behind the token, the page cannot know
             if action == "pause":
-                await inspector.pause(name)
+                await inspector.pause(name, by=by)
             elif action == "resume":
-                await inspector.resume(name)
+                await inspector.resume(name, by=by)
             else:
-                await inspector.run_now(name)
+                await inspector.run_now(name, by=by)
             log.info("anarchon web: job %s %s", name, _ACTIONS[action])
             return ""
 
@@ -695,6 +702,19 @@ def _buttons(root: str, job: JobInfo, back: str) -> str:
             f'data-job="{html.escape(job.name)}" data-action="{action}">{action}</button></form>'
         )
     return f'<span class="actions">{"".join(forms)}</span>'
+
+
+def _audit_table(entries: list[AuditEntry]) -> str:
+    """A job's newest audit entries: when, what, who and why, each stored text escaped."""
+    if not entries:
+        return "<p>Nothing yet: pauses, resumes and runs asked for now are listed here.</p>"
+    rows = "".join(
+        f"<tr><td>{_when(e.at)}</td><td>{_esc(e.action)}</td><td>{_esc(e.by)}</td>"
+        f"<td>{_esc(e.note or '-', ERROR_CHARS)}</td></tr>"
+        for e in entries
+    )
+    head = "<tr><th>when</th><th>action</th><th>by</th><th>note</th></tr>"
+    return f"<table>{head}{rows}</table>"
 
 
 def _actions(root: str, job: JobInfo, actions: bool) -> str:

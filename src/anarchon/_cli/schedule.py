@@ -11,7 +11,7 @@ from typing import Any
 from rich.console import Console
 
 from .._model.schedule_check import check_schedule
-from .store import _add_row, _in_zone, _print_json, _table, _when, _width
+from .store import add_row, in_zone, new_table, print_json, term_width, when_text
 from .usage import UsageError
 
 __all__ = ["add_check_schedule_command", "run_check_schedule"]
@@ -59,15 +59,15 @@ def run_check_schedule(args: argparse.Namespace) -> int:
             raise UsageError(f"--from needs an offset (such as +00:00 or Z), got {args.start!r}")
     checked = check_schedule(args.expression, args.timezone, after=start, count=args.n)
     if args.json:
-        _print_json(checked)
+        print_json(checked)
         return 0
-    out = Console(highlight=False, markup=False, emoji=False, soft_wrap=False, width=_width())
+    out = Console(highlight=False, markup=False, emoji=False, soft_wrap=False, width=term_width())
     out.print(f"{checked.expression!r} in {checked.timezone}: {checked.meaning}")
-    table = _table("Next fire times")
+    table = new_table("Next fire times")
     for column in ("UTC", f"in {checked.timezone}"):
         table.add_column(column)
     for fire in checked.fires:
-        _add_row(table, _when(fire), _in_zone(fire, checked.timezone))
+        add_row(table, when_text(fire), in_zone(fire, checked.timezone))
     out.print(table)
     if checked.warnings:
         out.print("Warnings:")

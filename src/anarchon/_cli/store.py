@@ -1,5 +1,6 @@
 """The commands that read and operate a store from a shell: ``anarchon inspect``,
-``history``, ``leases``, ``timers``, ``next``, ``pause``, ``resume`` and ``run-now``.
+``history``, ``leases``, ``timers``, ``next``, ``pause``, ``resume``, ``run-now`` and
+``audit``.
 Tables (``rich``) where a person reads, JSON (``--json``) where a program does."""
 
 from __future__ import annotations
@@ -39,7 +40,9 @@ from .._store.quarantine import Quarantined
 __all__ = ["add_store_commands", "run_store_command"]
 
 #: The commands this module runs.
-COMMANDS = ("inspect", "history", "leases", "timers", "next", "pause", "resume", "run-now")
+COMMANDS = (
+    "inspect", "history", "leases", "timers", "next", "pause", "resume", "run-now", "audit",
+)  # fmt: skip
 #: Malformed store entries ``inspect`` lists at most (the newest).
 MALFORMED_SHOWN = 50
 
@@ -160,11 +163,31 @@ def add_store_commands(commands: Any) -> None:
     ):
         command = commands.add_parser(name, parents=[common], help=text, description=text)
         command.add_argument("job", metavar="JOB")
+        command.add_argument(
+            "--note",
+            metavar="TEXT",
+            help="why (up to 500 characters), for the audit log (default: none)",
+        )
+        command.add_argument(
+            "--by", metavar="WHO", help="who acts (default: user@host of this shell)"
+        )
+    audit = commands.add_parser(
+        "audit",
+        parents=[common],
+        help="show who paused, resumed or ran jobs now, when and why",
+        description="Lists the prefix's audit log, newest first: each pause, resume and "
+        "run-now, when (the server's clock), who and the note given (the log keeps the "
+        "newest 1000).",
+    )
+    audit.add_argument("job", metavar="JOB", nargs="?", help="only this job's entries")
+    audit.add_argument(
+        "-n", type=int, default=20, metavar="N", help="how many (1 to 1000; default: 20)"
+    )
 
 
 def run_store_command(args: argparse.Namespace) -> int:
     backend = store_backend(args)
-    out = Console(highlight=False, markup=False, emoji=False, soft_wrap=False, width=_width())
+    out = Console(highlight=False, markup=False, emoji=False, soft_wrap=False, width=term_width())
     handlers: dict[str, Callable[[Inspector], Awaitable[int]]] = {
         "inspect": lambda i: _inspect(i, args, out),
         "history": lambda i: _history(i, args, out),
@@ -174,6 +197,7 @@ def run_store_command(args: argparse.Namespace) -> int:
         "pause": lambda i: _operate(i, args, out),
         "resume": lambda i: _operate(i, args, out),
         "run-now": lambda i: _operate(i, args, out),
+        "audit": lambda i: _audit(i, args, out),
     }
 
     async def run() -> int:
@@ -183,7 +207,7 @@ def run_store_command(args: argparse.Namespace) -> int:
     return anyio.run(run)
 
 
-def _width() -> int | None:
+def term_width() -> int | None:
     """Tables as wide as the terminal; 160 columns when the output is not one."""
     return None if sys.stdout.isatty() else 160
 
@@ -197,7 +221,7 @@ async def _inspect(inspector: Inspector, args: argparse.Namespace, out: Console)
     failures = await inspector.failures(args.failures) if args.failures > 0 else []
     malformed = await inspector.quarantined(MALFORMED_SHOWN)
     if args.json:
-        _print_json(
+        print_json(
             {
                 "jobs": jobs,
                 "leases": leases,
@@ -224,7 +248,7 @@ async def _inspect(inspector: Inspector, args: argparse.Namespace, out: Console)
 async def _history(inspector: Inspector, args: argparse.Namespace, out: Console) -> int:
     results = await inspector.history(args.job, args.limit)
     if args.json:
-        _print_json(results)
+        print_json(results)
     else:
         out.print(_results_table(results, f"History of {args.job}", with_job=False))
     return 0
@@ -233,7 +257,7 @@ async def _history(inspector: Inspector, args: argparse.Namespace, out: Console)
 async def _leases(inspector: Inspector, args: argparse.Namespace, out: Console) -> int:
     leases = await inspector.leases(args.job)
     if args.json:
-        _print_json(leases)
+        print_json(leases)
     else:
         out.print(_leases_table(leases))
     return 0
@@ -243,15 +267,15 @@ async def _next(inspector: Inspector, args: argparse.Namespace, out: Console) ->
     fires = await inspector.next_fire_times(args.job, args.n)
     (job,) = await inspector.jobs([args.job])
     if args.json:
-        _print_json({"job": job.name, "timezone": job.timezone, "next": fires})
+        print_json({"job": job.name, "timezone": job.timezone, "next": fires})
         return 0
-    table = _table(f"Next fire times of {args.job}")
+    table = new_table(f"Next fire times of {args.job}")
     for column in ("UTC", f"in {job.timezone}"):
         table.add_column(column)
     for fire in fires:
-        _add_row(table, _when(fire), _in_zone(fire, job.timezone))
+        add_row(table, when_text(fire), in_zone(fire, job.timezone))
     if not fires:
-        _add_row(table, "(none known)")
+        add_row(table, "(none known)")
     out.print(table)
     return 0
 
@@ -259,23 +283,23 @@ async def _next(inspector: Inspector, args: argparse.Namespace, out: Console) ->
 async def _timers(inspector: Inspector, args: argparse.Namespace, out: Console) -> int:
     page = await inspector.timer_page(args.kind, cursor=args.cursor, limit=args.limit)
     if args.json:
-        _print_json(page)
+        print_json(page)
         return 0
-    table = _table(f"Timers of {args.kind}")
+    table = new_table(f"Timers of {args.kind}")
     for column in ("key", "next due", "status", "attempt", "recurs", "payload"):
         table.add_column(column)
     for timer in sorted(page.timers, key=lambda t: (t.due_ms is None, t.due_ms or 0, t.key)):
-        _add_row(
+        add_row(
             table,
             timer.key,
-            _when(timer.due),
+            when_text(timer.due),
             timer.status,
             str(timer.attempt),
             timer.recurs or "-",
             _excerpt(timer.payload),
         )
     if not page.timers:
-        _add_row(table, "(none on this page)")
+        add_row(table, "(none on this page)")
     out.print(table)
     if page.cursor is not None:
         out.print(cell(f"more: anarchon timers {args.kind} --cursor {page.cursor}"))
@@ -292,22 +316,41 @@ def _excerpt(payload: object) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+async def _audit(inspector: Inspector, args: argparse.Namespace, out: Console) -> int:
+    entries = await inspector.audit(args.job, args.n)
+    if args.json:
+        print_json({"job": args.job, "entries": entries})
+        return 0
+    title = f"Audit log of {args.job}" if args.job else "Audit log"
+    table = new_table(title)
+    for column in ("when (UTC)", "action", "job", "by", "note"):
+        table.add_column(column)
+    for entry in entries:
+        add_row(table, when_text(entry.at), entry.action, cell(entry.job), cell(entry.by),
+                 cell(entry.note or "-"))  # fmt: skip
+    if not entries:
+        add_row(table, "(nothing yet)")
+    out.print(table)
+    return 0
+
+
 async def _operate(inspector: Inspector, args: argparse.Namespace, out: Console) -> int:
     job = args.job
+    said_why = {"note": args.note, "by": args.by}
     if args.command == "pause":
-        changed = await inspector.pause(job)
+        changed = await inspector.pause(job, **said_why)
         said = f"{job}: paused" if changed else f"{job}: was paused already"
         answer: dict[str, Any] = {"job": job, "paused": True, "changed": changed}
     elif args.command == "resume":
-        changed = await inspector.resume(job)
+        changed = await inspector.resume(job, **said_why)
         said = f"{job}: resumed" if changed else f"{job}: was not paused"
         answer = {"job": job, "paused": False, "changed": changed}
     else:
-        slot_id = await inspector.run_now(job)
+        slot_id = await inspector.run_now(job, **said_why)
         said = f"{job}: the fleet was asked to run it now (slot {slot_id})"
         answer = {"job": job, "slot_id": slot_id}
     if args.json:
-        _print_json(answer)
+        print_json(answer)
     else:
         out.print(cell(said))
     return 0
@@ -323,17 +366,17 @@ def cell(value: object) -> Text:
     return Text(visible(value))
 
 
-def _table(title: str) -> Table:
+def new_table(title: str) -> Table:
     return Table(title=cell(title), title_justify="left")
 
 
-def _add_row(table: Table, *values: str | Text | None) -> None:
+def add_row(table: Table, *values: str | Text | None) -> None:
     """A row of plain cells (``cell``); a ``Text`` is one of ours, styled on purpose."""
     table.add_row(*(value if isinstance(value, Text) else cell(value) for value in values))
 
 
 def _jobs_table(jobs: list[JobInfo], instances: list[InstanceInfo], every_read: bool) -> Table:
-    table = _table("Jobs")
+    table = new_table("Jobs")
     columns = (
         "job",
         "schedule",
@@ -355,15 +398,15 @@ def _jobs_table(jobs: list[JobInfo], instances: list[InstanceInfo], every_read: 
         schedule = job.cron or (f"every {job.every_ms} ms" if job.every_ms else job.schedule)
         zone = ""
         if job.next_fire is not None and job.timezone != "UTC":
-            zone = _in_zone(job.next_fire, job.timezone)
+            zone = in_zone(job.next_fire, job.timezone)
         last = "-"
         if job.last is not None:
-            last = f"{job.last.status} ({_when(job.last.slot)}, attempt {job.last.attempt})"
-        _add_row(
+            last = f"{job.last.status} ({when_text(job.last.slot)}, attempt {job.last.attempt})"
+        add_row(
             table,
             job.name,
             f"{schedule} ({job.strategy})" if job.strategy != "lease" else schedule,
-            _when(job.next_fire),
+            when_text(job.next_fire),
             zone,
             _paused_text(job),
             run_by or Text("no live instance", style="bold red"),
@@ -372,7 +415,7 @@ def _jobs_table(jobs: list[JobInfo], instances: list[InstanceInfo], every_read: 
               if fleet_column else []),
         )  # fmt: skip
     if not jobs:
-        _add_row(table, "(none: no instance has registered a job under this prefix)")
+        add_row(table, "(none: no instance has registered a job under this prefix)")
     return table
 
 
@@ -382,7 +425,7 @@ def _paused_text(job: JobInfo) -> str:
     return f"{paused}; finished: {job.finished}" if job.finished else paused
 
 
-def _in_zone(moment: datetime, timezone: str) -> str:
+def in_zone(moment: datetime, timezone: str) -> str:
     """``moment`` in ``timezone`` (a stored zone this machine may not know: said so)."""
     try:
         local = moment.astimezone(load_timezone(timezone))
@@ -392,11 +435,11 @@ def _in_zone(moment: datetime, timezone: str) -> str:
 
 
 def _leases_table(leases: list[LeaseInfo]) -> Table:
-    table = _table("Runs in progress")
+    table = new_table("Runs in progress")
     for column in ("job", "slot", "status", "attempt", "runner", "fence", "left"):
         table.add_column(column)
     for lease in leases:
-        _add_row(
+        add_row(
             table,
             lease.job,
             _slot(lease.slot_id, lease.slot),
@@ -407,42 +450,42 @@ def _leases_table(leases: list[LeaseInfo]) -> Table:
             f"{lease.left_ms / 1000:.1f} s",
         )
     if not leases:
-        _add_row(table, "(none)")
+        add_row(table, "(none)")
     return table
 
 
 def _instances_table(instances: list[InstanceInfo]) -> Table:
-    table = _table("Instances alive")
+    table = new_table("Instances alive")
     for column in ("instance", "host", "pid", "version", "started", "jobs", "running"):
         table.add_column(column)
     for instance in instances:
-        _add_row(
+        add_row(
             table,
             instance.id,
             instance.host,
             str(instance.pid),
             instance.version,
-            _when(instance.started),
+            when_text(instance.started),
             ", ".join(instance.jobs) + (" and more (read in part)" if jobs_cut(instance) else "")
             or "-",
             running_text(instance),
         )
     if not instances:
-        _add_row(table, "(none)")
+        add_row(table, "(none)")
     return table
 
 
 def _timers_table(timers: list[TimerKindInfo]) -> Table:
-    table = _table("Timers")
+    table = new_table("Timers")
     for column in ("kind", "buckets", "pending", "next due", "next key", "fleet limits"):
         table.add_column(column)
     for kind in timers:
-        _add_row(
+        add_row(
             table,
             kind.kind,
             str(kind.buckets),
             str(kind.pending),
-            _when(kind.next_due),
+            when_text(kind.next_due),
             kind.next_key or "-",
             kind_limits_text(kind),
         )
@@ -454,30 +497,30 @@ def _malformed_table(entries: list[Quarantined], met_here: int) -> Table:
     alone); met here (this command's reads) or reported by an instance."""
     title = "Malformed store entries (left as they are, and skipped"
     title += f"; {met_here} met by this command)" if met_here else ")"
-    table = _table(title)
+    table = new_table(title)
     for column in ("key", "field", "what is wrong", "it held", "last met"):
         table.add_column(column)
     for entry in entries:
-        _add_row(
+        add_row(
             table,
             entry.key,
             entry.field or "(the whole value)",
             entry.problem,
             entry.excerpt,
-            "here" if entry.seen_at is None else _when(entry.seen_at),
+            "here" if entry.seen_at is None else when_text(entry.seen_at),
         )
     return table
 
 
 def _results_table(results: list[RunResult], title: str, *, with_job: bool) -> Table:
-    table = _table(title)
+    table = new_table(title)
     columns = ["slot", "attempt", "trigger", "status", "runner", "took", "error"]
     for column in ["job", *columns] if with_job else columns:
         table.add_column(column)
     for result in results:
         took = (result.finished_at - result.started_at).total_seconds()
         row = [
-            _when(result.slot),
+            when_text(result.slot),
             str(result.attempt),
             result.trigger,
             result.status,
@@ -485,13 +528,13 @@ def _results_table(results: list[RunResult], title: str, *, with_job: bool) -> T
             f"{took:.3f} s",
             result.error or "",
         ]
-        _add_row(table, *([result.job, *row] if with_job else row))
+        add_row(table, *([result.job, *row] if with_job else row))
     if not results:
-        _add_row(table, "(none)")
+        add_row(table, "(none)")
     return table
 
 
-def _when(moment: datetime | None) -> str:
+def when_text(moment: datetime | None) -> str:
     if moment is None:
         return "-"
     text = f"{moment:%Y-%m-%d %H:%M:%S}"
@@ -503,7 +546,7 @@ def _when(moment: datetime | None) -> str:
 
 
 def _slot(slot_id: str, slot: datetime) -> str:
-    return _when(slot) + (" manual" if slot_id.startswith("m") else "")
+    return when_text(slot) + (" manual" if slot_id.startswith("m") else "")
 
 
 def _span(seconds: float) -> str:
@@ -519,7 +562,7 @@ def _span(seconds: float) -> str:
 # -------------------------------------------------------------------- JSON
 
 
-def _print_json(value: object) -> None:
+def print_json(value: object) -> None:
     print(json.dumps(_plain(value), indent=2))
 
 

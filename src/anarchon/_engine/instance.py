@@ -46,14 +46,15 @@ from .._errors import InvalidJobError, InvalidOptionError, SchedulerStateError
 from .._model.clock import wall_ms
 from .._model.job import Job
 from .._model.options import SchedulerSettings, default_instance_id
-from .._model.schedule import iso_ms
 from .._model.timer import TimerKind
 from .._model.values import RunResult
 from .._observe.events import EventHub
 from .._observe.tracing import Tracing
+from .._store.audit import check_note, record_audit, who
 from .._store.backend import RedisBackend, StoreOptions
 from .._store.contract import Store
 from .._store.keys import TimerKeys
+from .._store.lease import paused_text
 from .._store.registry import REGISTRATION_TTL_MS, Registry
 from .._store.server import eviction_policy
 from .._store.timers import TimerStore
@@ -264,15 +265,21 @@ class Instance:
             raise InvalidOptionError(f"limit must be 1 or more, got {limit}")
         return await store.history(job, limit)
 
-    async def set_paused(self, job: str, *, paused: bool) -> bool:
-        """Pause or resume a job across the fleet (``Scheduler.pause`` says how); whether
-        it changed anything."""
+    async def set_paused(
+        self, job: str, *, paused: bool, note: str | None = None, by: str | None = None
+    ) -> bool:
+        """Pause or resume a job across the fleet (``Scheduler.pause`` says how), said in
+        the audit log; whether it changed anything."""
         what = "pause()" if paused else "resume()"
         store = self._running(what).running.store
         self.job(job)
-        paused_by = f"{self.instance_id} at {iso_ms(wall_ms())}" if paused else None
+        note, who_acts = check_note(note), who(by)
+        paused_by = paused_text(who_acts, note) if paused else None
         with anyio.fail_after(self.context.round_trip_sec * 3):
             changed = await store.set_paused(job, paused_by)
+            if changed:
+                action = "pause" if paused else "resume"
+                await record_audit(store.conn, store.prefix, action, job, who_acts, note)
         if paused:
             log.info("%s: paused%s", job, "" if changed else " (it was paused already)")
         else:
@@ -566,7 +573,14 @@ class Instance:
 
     # ------------------------------------------------------------------ run_now
 
-    async def run_now(self, name: str) -> RunResult:
+    async def run_now(
+        self, name: str, *, note: str | None = None, by: str | None = None
+    ) -> RunResult:
         """See ``Scheduler.run_now``."""
         started = self._running("run_now()")
-        return await started.manual.run_now(self.job(name))
+        job = self.job(name)
+        note, who_acts = check_note(note), who(by)
+        store = started.running.store
+        with anyio.fail_after(self.context.round_trip_sec * 3):
+            await record_audit(store.conn, store.prefix, "run-now", name, who_acts, note)
+        return await started.manual.run_now(job)

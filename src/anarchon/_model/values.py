@@ -10,6 +10,7 @@ from .._errors import InvalidOptionError, LeaseLostError
 
 __all__ = [
     "AppliedTimers",
+    "AuditEntry",
     "InstanceInfo",
     "JobInfo",
     "LeaseInfo",
@@ -564,6 +565,26 @@ class JobInfo:
     fleet_running: int | None = None
     runs: int | None = None
     finished: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AuditEntry:
+    """What an operator (or anarchon itself) did to a job, who and why, as the audit log
+    in the store keeps it (``Inspector.audit``, ``anarchon audit``).
+
+    Attributes:
+        at: When, on the server's clock (an aware UTC datetime).
+        action: ``"pause"``, ``"resume"`` or ``"run-now"``.
+        job: The job's name.
+        by: Who: ``user@host`` of the process that did it, or what its caller passed.
+        note: Why, as the caller said it, or None.
+    """
+
+    at: datetime
+    action: str
+    job: str
+    by: str
+    note: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,6 +37,7 @@ from .._model.schedule import (
 from .._model.text import visible
 from .._model.timer import validate_kind
 from .._model.values import (
+    AuditEntry,
     InstanceInfo,
     JobInfo,
     LeaseInfo,
@@ -45,6 +46,7 @@ from .._model.values import (
     TimerKindInfo,
     TimerPage,
 )
+from .._store.audit import AUDIT_MAX, check_note, read_audit, record_audit, who
 from .._store.backend import RedisBackend
 from .._store.contract import is_slot_id, slot_ms_of
 from .._store.keys import (
@@ -56,7 +58,14 @@ from .._store.keys import (
     hint_channel,
     kind_keys,
 )
-from .._store.lease import FINISHED_FIELD, PAUSED_FIELD, RUNS_FIELD, request_run, set_paused
+from .._store.lease import (
+    FINISHED_FIELD,
+    PAUSED_FIELD,
+    RUNS_FIELD,
+    paused_text,
+    request_run,
+    set_paused,
+)
 from .._store.quarantine import (
     MalformedEntry,
     Quarantine,
@@ -594,37 +603,72 @@ class Inspector:
 
     # -------------------------------------------------------------- operating
 
-    async def pause(self, job: str) -> bool:
+    async def pause(self, job: str, *, note: str | None = None, by: str | None = None) -> bool:
         """Pause ``job`` across the fleet, as ``Scheduler.pause`` does (lease strategy
-        only).
+        only), and say so in the audit log.
 
         Args:
             job: The name of a job the fleet registered (an ``InvalidJobError``
                 otherwise) that uses the lease strategy (an ``InvalidOptionError``
                 otherwise).
+            note: Why (up to 500 characters): kept with the pause (``JobInfo.paused_by``)
+                and in the audit log.
+            by: Who (up to 200 characters; None: ``user@host`` of this process).
 
         Returns:
-            True if this call paused it, False if it was paused already.
+            True if this call paused it, False if it was paused already (then the audit
+            log is not written).
         """
         state = await self._lease_state_key(job, "pause")
-        by = f"{self._who()} at {datetime.now().astimezone().isoformat(timespec='seconds')}"
+        note, who_acts = check_note(note), who(by)
         with _answered_in_time():
-            return await set_paused(self._require(), state, by)
+            changed = await set_paused(self._require(), state, paused_text(who_acts, note))
+        if changed:
+            await self._audit("pause", job, who_acts, note)
+        return changed
 
-    async def resume(self, job: str) -> bool:
-        """Resume ``job``: its next slot runs, as ``Scheduler.resume`` does.
+    async def resume(self, job: str, *, note: str | None = None, by: str | None = None) -> bool:
+        """Resume ``job``: its next slot runs, as ``Scheduler.resume`` does; said in the
+        audit log.
 
         Args:
             job: The name of a job the fleet registered that uses the lease strategy.
+            note: Why (up to 500 characters), for the audit log.
+            by: Who (up to 200 characters; None: ``user@host`` of this process).
 
         Returns:
-            True if this call resumed it, False if it was not paused.
+            True if this call resumed it, False if it was not paused (then the audit log
+            is not written).
         """
         state = await self._lease_state_key(job, "resume")
+        note, who_acts = check_note(note), who(by)
         with _answered_in_time():
-            return await set_paused(self._require(), state, None)
+            changed = await set_paused(self._require(), state, None)
+        if changed:
+            await self._audit("resume", job, who_acts, note)
+        return changed
 
-    async def run_now(self, job: str) -> str:
+    async def audit(self, job: str | None = None, limit: int = 100) -> list[AuditEntry]:
+        """What was done to the jobs (paused, resumed, run now), who and why, newest
+        first, from the prefix's audit log (its newest 1000 entries). An entry that does
+        not read is quarantined and left out.
+
+        Args:
+            job: Only this job's entries (None: every job's).
+            limit: How many at most (1 to 1000; default 100).
+
+        Returns:
+            The entries, newest first.
+        """
+        count = check_count("limit", limit, most=AUDIT_MAX)
+        with _answered_in_time():
+            return await read_audit(self._require(), self._prefix, job, count)
+
+    async def _audit(self, action: str, job: str, who_acts: str, note: str | None) -> None:
+        with _answered_in_time():
+            await record_audit(self._require(), self._prefix, action, job, who_acts, note)
+
+    async def run_now(self, job: str, *, note: str | None = None, by: str | None = None) -> str:
         """Ask the fleet to run ``job`` now, once: the run is stored as due, and the
         instances that run the job hear of it on the hint channel (any one of them takes
         it; without hints, the first to claim the job's next slot does). It is one
@@ -632,6 +676,8 @@ class Inspector:
 
         Args:
             job: The name of a job the fleet registered that uses the lease strategy.
+            note: Why (up to 500 characters), for the audit log.
+            by: Who (up to 200 characters; None: ``user@host`` of this process).
 
         Returns:
             The run's slot id (its history entries carry it): that of the run asked for
@@ -644,6 +690,7 @@ class Inspector:
             InvalidOptionError: The job does not use the lease strategy.
         """
         await self._lease_state_key(job, "run-now")
+        note, who_acts = check_note(note), who(by)
         instances = await self.instances()
         unread = await self.instance_count() > len(instances)
         if not unread and not may_run(job, instances):
@@ -656,6 +703,7 @@ class Inspector:
             slot_id, _ = await request_run(self._require(), self._prefix, job, self._who())
         hint = RunRequested(slot_id, job).message()
         await self._execute(("PUBLISH", hint_channel(self._prefix), hint))
+        await self._audit("run-now", job, who_acts, note)
         return slot_id
 
     # ---------------------------------------------------------------- helpers

@@ -80,6 +80,7 @@ COMMANDS = (
     "+zremrangebyrank",
     "+xadd",
     "+xrange",
+    "+xrevrange",
     "+xtrim",
     "+xdel",
     "+xinfo|stream",

@@ -243,6 +243,8 @@ class RegistryKeys:
     timer_kinds: str
     #: The malformed entries instances met (``quarantine.py``): a sorted set, bounded.
     quarantine: str
+    #: What operators did to the jobs, who and why (``audit.py``): a stream, bounded.
+    audit: str
     tag: str
 
     @classmethod
@@ -254,6 +256,7 @@ class RegistryKeys:
             first_seen=f"{tag}:first-seen",
             timer_kinds=f"{tag}:timer-kinds",
             quarantine=f"{tag}:quarantine",
+            audit=f"{tag}:audit",
             tag=tag,
         )
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import secrets
 import time
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any, cast
 
 from .._model.progress import PROGRESS_BYTES_MAX
@@ -32,6 +33,7 @@ __all__ = [
     "PAUSED_FIELD",
     "RUNS_FIELD",
     "LeaseStore",
+    "paused_text",
     "request_run",
     "set_paused",
 ]
@@ -43,6 +45,13 @@ PAUSED_FIELD = "paused"
 #: failed, and why it is finished (its max_runs reached).
 RUNS_FIELD = "runs"
 FINISHED_FIELD = "finished"
+
+
+def paused_text(by: str, note: str | None) -> str:
+    """What a pause keeps in the job's state (``JobInfo.paused_by``): who, when (this
+    machine's clock, with its offset), and why."""
+    when = datetime.now().astimezone().isoformat(timespec="seconds")
+    return f"{by} at {when}" + (f": {note}" if note else "")
 
 
 async def set_paused(conn: Connection, state: str, paused_by: str | None) -> bool:

@@ -18,15 +18,18 @@ from .._errors import InvalidOptionError, InvalidScheduleError
 from .._model.options import check_buckets, fleet_bound, key_groups, rate_limit
 from .._model.progress import PROGRESS_BYTES_MAX
 from .._model.schedule import from_epoch_ms, load_timezone
-from .._model.values import RunResult, RunStatus, TimerStatus, Trigger
+from .._model.values import AuditEntry, RunResult, RunStatus, TimerStatus, Trigger
 from ..clients import Command, Connection
 from .contract import AttemptEnd, is_slot_id, slot_ms_of
 from .quarantine import MAX_INSTANT_MS, MalformedEntry, instant_ms, quarantine_of, whole
 
 __all__ = [
+    "AUDIT_BY_MAX",
+    "AUDIT_NOTE_MAX",
     "InstanceRecord",
     "LeaseState",
     "TimerState",
+    "decode_audit",
     "decode_definition",
     "decode_instant",
     "decode_instance",
@@ -274,6 +277,41 @@ class TimerState:
 #: The strategies a job's definition may name (``backend.parse_strategy``'s names).
 _STRATEGIES = frozenset(("lease", "stream-id", "idmp", "script"))
 _JSON = json.JSONDecoder()
+
+
+#: The longest note and name of who acted that an audit entry holds.
+AUDIT_NOTE_MAX = 500
+AUDIT_BY_MAX = 200
+_AUDIT_ACTIONS = frozenset(("pause", "resume", "run-now"))
+_JOB_NAME_MAX = 200
+
+
+def decode_audit(key: str, raw: Any) -> AuditEntry:
+    """An audit log entry (``audit.py``: a stream entry, ``[id, [field, value, ...]]``):
+    its id's milliseconds, ``action`` one of anarchon's, ``job`` and ``by`` short text,
+    ``note`` text or absent. ``MalformedEntry`` for one that is not such an entry."""
+    try:
+        entry_id, pairs = raw
+        entry_id = _text(entry_id)
+        if isinstance(pairs, dict):
+            fields = {_text(k): _text(v) for k, v in pairs.items()}
+        else:
+            items = [_text(item) for item in pairs]
+            fields = dict(zip(items[::2], items[1::2], strict=True))
+    except (TypeError, ValueError):
+        raise MalformedEntry(key, "", "not a stream entry of fields", raw) from None
+    ms, _, _ = entry_id.partition("-")
+    at = int(ms) if ms.isdigit() and len(ms) < 16 else None
+    action, job, by, note = (fields.get(f) for f in ("action", "job", "by", "note"))
+    if at is None or at > MAX_INSTANT_MS:
+        raise MalformedEntry(key, entry_id, "its id is not an instant", raw)
+    if action not in _AUDIT_ACTIONS:
+        raise MalformedEntry(key, entry_id, f"an unknown action {action!r}", raw)
+    if not job or len(job) > _JOB_NAME_MAX or not by or len(by) > AUDIT_BY_MAX:
+        raise MalformedEntry(key, entry_id, "no job or no one who acted, or too long", raw)
+    if note is not None and len(note) > AUDIT_NOTE_MAX:
+        raise MalformedEntry(key, entry_id, "a note longer than any anarchon writes", raw)
+    return AuditEntry(at=from_epoch_ms(at), action=action, job=job, by=by, note=note)
 
 
 #: The most next fire times a stored definition may hold (instances report 10).
