@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import math
+import os
 import re
 import secrets
 import signal
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -14,6 +16,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import IO, Any, TypeVar
 
 import anyio
@@ -494,3 +497,14 @@ def write_history(url: str, prefix: str, names: list[str], per_job: int) -> None
                 pipe.execute()
         pipe.execute()
     client.close()
+
+
+def anarchon_command(url: str, prefix: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """``anarchon ARGS --redis URL --prefix PREFIX`` as a shell runs it, from this
+    checkout's source: its exit code and what it printed."""
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root / "src"), str(root)])}
+    return subprocess.run(
+        [sys.executable, "-m", "anarchon", *args, "--redis", url, "--prefix", prefix],
+        capture_output=True, text=True, timeout=60, env=env, check=False,
+    )  # fmt: skip

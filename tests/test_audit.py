@@ -6,9 +6,7 @@ job shows who paused it and why; an entry that does not read costs only itself."
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -19,6 +17,7 @@ import redis
 from anarchon import Inspector, InvalidOptionError, RedisBackend, Scheduler
 from anarchon._store.audit import AUDIT_MAX, record_audit
 from anarchon._store.keys import RegistryKeys
+from tests.helpers import anarchon_command
 
 pytestmark = [pytest.mark.anyio, pytest.mark.engine_tier]
 
@@ -68,13 +67,9 @@ async def test_anarchon_pause_takes_a_note_and_anarchon_audit_lists_it(
     server_url: str, prefix: str
 ) -> None:
     scheduler = report_scheduler(server_url, prefix)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
 
     def anarchon(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "anarchon", *args, "--redis", server_url, "--prefix", prefix],
-            capture_output=True, text=True, timeout=60, env=env, check=False,
-        )  # fmt: skip
+        return anarchon_command(server_url, prefix, *args)
 
     async with scheduler:
         paused = anarchon("pause", "report", "--note", "a \x1b[2J freeze", "--by", "carol")

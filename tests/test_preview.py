@@ -5,9 +5,7 @@ on the scheduler and from its stored definition (``Inspector.next_fire_times``,
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -16,6 +14,7 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from anarchon import Inspector, InvalidJobError, InvalidOptionError, RedisBackend, Scheduler
+from tests.helpers import anarchon_command
 
 pytestmark = [pytest.mark.anyio, pytest.mark.engine_tier]
 
@@ -56,14 +55,9 @@ async def test_anarchon_next_prints_a_jobs_fire_times_in_utc_and_its_zone(
     server_url: str, prefix: str
 ) -> None:
     scheduler = report_scheduler(server_url, prefix)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
 
     def anarchon(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "anarchon", "next", "report", *args,
-             "--redis", server_url, "--prefix", prefix],
-            capture_output=True, text=True, timeout=60, env=env, check=False,
-        )  # fmt: skip
+        return anarchon_command(server_url, prefix, "next", "report", *args)
 
     async with scheduler:
         table = anarchon("-n", "3")

@@ -7,9 +7,7 @@ time."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -24,6 +22,7 @@ from anarchon import (
     Timers,
     TimerSetting,
 )
+from tests.helpers import anarchon_command
 
 pytestmark = [pytest.mark.anyio, pytest.mark.engine_tier]
 
@@ -149,14 +148,9 @@ async def test_anarchon_timers_lists_a_kind_as_a_table_and_as_json(
     await register(server_url, prefix, "remind")
     async with Timers(RedisBackend(redis=server_url, prefix=prefix)) as timers:
         await timers.set("remind", "user:\x1b[2J42", every_ms=60_000, payload={"x": 1})
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
 
     def anarchon(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "anarchon", "timers", "remind", *args,
-             "--redis", server_url, "--prefix", prefix],
-            capture_output=True, text=True, timeout=60, env=env, check=False,
-        )  # fmt: skip
+        return anarchon_command(server_url, prefix, "timers", "remind", *args)
 
     table = anarchon()
     assert table.returncode == 0, table

@@ -23,7 +23,7 @@ from .._model.clock import wall_ms
 from .._model.job import Job
 from .._model.schedule import iso_ms
 from .._model.text import visible
-from .._observe.events import ClaimAnswer, claim_answered, instant
+from .._observe.events import ClaimAnswer, SkipReason, claim_answered, instant
 from .._store.contract import ClaimReply, ClaimRequest, Store, describe_slot
 from ..clients import ServerReplyError, is_transient
 from .agenda import Agenda, DueSlot
@@ -39,6 +39,15 @@ log = logging.getLogger("anarchon")
 
 #: The most claims sent in one round trip.
 _CLAIM_BATCH_MAX = 200
+
+
+#: The claim replies of a slot this claim recorded skipped: why (for the log), and the
+#: ``SlotSkipped`` reason.
+_RECORDED_SKIPS: dict[str, tuple[str, SkipReason]] = {
+    "paused": ("the job is paused", "paused"),
+    "excluded": ("the job's exclude= leaves it out", "excluded"),
+    "superseded": ("a newer slot waits in its place (overlap='buffer_one')", "overlap"),
+}
 
 
 class Claimer:
@@ -299,33 +308,18 @@ class Claimer:
             else:
                 # Catch-up slots, retries and overlap="wait" wait their turn.
                 self._wait_behind_overlap(job, due, reply.wait_ms, now_ms)
-        elif reply.kind == "done" and reply.status == "paused":
-            log.info(
-                "%s: slot %s skipped (recorded in history): the job is paused",
-                job.name,
-                iso_ms(due.slot_ms),
-                extra={"job": job.name, "slot_ms": due.slot_ms},
-            )
-            self._context.skipped(job.name, due.slot_ms, "paused")
         elif reply.kind == "done" and reply.status == "finished":
             self._context.finish(job.name, f"its runs reached its max_runs ({job.max_runs})")
-        elif reply.kind == "done" and reply.status == "excluded":
+        elif reply.kind == "done" and reply.status in _RECORDED_SKIPS:
+            why, reason = _RECORDED_SKIPS[reply.status]
             log.info(
-                "%s: slot %s skipped (recorded in history): the job's exclude= leaves it out",
+                "%s: slot %s skipped (recorded in history): %s",
                 job.name,
                 iso_ms(due.slot_ms),
+                why,
                 extra={"job": job.name, "slot_ms": due.slot_ms},
             )
-            self._context.skipped(job.name, due.slot_ms, "excluded")
-        elif reply.kind == "done" and reply.status == "superseded":
-            log.info(
-                "%s: slot %s skipped (recorded in history): a newer slot waits in its place "
-                "(overlap='buffer_one')",
-                job.name,
-                iso_ms(due.slot_ms),
-                extra={"job": job.name, "slot_ms": due.slot_ms},
-            )
-            self._context.skipped(job.name, due.slot_ms, "overlap")
+            self._context.skipped(job.name, due.slot_ms, reason)
         elif reply.kind == "done" and reply.status == "skipped" and due.failures > 0:
             # This instance's own skip whose reply was lost (or another's, which its
             # failed first claim missed): the warning is not lost with the reply.
