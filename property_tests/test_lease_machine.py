@@ -452,6 +452,9 @@ class LeaseMachine(RuleBasedStateMachine):
         assert state.pop("holder", None) == self.model.holder
         # The runs that ended ok or finally failed, as max_runs counts them.
         assert int(state.pop("runs", "0")) == self.model.ended
+        # When the last run that ended ok ended: there is one once one did.
+        last_ok = state.pop("last-ok", None)
+        assert (last_ok is not None) == any(r == "ok" for r in self.model.results.values())
         assert set(state) <= set(self.model.runs)
         # Invariant 5: every run a claim could still ask about is remembered.
         assert self.model.must_remember(self.now, KEEP_MS) <= set(state)

@@ -97,11 +97,11 @@ async def test_the_audit_log_is_bounded_and_a_malformed_entry_costs_only_itself(
     async with Inspector(RedisBackend(redis=server_url, prefix=prefix)) as inspector:
         conn = inspector._require()
         for n in range(AUDIT_MAX + 5):
-            await record_audit(conn, prefix, "pause", f"job{n}", "me", None)
+            await record_audit(conn, prefix, "pause", f"job{n}", "me", None, within_sec=5)
         assert direct.xlen(key) == AUDIT_MAX
         direct.xadd(key, {"action": "explode", "job": "x", "by": "y"})
         direct.xadd(key, {"nothing": "here"})
-        await record_audit(conn, prefix, "resume", "job1", "me", "fine")
+        await record_audit(conn, prefix, "resume", "job1", "me", "fine", within_sec=5)
         entries = await inspector.audit(limit=3)
         oldest = await inspector.audit("job8")  # three more entries trimmed three more
         trimmed = await inspector.audit("job7")
@@ -141,3 +141,20 @@ def test_the_dashboards_audit_section_shows_stored_text_as_text() -> None:
     assert "<script>" not in page and "<img" not in page, page
     assert "&lt;script&gt;alert(2)&lt;/script&gt;" in page and "pause" in page
     assert "Nothing yet" in _audit_table([])
+
+
+async def test_an_audit_log_key_of_another_type_costs_the_log_alone(
+    server_url: str, prefix: str, direct: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Someone wrote a string where the audit log's stream goes: a pause still pauses
+    (the entry it could not write is logged), and the log reads as empty, quarantined."""
+    key = RegistryKeys.for_prefix(prefix).audit
+    direct.set(key, "not a stream")
+    scheduler = report_scheduler(server_url, prefix)
+    async with scheduler, Inspector(RedisBackend(redis=server_url, prefix=prefix)) as inspector:
+        assert await inspector.pause("report", note="still pauses")
+        (job,) = await inspector.jobs(["report"])
+        assert job.paused and await inspector.audit() == []
+        met = {(entry.key, entry.problem) for entry in await inspector.quarantined()}
+    assert any(k == key and "another type" in p for k, p in met), met
+    assert any("the audit log did not take it" in r.getMessage() for r in caplog.records)

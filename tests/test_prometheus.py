@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import time
 import urllib.request
 from contextlib import AsyncExitStack
 from datetime import UTC, datetime
@@ -445,3 +446,52 @@ def test_the_malformed_store_entries_the_process_met_are_counted_by_prefix() -> 
         quarantine_of(prefix).add(MalformedEntry("{counted-malformed:}:jobs", "x", "not JSON"))
     quarantine_of(prefix).add(MalformedEntry("{counted-malformed:}:jobs", "y", "not JSON"))
     assert counted() == 2
+
+
+async def test_the_job_gauges_say_when_a_job_last_succeeded_and_how_many_jobs_no_one_runs(
+    server_url: str, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job every 300 ms, half its runs failing: the last success and the newest slot
+    gauges follow the store (the slot at most a few slots old, the success no later than
+    now); a job registered by an instance that stopped counts as unrun; and a job paused
+    by its pause_after_failures is counted once."""
+    monkeypatch.setattr(anarchon.prometheus, "STORE_READ_SEC", 0.2)
+    registry = CollectorRegistry()
+    retired: Scheduler[Any] = Scheduler(RedisBackend(redis=server_url, prefix=prefix))
+    retired.add_job(lambda: None, "0 0 1 1 *", name="retired")
+    async with retired:
+        pass
+    scheduler: Scheduler[Any] = Scheduler(RedisBackend(redis=server_url, prefix=prefix))
+    ran: list[int] = []
+
+    @scheduler.job(every_ms=300, name="sync", max_attempts=1)
+    async def sync(run: Run) -> None:
+        ran.append(run.slot_ms)
+        if len(ran) % 2:
+            raise RuntimeError("flaky")
+
+    @scheduler.job(every_ms=300, name="doomed", max_attempts=1, pause_after_failures=2)
+    async def doomed() -> None:
+        raise RuntimeError("always")
+
+    instrument(scheduler, registry)
+
+    def value(name: str, **labels: str) -> float | None:
+        return registry.get_sample_value(name, labels)
+
+    async with scheduler:
+        await wait_until(
+            lambda: (
+                value("anarchon_job_last_success_timestamp_seconds", job="sync") is not None
+                and value("anarchon_jobs_paused_by_failures_total", job="doomed") == 1
+            ),
+            30,
+            "a success of sync and the pause of doomed",
+        )
+        await wait_until(
+            lambda: value("anarchon_jobs_unrun", prefix=prefix) == 1, 30, "the unrun count"
+        )
+        succeeded = value("anarchon_job_last_success_timestamp_seconds", job="sync")
+        newest = value("anarchon_job_last_slot_timestamp_seconds", job="sync")
+    assert succeeded is not None and succeeded <= time.time()
+    assert newest is not None and time.time() - newest < 5

@@ -307,6 +307,13 @@ class Scheduler(Generic[K]):
                 that many have ended, or have ended or are under way (then the slot is
                 recorded skipped); the job is then finished: it claims nothing more and
                 ``run_now`` is refused, until a higher ``max_runs`` is deployed.
+            pause_after_failures (int | None): Pause the job once this many of its
+                slots in a row finally failed (*lease strategy only*; 1 to 1000; None:
+                never): decided in the store by the finish that fails the last of them,
+                which says so once (an ERROR, a ``JobPaused`` event, an audit log entry
+                by ``anarchon (pause_after_failures)``). A run that ends ok, or a
+                resume, counts from zero again. A slot whose last attempt crashed (its
+                lease ran out) does not count.
             exclude (str | Iterable[date | str] | Excludes | None): The slots of the
                 schedule that do not run (*lease strategy only*): a cron expression read
                 in ``timezone`` (a slot whose wall-clock time it matches, such as
@@ -884,8 +891,8 @@ class Scheduler(Generic[K]):
 
         Args:
             job: The name of a job registered on this scheduler.
-            note: Why (up to 500 characters), for the audit log (written as the run is
-                asked for).
+            note: Why (up to 500 characters), for the audit log (written once the run
+                ended; a refused run is not written).
             by: Who (up to 200 characters; None: ``user@host`` of this process).
 
         Returns:

@@ -16,6 +16,10 @@ its work, at most every ``STORE_READ_SEC`` and only while someone scrapes: the t
 of the kinds the scheduler runs, and of at most ``PENDING_OTHER_KINDS`` others (a
 store of thousands of kinds is not thousands of series; a kind gone is a series gone).
 The malformed store entries the process met (``anarchon_store_malformed_entries``).
+For alert rules, from the store as well: when each job this scheduler runs last
+succeeded and last had a slot recorded (``anarchon_job_last_success_timestamp_seconds``,
+``anarchon_job_last_slot_timestamp_seconds``), and how many registered jobs no live
+instance runs (``anarchon_jobs_unrun``).
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ from ._errors import SchedulerStateError
 from ._observe.events import (
     ClaimAnswered,
     Event,
+    JobPaused,
     LeaseLost,
     RunFinished,
     RunRetried,
@@ -52,7 +57,7 @@ from ._observe.events import (
     SlotSkipped,
     TimerFired,
 )
-from ._ops.inspector import Inspector, inspector_over
+from ._ops.inspector import Inspector, inspector_over, may_run
 from ._scheduler import Scheduler
 from ._store.quarantine import quarantine_of
 from .clients import Connection
@@ -100,6 +105,11 @@ _COUNTERS = {
         "anarchon_skipped_slots",
         "Scheduled slots that did not run, by reason.",
         ("job", "reason"),
+    ),
+    "paused_by_failures": (
+        "anarchon_jobs_paused_by_failures",
+        "Times a job was paused because its pause_after_failures slots in a row failed.",
+        ("job",),
     ),
     "timer_firings": (
         "anarchon_timer_firings",
@@ -161,6 +171,7 @@ class _Counts:
             RunRetried: lambda event: self.count("retries", (event.job,)),
             LeaseLost: lambda event: self.count("lease_losses", (event.job,)),
             SlotSkipped: lambda event: self.count("skipped", (event.job, event.reason)),
+            JobPaused: lambda event: self.count("paused_by_failures", (event.job,)),
             TimerFired: self._fired,
             ServerUnreachable: lambda event: self.count("outages", ()),
         }
@@ -373,6 +384,7 @@ class SchedulerMetrics(Collector):
         yield alive
         yield pending
         yield malformed
+        yield from _job_gauges(sources)
 
 
 #: The metrics of each registry instrumented so far.
@@ -464,6 +476,48 @@ def instrument(
     return metrics
 
 
+def _job_gauges(sources: list[_Source]) -> Iterator[Metric]:
+    """What alert rules are written for, from the store: when each job this process runs
+    last succeeded and last had a slot decided, and how many jobs no live instance
+    runs."""
+    success = GaugeMetricFamily(
+        "anarchon_job_last_success_timestamp_seconds",
+        "When the job's last run that ended ok ended (Unix seconds, the server's clock; "
+        "fleet-wide, from the store).",
+        labels=["job"],
+    )
+    slot = GaugeMetricFamily(
+        "anarchon_job_last_slot_timestamp_seconds",
+        "The instant of the job's newest recorded slot: run, failed or skipped (Unix "
+        "seconds; fleet-wide, from the store).",
+        labels=["job"],
+    )
+    unrun = GaugeMetricFamily(
+        "anarchon_jobs_unrun",
+        "Registered jobs that no live instance runs (fleet-wide, from the store).",
+        labels=["prefix"],
+    )
+    seen: set[str] = set()
+    for source in sources:
+        for job, (succeeded, decided) in sorted(source.job_times.items()):
+            if job in seen:
+                continue
+            seen.add(job)
+            if succeeded is not None:
+                success.add_metric([job], succeeded)
+            if decided is not None:
+                slot.add_metric([job], decided)
+    prefixes: set[str] = set()
+    for source in sources:
+        prefix = source.scheduler.backend.prefix
+        if source.unrun is not None and prefix not in prefixes:
+            prefixes.add(prefix)
+            unrun.add_metric([prefix], source.unrun)
+    yield success
+    yield slot
+    yield unrun
+
+
 @dataclass(eq=False)
 class _Source:
     """One instrumented scheduler: what the gauges read of it."""
@@ -473,6 +527,11 @@ class _Source:
     #: The store's last answer (None until read, and after a read failed).
     instances: int | None = None
     timers: dict[str, int] = field(default_factory=dict)
+    #: Of each job this scheduler runs: when its last run ended ok, and its newest
+    #: recorded slot (Unix seconds; None: none yet).
+    job_times: dict[str, tuple[float | None, float | None]] = field(default_factory=dict)
+    #: The registered jobs no live instance runs (None: not known).
+    unrun: int | None = None
     #: A scrape since the last read of the store.
     wanted: bool = True
 
@@ -502,6 +561,7 @@ class _Source:
                 await anyio.sleep(_LOOK_SEC)
         finally:  # stopped: nothing read any more, so nothing shown
             self.instances, self.timers = None, {}
+            self.job_times, self.unrun = {}, None
 
     async def _read(self, inspector: Inspector) -> None:
         """The instances alive (counted, not read), and the timers pending of the kinds
@@ -511,10 +571,23 @@ class _Source:
             instances = await inspector.instance_count()
             timers = await inspector.timers(own) if own else []
             others = await inspector.timers(limit=PENDING_OTHER_KINDS + len(own))
+            jobs = await inspector.jobs(self.scheduler.jobs) if self.scheduler.jobs else []
+            names = await inspector.job_names()
+            alive = await inspector.instances()
         except Exception as exc:
             log.debug("reading the store's gauges failed (read again later): %s", exc)
             self.instances, self.timers = None, {}
+            self.job_times, self.unrun = {}, None
             return
+        self.job_times = {
+            job.name: (
+                None if job.last_success is None else job.last_success.timestamp(),
+                None if job.last is None else job.last.slot.timestamp(),
+            )
+            for job in jobs
+        }
+        every_read = instances <= len(alive)
+        self.unrun = sum(not may_run(name, alive) for name in names) if every_read else None
         self.instances = instances
         self.timers = {kind.kind: kind.pending for kind in timers}
         for kind in others:

@@ -748,6 +748,7 @@ def _job_details(job: JobInfo, recent: list[RunResult], fleet: _Fleet) -> str:
             f"yes, by {_esc(job.paused_by or '?')}" if job.paused else "no",
         ),
         ("first seen", _when(job.first_seen)),
+        *([("last success", _when(job.last_success))] if job.strategy == "lease" else []),
         *([("finished", _esc(job.finished))] if job.finished else []),
         *(
             [("runs ended", _esc(_runs_text(job)))]

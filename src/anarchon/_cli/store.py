@@ -1,6 +1,6 @@
 """The commands that read and operate a store from a shell: ``anarchon inspect``,
-``history``, ``leases``, ``timers``, ``next``, ``pause``, ``resume``, ``run-now`` and
-``audit``.
+``history``, ``leases``, ``timers``, ``next``, ``pause``, ``resume``, ``run-now``,
+``audit`` and ``check``.
 Tables (``rich``) where a person reads, JSON (``--json``) where a program does."""
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ __all__ = ["add_store_commands", "run_store_command"]
 #: The commands this module runs.
 COMMANDS = (
     "inspect", "history", "leases", "timers", "next", "pause", "resume", "run-now", "audit",
+    "check",
 )  # fmt: skip
 #: Malformed store entries ``inspect`` lists at most (the newest).
 MALFORMED_SHOWN = 50
@@ -171,6 +172,23 @@ def add_store_commands(commands: Any) -> None:
         command.add_argument(
             "--by", metavar="WHO", help="who acts (default: user@host of this shell)"
         )
+    check = commands.add_parser(
+        "check",
+        parents=[common],
+        help="exit non-zero, one line per problem, for a monitoring system's periodic check",
+        description="Checks every registered job: that a live instance runs it, that "
+        "anarchon did not pause it after failures (pause_after_failures), and that none "
+        "of its slots older than --max-late was left undecided (not run, not recorded "
+        "skipped, not under way). Prints one line per problem and exits 1, or says all is "
+        "well and exits 0.",
+    )
+    check.add_argument(
+        "--max-late",
+        type=duration_ms,
+        default="10m",
+        metavar="DURATION",
+        help="how old an undecided slot may be: 90s, 10m, 2h or milliseconds (default: 10m)",
+    )
     audit = commands.add_parser(
         "audit",
         parents=[common],
@@ -198,6 +216,7 @@ def run_store_command(args: argparse.Namespace) -> int:
         "resume": lambda i: _operate(i, args, out),
         "run-now": lambda i: _operate(i, args, out),
         "audit": lambda i: _audit(i, args, out),
+        "check": lambda i: _check(i, args, out),
     }
 
     async def run() -> int:
@@ -314,6 +333,29 @@ def _excerpt(payload: object) -> str:
         return f"bytes({len(payload)})"
     text = json.dumps(payload, ensure_ascii=False)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+def duration_ms(text: str) -> int:
+    """A duration as a shell gives it: ``90s``, ``10m``, ``2h``, ``1d``, or milliseconds."""
+    units = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+    number, unit = text.rstrip("smhd"), text[len(text.rstrip("smhd")) :] or "ms"
+    if not number.isdigit() or unit not in units or int(number) == 0 or len(number) > 9:
+        raise argparse.ArgumentTypeError(
+            f"must be a duration such as 90s, 10m, 2h or 1d (or milliseconds), got {text!r}"
+        )
+    return int(number) * units[unit]
+
+
+async def _check(inspector: Inspector, args: argparse.Namespace, out: Console) -> int:
+    problems = await inspector.check(args.max_late)
+    if args.json:
+        print_json({"ok": not problems, "problems": problems})
+    elif problems:
+        for problem in problems:
+            out.print(cell(problem), soft_wrap=True)
+    else:
+        out.print(f"ok: no problem among {len(await inspector.job_names())} job(s)")
+    return 1 if problems else 0
 
 
 async def _audit(inspector: Inspector, args: argparse.Namespace, out: Console) -> int:

@@ -277,9 +277,12 @@ class Instance:
         paused_by = paused_text(who_acts, note) if paused else None
         with anyio.fail_after(self.context.round_trip_sec * 3):
             changed = await store.set_paused(job, paused_by)
-            if changed:
-                action = "pause" if paused else "resume"
-                await record_audit(store.conn, store.prefix, action, job, who_acts, note)
+        if changed:
+            action = "pause" if paused else "resume"
+            await record_audit(
+                store.conn, store.prefix, action, job, who_acts, note,
+                within_sec=self.context.round_trip_sec,
+            )  # fmt: skip
         if paused:
             log.info("%s: paused%s", job, "" if changed else " (it was paused already)")
         else:
@@ -580,7 +583,10 @@ class Instance:
         started = self._running("run_now()")
         job = self.job(name)
         note, who_acts = check_note(note), who(by)
+        result = await started.manual.run_now(job)
         store = started.running.store
-        with anyio.fail_after(self.context.round_trip_sec * 3):
-            await record_audit(store.conn, store.prefix, "run-now", name, who_acts, note)
-        return await started.manual.run_now(job)
+        await record_audit(
+            store.conn, store.prefix, "run-now", name, who_acts, note,
+            within_sec=self.context.round_trip_sec,
+        )  # fmt: skip
+        return result

@@ -20,7 +20,8 @@ from .._model.clock import wall_ms
 from .._model.job import Job
 from .._model.schedule import iso_ms
 from .._model.timer import Recurrence, TimerKind
-from .._observe.events import RunRetried, TimerFired, instant, run_finished
+from .._observe.events import JobPaused, RunRetried, TimerFired, instant, run_finished
+from .._store.audit import PAUSED_BY_FAILURES, record_audit
 from .._store.coalesce import pipeline
 from .._store.contract import AttemptEnd, ClaimReply, FinishReply, Outcome, Store
 from .._store.keys import RunGivenBack, TimerKeys, hint_channel
@@ -143,6 +144,7 @@ class Settler:
             else run.attempt,
             retry_delay_ms=self._retry_delay_ms(job) * 2 ** (run.attempt - 1),
             fleet=job.max_concurrent_fleet is not None,
+            pause_after=job.pause_after_failures or 0,
         )
         reply, _ = await self._send(job.name, lambda: store.finish(end))
         if reply is None:
@@ -152,6 +154,8 @@ class Settler:
             self._lost(attempt, outcome)
             return
         _log_ended(attempt, end, reply)
+        if reply.paused:
+            await self._paused_by_failures(job)
         events = self._context.events
         if events.on:
             retried = reply.status == "retry"
@@ -182,6 +186,28 @@ class Settler:
             )
         elif reply.status == "retry" and reply.retry_in_ms == 0:
             await self._announce_release(job, attempt.slot_id)  # given back by a stop
+
+    async def _paused_by_failures(self, job: Job) -> None:
+        """This finish paused ``job`` (its ``pause_after_failures`` slots in a row
+        finally failed): said once, here, in the log, the events and the audit log."""
+        count = job.pause_after_failures
+        note = f"its last {count} slots finally failed (pause_after_failures={count})"
+        log.error(
+            "%s: paused: %s; resume it (anarchon resume %s) once it can run",
+            job.name,
+            note,
+            job.name,
+            extra={"job": job.name},
+        )
+        if self._context.events.on:
+            self._context.events.emit(
+                JobPaused(instance=self._context.instance_id, job=job.name, reason=note)
+            )
+        store = self._store
+        await record_audit(
+            store.conn, store.prefix, "pause", job.name, PAUSED_BY_FAILURES, note,
+            within_sec=self._context.round_trip_sec,
+        )  # fmt: skip
 
     def _retry_delay_ms(self, job: Job) -> int:
         return self._context.retry_delay_ms if job.retry_delay_ms is None else job.retry_delay_ms

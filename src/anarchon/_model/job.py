@@ -242,6 +242,9 @@ class Job:
     #: The runs that may end (ok or finally failed) in the fleet, counted in the store;
     #: then the job is finished (None: no bound).
     max_runs: int | None = None
+    #: Paused (in the store, by the finish that saw it) once this many of its slots in
+    #: a row finally failed (None: never).
+    pause_after_failures: int | None = None
 
     def excluded(self, slot_ms: int) -> str | None:
         """Why its scheduled slot at ``slot_ms`` does not run, or None."""

@@ -102,6 +102,8 @@ class LeaseJobOptions(JobOptions, total=False):
     #: How many runs may end (ok or finally failed) in the fleet; then it is finished
     #: (default: no bound).
     max_runs: int | None
+    #: Paused once this many of its slots in a row finally failed (default: never).
+    pause_after_failures: int | None
 
 
 #: The options every strategy's jobs take, and those only the lease strategy's take.
@@ -214,6 +216,9 @@ def make_job(
         start_at=start_at,
         end_at=end_at,
         max_runs=None if max_runs is None else check_count("max_runs", max_runs, most=MAX_RUNS),
+        pause_after_failures=None
+        if (after := options.get("pause_after_failures")) is None
+        else check_count("pause_after_failures", after, most=MAX_ATTEMPTS),
     )
 
 

@@ -548,6 +548,8 @@ class JobInfo:
             ``max_runs`` bounds; lease strategy only), or None.
         finished: Why it claims nothing more, or None: its ``end_at`` passed (and its
             last slot with it), or its runs reached its ``max_runs``.
+        last_success: When its last run that ended ok ended (the server's clock), or
+            None (none yet, or not the lease strategy).
     """
 
     name: str
@@ -565,6 +567,7 @@ class JobInfo:
     fleet_running: int | None = None
     runs: int | None = None
     finished: str | None = None
+    last_success: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)

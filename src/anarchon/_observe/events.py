@@ -33,6 +33,7 @@ __all__ = [
     "ServerBack",
     "ServerUnreachable",
     "SlotSkipped",
+    "JobPaused",
     "TimerCancelled",
     "TimerFired",
     "TimerSet",
@@ -204,6 +205,20 @@ class SlotSkipped(Event):
     job: str
     slot_ms: int
     reason: SkipReason
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobPaused(Event):
+    """A job was paused by anarchon itself: its ``pause_after_failures`` slots in a row
+    finally failed. Told once, by the instance whose finish paused it.
+
+    Attributes:
+        job: The job's name.
+        reason: Why, in words.
+    """
+
+    job: str
+    reason: str
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -24,7 +24,7 @@ from .._errors import (
     SchedulerStateError,
     reason,
 )
-from .._model.job import check_count
+from .._model.job import check_count, check_duration_ms
 from .._model.schedule import (
     FIRE_TIMES_MAX,
     CronSchedule,
@@ -33,6 +33,7 @@ from .._model.schedule import (
     fire_times,
     from_epoch_ms,
     iso_ms,
+    to_epoch_ms,
 )
 from .._model.text import visible
 from .._model.timer import validate_kind
@@ -46,7 +47,14 @@ from .._model.values import (
     TimerKindInfo,
     TimerPage,
 )
-from .._store.audit import AUDIT_MAX, check_note, read_audit, record_audit, who
+from .._store.audit import (
+    AUDIT_MAX,
+    PAUSED_BY_FAILURES,
+    check_note,
+    read_audit,
+    record_audit,
+    who,
+)
 from .._store.backend import RedisBackend
 from .._store.contract import is_slot_id, slot_ms_of
 from .._store.keys import (
@@ -60,6 +68,7 @@ from .._store.keys import (
 )
 from .._store.lease import (
     FINISHED_FIELD,
+    LAST_OK_FIELD,
     PAUSED_FIELD,
     RUNS_FIELD,
     paused_text,
@@ -67,6 +76,7 @@ from .._store.lease import (
     set_paused,
 )
 from .._store.quarantine import (
+    MAX_INSTANT_MS,
     MalformedEntry,
     Quarantine,
     Quarantined,
@@ -115,6 +125,10 @@ INSTANCES_READ_MAX = 200
 _NAMES_SORTED_MAX = 1000
 #: How much of a name asked for an error message shows.
 _NAME_SHOWN = 200
+
+
+#: How old an undecided slot ``check`` reports at the least, by default.
+CHECK_LATE_MS = 10 * 60_000
 
 
 class Inspector:
@@ -242,6 +256,7 @@ class Inspector:
                     fleet_running=_count(held.get(name)),
                     runs=_runs(flags.get(RUNS_FIELD)) if name in leased else None,
                     finished=_finished(definition, flags.get(FINISHED_FIELD), now_ms),
+                    last_success=_at(flags.get(LAST_OK_FIELD)),
                     options={
                         key: value
                         for key, value in definition.items()
@@ -664,9 +679,74 @@ class Inspector:
         with _answered_in_time():
             return await read_audit(self._require(), self._prefix, job, count)
 
+    async def check(self, max_late_ms: int = CHECK_LATE_MS) -> list[str]:
+        """What a monitoring system's periodic check should hear of (``anarchon
+        check``): one line per problem, each starting with the job's name; none when all
+        is well. A registered job has a problem when:
+
+        - no live instance runs it (said only when every registration was read);
+        - anarchon paused it, its ``pause_after_failures`` slots in a row having failed;
+        - a slot of its schedule is older than ``max_late_ms`` and was never decided: not
+          recorded (run, failed, skipped) and not under way. Of a schedule the store
+          cannot reckon (a custom one), its next slot as its instances report it.
+
+        Args:
+            max_late_ms: How old an undecided slot may be (default 10 minutes): more than
+                the jobs' ``max_late_ms`` and ``jitter_ms``.
+
+        Returns:
+            The problems, by job name.
+        """
+        bound = check_duration_ms("max_late_ms", max_late_ms)
+        jobs = await self.jobs()
+        instances = await self.instances()
+        every_read = await self.instance_count() <= len(instances)
+        now_ms = int(time.time() * 1000)
+        problems = []
+        for job in jobs:
+            name = visible(job.name, _NAME_SHOWN)
+            if every_read and not may_run(job.name, instances):
+                problems.append(f"{name}: no live instance runs it")
+            if job.paused and (job.paused_by or "").startswith(PAUSED_BY_FAILURES):
+                problems.append(f"{name}: paused by anarchon: {visible(job.paused_by, 300)}")
+            if job.paused or job.finished:
+                continue
+            undecided = await self._undecided_slot(job, now_ms - bound)
+            if undecided is not None:
+                late = _span_text((now_ms - to_epoch_ms(undecided)) / 1000)
+                problems.append(
+                    f"{name}: its slot {undecided:%Y-%m-%dT%H:%M:%SZ} ({late} ago) was never "
+                    "decided: not run, not recorded skipped, not under way"
+                )
+        return problems
+
+    async def _undecided_slot(self, job: JobInfo, before_ms: int) -> datetime | None:
+        """The first slot of ``job`` after its newest recorded one (or its first
+        appearance) that is at or before ``before_ms`` and not under way, or None."""
+        definition = dict(job.options)
+        definition.update(cron=job.cron, every_ms=job.every_ms, timezone=job.timezone)
+        since = job.last.slot if job.last is not None else job.first_seen
+        if since is None:
+            return None
+        since_ms = to_epoch_ms(since)
+        fires = _next_fires(definition, since_ms, 1) if job.cron or job.every_ms else []
+        reported = definition.get("next_slot_ms")
+        if not fires and isinstance(reported, int) and since_ms < reported:
+            fires = [from_epoch_ms(reported)]
+        if not fires or to_epoch_ms(fires[0]) > before_ms:
+            return None
+        slot_ms = to_epoch_ms(fires[0])
+        if job.strategy == "lease" and any(
+            lease.slot_ms == slot_ms for lease in await self.leases(job.name)
+        ):
+            return None  # under way: its result comes when it ends
+        return fires[0]
+
     async def _audit(self, action: str, job: str, who_acts: str, note: str | None) -> None:
-        with _answered_in_time():
-            await record_audit(self._require(), self._prefix, action, job, who_acts, note)
+        await record_audit(
+            self._require(), self._prefix, action, job, who_acts, note,
+            within_sec=_DEADLINE_SEC,
+        )  # fmt: skip
 
     async def run_now(self, job: str, *, note: str | None = None, by: str | None = None) -> str:
         """Ask the fleet to run ``job`` now, once: the run is stored as due, and the
@@ -915,8 +995,8 @@ def _text(raw: Any) -> str:
 
 
 #: The job-wide fields of a job's state hash that ``jobs()`` reads: who paused it, its
-#: runs that ended, and why it is finished (lease_state.lua).
-_JOB_FLAGS = (PAUSED_FIELD, RUNS_FIELD, FINISHED_FIELD)
+#: runs that ended, why it is finished, when its last run ended ok (lease_state.lua).
+_JOB_FLAGS = (PAUSED_FIELD, RUNS_FIELD, FINISHED_FIELD, LAST_OK_FIELD)
 
 
 def _job_flags(reply: Any) -> dict[str, str]:
@@ -928,6 +1008,21 @@ def _job_flags(reply: Any) -> dict[str, str]:
         for name, value in zip(_JOB_FLAGS, reply, strict=False)
         if value is not None
     }
+
+
+def _span_text(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def _at(text: str | None) -> datetime | None:
+    """A stored instant (server ms, as text), or None for none or one that is not."""
+    if text is None or not text.isdigit() or int(text) > MAX_INSTANT_MS:
+        return None
+    return from_epoch_ms(int(text))
 
 
 def _runs(text: str | None) -> int | None:

@@ -11,20 +11,35 @@ is quarantined and left out.
 from __future__ import annotations
 
 import getpass
+import logging
 import socket
+
+import anyio
 
 from .._errors import InvalidOptionError
 from .._model.text import visible
 from .._model.values import AuditEntry
-from ..clients import Connection
+from ..clients import Connection, ServerReplyError
 from .keys import RegistryKeys
 from .quarantine import MalformedEntry, quarantine_of
 from .records import AUDIT_BY_MAX, AUDIT_NOTE_MAX, decode_audit
 
-__all__ = ["AUDIT_MAX", "check_note", "read_audit", "record_audit", "who"]
+__all__ = [
+    "AUDIT_MAX",
+    "PAUSED_BY_FAILURES",
+    "check_note",
+    "read_audit",
+    "record_audit",
+    "who",
+]
+
+log = logging.getLogger("anarchon")
 
 #: How many entries a prefix's audit log keeps (the newest).
 AUDIT_MAX = 1000
+#: Who paused a job its pause_after_failures paused (lease_state.lua writes the same at
+#: the start of the pause's text).
+PAUSED_BY_FAILURES = "anarchon (pause_after_failures)"
 
 
 def who(by: str | None = None) -> str:
@@ -56,14 +71,37 @@ def check_note(note: str | None) -> str | None:
 
 
 async def record_audit(
-    conn: Connection, prefix: str, action: str, job: str, by: str, note: str | None
-) -> None:
-    """Add an entry to the prefix's audit log (its oldest beyond ``AUDIT_MAX`` go)."""
+    conn: Connection,
+    prefix: str,
+    action: str,
+    job: str,
+    by: str,
+    note: str | None,
+    *,
+    within_sec: float,
+) -> bool:
+    """Add an entry to the prefix's audit log (its oldest beyond ``AUDIT_MAX`` go),
+    after its action took effect: within ``within_sec``, and a failure (the server out
+    of reach, refusing the write) logged, not raised, since the action stands. Whether
+    the entry was written."""
     key = RegistryKeys.for_prefix(prefix).audit
     fields = ["action", action, "job", job, "by", by]
     if note is not None:
         fields += ["note", note]
-    await conn.execute(("XADD", key, "MAXLEN", AUDIT_MAX, "*", *fields))
+    failure: BaseException | str = "no reply in time"
+    with anyio.move_on_after(within_sec):
+        try:
+            await conn.execute(("XADD", key, "MAXLEN", AUDIT_MAX, "*", *fields))
+            return True
+        except Exception as exc:
+            failure = exc
+    log.warning(
+        "%s: %s was done, but the audit log did not take it: %s",
+        visible(job, 200),
+        action,
+        failure,
+    )
+    return False
 
 
 async def read_audit(
@@ -79,7 +117,14 @@ async def read_audit(
     for _ in range(AUDIT_MAX // _PAGE + 2):
         if end is None:
             break
-        raw = list(await conn.execute(("XREVRANGE", key, end, "-", "COUNT", page)) or [])
+        try:
+            raw = list(await conn.execute(("XREVRANGE", key, end, "-", "COUNT", page)) or [])
+        except ServerReplyError as exc:
+            if exc.kind != "WRONGTYPE":
+                raise
+            problem = "holds another type of value than the audit log's stream"
+            quarantine_of(prefix).add(MalformedEntry(key, "", problem), "the audit log")
+            return found
         for entry in raw:
             try:
                 decoded = decode_audit(key, entry)

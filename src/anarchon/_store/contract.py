@@ -121,6 +121,8 @@ class AttemptEnd:
     retry_delay_ms: int
     #: The job has a fleet limit: the attempt gives its permit back.
     fleet: bool = False
+    #: The job's ``pause_after_failures`` (0: none): a slot that finally fails counts.
+    pause_after: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +133,8 @@ class FinishReply:
     held: bool
     status: str
     retry_in_ms: int = 0
+    #: This finish paused the job: its ``pause_after_failures`` slots in a row failed.
+    paused: bool = False
 
 
 class Store(ABC):

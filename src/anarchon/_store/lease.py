@@ -29,7 +29,9 @@ from .records import read_history, read_result
 from .scripts import ScriptCall, lease_script, run_scripts
 
 __all__ = [
+    "FAILED_IN_ROW_FIELD",
     "FINISHED_FIELD",
+    "LAST_OK_FIELD",
     "PAUSED_FIELD",
     "RUNS_FIELD",
     "LeaseStore",
@@ -45,6 +47,10 @@ PAUSED_FIELD = "paused"
 #: failed, and why it is finished (its max_runs reached).
 RUNS_FIELD = "runs"
 FINISHED_FIELD = "finished"
+#: lease_state.lua's fields: the job's slots in a row that finally failed, and when its
+#: last run that ended ok ended (server ms).
+FAILED_IN_ROW_FIELD = "failed-in-row"
+LAST_OK_FIELD = "last-ok"
 
 
 def paused_text(by: str, note: str | None) -> str:
@@ -59,7 +65,10 @@ async def set_paused(conn: Connection, state: str, paused_by: str | None) -> boo
     in its ``state`` hash that the claim script reads (``PAUSED_FIELD``). Whether it
     changed anything."""
     if paused_by is None:
-        return int(await conn.execute(("HDEL", state, PAUSED_FIELD))) == 1
+        resumed = int(await conn.execute(("HDEL", state, PAUSED_FIELD))) == 1
+        if resumed:  # pause_after_failures counts again from a resume
+            await conn.execute(("HDEL", state, FAILED_IN_ROW_FIELD))
+        return resumed
     return int(await conn.execute(("HSETNX", state, PAUSED_FIELD, paused_by))) == 1
 
 
@@ -239,6 +248,7 @@ class LeaseStore(Store):
                 end.error or "",
                 self.history_size,
                 self.history_ttl_ms,
+                *((end.pause_after,) if end.pause_after else ()),
             ),
         )
         (reply,) = await run_scripts(self.conn, [call])
@@ -247,7 +257,12 @@ class LeaseStore(Store):
         if reply[0] == "lost":
             return FinishReply(held=False, status=str(reply[1]))
         quarantine_malformed(reply[3] if len(reply) > 3 else [], self.prefix, "its result")
-        return FinishReply(held=True, status=str(reply[1]), retry_in_ms=int(reply[2]))
+        return FinishReply(
+            held=True,
+            status=str(reply[1]),
+            retry_in_ms=int(reply[2]),
+            paused=len(reply) > 4 and int(reply[4]) == 1,
+        )
 
     async def result_of(self, job: str, slot_id: str, attempt: int) -> RunResult:
         return await read_result(self.conn, self.keys(job).results, job, slot_id, attempt)

@@ -82,6 +82,8 @@ def job_definition(job: Job, strategy: str, next_slot_ms: int | None) -> dict[st
             definition[bound] = to_epoch_ms(at)
     if job.max_runs is not None:
         definition["max_runs"] = job.max_runs
+    if job.pause_after_failures is not None:
+        definition["pause_after_failures"] = job.pause_after_failures
     reckoned = definition["cron"] is not None or definition["every_ms"] is not None
     if (not reckoned or bounded is not schedule or job.exclude is not None) and built_in(
         job.schedule

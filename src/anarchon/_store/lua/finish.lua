@@ -3,9 +3,11 @@
 -- KEYS[4] permits (sorted set; a job with a fleet limit only): the attempt's fleet permit
 -- is given back
 -- ARGV: slot, slot_score, token, outcome (ok|failed|cancelled), max_attempts,
---       retry_delay_ms, error, history_size, history_ttl_ms
+--       retry_delay_ms, error, history_size, history_ttl_ms, pause_after (the job's
+--       pause_after_failures; absent or 0 for none: its slot that finally fails is
+--       counted, and the Nth in a row pauses the job)
 -- A run that ends ok or finally failed is counted (lease_state.lua's RUNS_FIELD).
--- Replies {'settled', status, ms, malformed} where status is the run's state afterwards
+-- Replies {'settled', status, ms, malformed, paused} where status is the run's state afterwards
 -- (retry: the next attempt may start in ms; malformed: a results key that could not take
 -- the result, lease_state.lua's record_result), or {'lost', status} when the
 -- caller's token no longer holds the run: then nothing changes.
@@ -19,6 +21,7 @@ local retry_delay_ms = tonumber(ARGV[6])
 local err = ARGV[7]
 local history_size = tonumber(ARGV[8])
 local history_ttl_ms = tonumber(ARGV[9])
+local pause_after = tonumber(ARGV[10] or '0')
 
 local now = server_now_ms()
 local s = decode_state(redis.call('HGET', state_key, slot))
@@ -51,4 +54,16 @@ if s.status ~= 'retry' then
   redis.call('HDEL', state_key, PROGRESS_PREFIX .. slot)
   count_run(state_key, s.status)
 end
-return {'settled', s.status, s.until_ms - now, bad}
+-- paused: 1 when this finish paused the job (its pause_after_failures reached).
+local paused = 0
+if s.status == 'ok' then
+  redis.call('HSET', state_key, LAST_OK_FIELD, now)
+  if pause_after > 0 then redis.call('HDEL', state_key, FAILED_IN_ROW_FIELD) end
+elseif s.status == 'failed' and pause_after > 0 then
+  local in_row = redis.call('HINCRBY', state_key, FAILED_IN_ROW_FIELD, 1)
+  if in_row >= pause_after and redis.call('HSETNX', state_key, PAUSED_FIELD,
+      PAUSED_BY_FAILURES .. ': its last ' .. in_row .. ' slots finally failed') == 1 then
+    paused = 1
+  end
+end
+return {'settled', s.status, s.until_ms - now, bad, paused}

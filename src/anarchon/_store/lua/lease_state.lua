@@ -96,6 +96,14 @@ local PAUSED_FIELD = 'paused'
 local RUNS_FIELD = 'runs'
 local FINISHED_FIELD = 'finished'
 
+-- The hash field that counts the job's slots in a row that finally failed (finish.lua,
+-- for a job with pause_after_failures; a run that ends ok, or a resume, clears it), and
+-- the server's time of the job's last run that ended ok.
+local FAILED_IN_ROW_FIELD = 'failed-in-row'
+local LAST_OK_FIELD = 'last-ok'
+-- How a pause by pause_after_failures begins (lease.py's PAUSED_BY_FAILURES).
+local PAUSED_BY_FAILURES = 'anarchon (pause_after_failures)'
+
 -- A run of the job ended for good, ok or failed: counted.
 local function count_run(state_key, status)
   if status == 'ok' or status == 'failed' or status == 'interrupted' then
