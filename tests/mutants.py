@@ -61,6 +61,7 @@ TAKEOVER = "tests/test_takeover.py"
 FLEET = "tests/test_fleet_limits.py"
 CALENDARS = "tests/test_calendars.py"
 BOUNDS = "tests/test_bounds.py"
+DEAD_MAN = "tests/test_dead_mans_switch.py"
 ENGINE_MACHINE = "property_tests/test_engine_machine.py"
 ENGINE_FAULTS = "tests/test_engine_faults.py"
 TIMER_MACHINE = "property_tests/test_timer_machine.py"
@@ -409,6 +410,23 @@ MUTANTS: list[Mutant] = [
         "count_run(state_key, 'ok')\nif s.status ~= 'retry' then\n  -- Settled for good",
         "every finish counts a run, repeated ones and retried attempts too",
         (BOUNDS,),
+    ),
+    # A job's pause_after_failures (issue 44's dead man's switch).
+    Mutant(
+        "failures-in-a-row-not-counted",
+        "finish.lua",
+        "elseif s.status == 'failed' and pause_after > 0 then",
+        "elseif false then",
+        "a slot that finally fails never counts towards pause_after_failures",
+        (DEAD_MAN,),
+    ),
+    Mutant(
+        "failures-in-a-row-kept-on-success",
+        "finish.lua",
+        "  if pause_after > 0 then redis.call('HDEL', state_key, FAILED_IN_ROW_FIELD) end\n",
+        "",
+        "a run that ends ok does not count pause_after_failures from zero again",
+        (DEAD_MAN,),
     ),
     # The fleet limits (lease_state.lua's permits, a kind's rate and key groups).
     Mutant(

@@ -1,6 +1,6 @@
 """The commands that read and operate a store from a shell: ``anarchon inspect``,
 ``history``, ``leases``, ``timers``, ``next``, ``pause``, ``resume``, ``run-now``,
-``audit`` and ``check``.
+``forget``, ``audit`` and ``check``.
 Tables (``rich``) where a person reads, JSON (``--json``) where a program does."""
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ __all__ = ["add_store_commands", "run_store_command"]
 #: The commands this module runs.
 COMMANDS = (
     "inspect", "history", "leases", "timers", "next", "pause", "resume", "run-now", "audit",
-    "check",
+    "check", "forget",
 )  # fmt: skip
 #: Malformed store entries ``inspect`` lists at most (the newest).
 MALFORMED_SHOWN = 50
@@ -161,6 +161,11 @@ def add_store_commands(commands: Any) -> None:
         ("pause", "pause a job across the fleet (its slots are recorded as skipped)"),
         ("resume", "resume a paused job"),
         ("run-now", "ask the fleet to run a job now (any instance that runs it takes it)"),
+        (
+            "forget",
+            "remove a job no live instance runs from the store: its state, history and "
+            "registry entry",
+        ),
     ):
         command = commands.add_parser(name, parents=[common], help=text, description=text)
         command.add_argument("job", metavar="JOB")
@@ -215,6 +220,7 @@ def run_store_command(args: argparse.Namespace) -> int:
         "pause": lambda i: _operate(i, args, out),
         "resume": lambda i: _operate(i, args, out),
         "run-now": lambda i: _operate(i, args, out),
+        "forget": lambda i: _operate(i, args, out),
         "audit": lambda i: _audit(i, args, out),
         "check": lambda i: _check(i, args, out),
     }
@@ -387,6 +393,10 @@ async def _operate(inspector: Inspector, args: argparse.Namespace, out: Console)
         changed = await inspector.resume(job, **said_why)
         said = f"{job}: resumed" if changed else f"{job}: was not paused"
         answer = {"job": job, "paused": False, "changed": changed}
+    elif args.command == "forget":
+        removed = await inspector.forget(job, **said_why)
+        said = f"{job}: forgotten ({removed} key(s) removed, and its registry entry)"
+        answer = {"job": job, "forgotten": True, "keys_removed": removed}
     else:
         slot_id = await inspector.run_now(job, **said_why)
         said = f"{job}: the fleet was asked to run it now (slot {slot_id})"

@@ -577,7 +577,7 @@ class AuditEntry:
 
     Attributes:
         at: When, on the server's clock (an aware UTC datetime).
-        action: ``"pause"``, ``"resume"`` or ``"run-now"``.
+        action: ``"pause"``, ``"resume"``, ``"run-now"`` or ``"forget"``.
         job: The job's name.
         by: Who: ``user@host`` of the process that did it, or what its caller passed.
         note: Why, as the caller said it, or None.

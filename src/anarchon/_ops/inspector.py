@@ -5,6 +5,7 @@ resume, run now). ``anarchon inspect`` and its sibling commands print what this 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -24,7 +25,7 @@ from .._errors import (
     SchedulerStateError,
     reason,
 )
-from .._model.job import check_count, check_duration_ms
+from .._model.job import check_count, check_duration_ms, validate_job_name
 from .._model.schedule import (
     FIRE_TIMES_MAX,
     CronSchedule,
@@ -662,6 +663,56 @@ class Inspector:
         if changed:
             await self._audit("resume", job, who_acts, note)
         return changed
+
+    async def forget(self, job: str, *, note: str | None = None, by: str | None = None) -> int:
+        """Remove a job from the store: its state, history, runs stream and fleet
+        permits, and its registry entries (``anarchon forget``), for a job removed from
+        the code. Refused while a live instance runs it; said in the audit log. An
+        instance that starts with the job again registers it anew (its first slot is
+        the next one after its start: no catch-up reaches back before it).
+
+        Args:
+            job: The name of a job the fleet registered (its definition may be
+                malformed: forgetting it is how to clear it).
+            note: Why (up to 500 characters), for the audit log.
+            by: Who (up to 200 characters; None: ``user@host`` of this process).
+
+        Returns:
+            How many keys were removed (the registry entries not counted).
+
+        Raises:
+            InvalidJobError: No job of that name is registered, a live instance runs it,
+                or not every instance's registration could be read (so that cannot be
+                told).
+        """
+        name = validate_job_name(job)
+        note, who_acts = check_note(note), who(by)
+        shown = visible(name, _NAME_SHOWN)
+        if name not in set(await self.job_names()):
+            raise InvalidJobError(f"no job named '{shown}' in the store under {self._prefix!r}")
+        instances = await self.instances()
+        if await self.instance_count() > len(instances):
+            raise InvalidJobError(
+                f"cannot forget '{shown}': not every instance's registration could be read, "
+                "so whether a live one runs it cannot be told; try again"
+            )
+        if may_run(name, instances):
+            running = runners(name, instances) or ["an instance whose job list is long"]
+            raise InvalidJobError(
+                f"cannot forget '{shown}': live instances run it "
+                f"({', '.join(visible(r, 80) for r in running[:5])}); remove it from their "
+                "code and deploy (or stop them) first"
+            )
+        lease, claim_only = (
+            JobKeys.for_job(self._prefix, name),
+            ClaimOnlyKeys.for_job(self._prefix, name),
+        )
+        keys = [*dataclasses.astuple(lease), *dataclasses.astuple(claim_only)]
+        removed = sum(int(n) for n in await self._read_each([("DEL", key) for key in keys]))
+        await self._execute(("HDEL", self._keys.jobs, name))
+        await self._execute(("HDEL", self._keys.first_seen, name))
+        await self._audit("forget", name, who_acts, note)
+        return removed
 
     async def audit(self, job: str | None = None, limit: int = 100) -> list[AuditEntry]:
         """What was done to the jobs (paused, resumed, run now), who and why, newest

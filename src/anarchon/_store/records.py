@@ -282,7 +282,7 @@ _JSON = json.JSONDecoder()
 #: The longest note and name of who acted that an audit entry holds.
 AUDIT_NOTE_MAX = 500
 AUDIT_BY_MAX = 200
-_AUDIT_ACTIONS = frozenset(("pause", "resume", "run-now"))
+_AUDIT_ACTIONS = frozenset(("pause", "resume", "run-now", "forget"))
 _JOB_NAME_MAX = 200
 
 
