@@ -1537,8 +1537,12 @@ class EngineMachine(RuleBasedStateMachine):
             )
             slots_so_far = int((wall_ms() - self.began_ms) / spec.every_ms) + 2
             # The runs the state holds: its fields but the job's own (the fence counter,
-            # the lease holder, the pause flag, the waiting run-now request).
-            own = ("fence", "holder", "paused", "requested")
+            # the lease holder, the pause flag, the waiting run-now request, the runs that
+            # ended, max_runs' mark, the failures in a row, the last success).
+            own = (
+                "fence", "holder", "paused", "requested", "runs", "finished", "failed-in-row",
+                "last-ok",
+            )  # fmt: skip
             held = self.admin.hlen(keys.state) - sum(
                 int(self.admin.hexists(keys.state, field)) for field in own
             )

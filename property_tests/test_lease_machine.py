@@ -168,7 +168,7 @@ class LeaseMachine(RuleBasedStateMachine):
             "claim", self.keys,
             [slot, slot_ms_of(slot), token, instance.name, LEASE_MS, max_attempts,
              1 if self.model.allow_overlap else 0, trigger, KEEP_MS, 10**6, 0, 0,
-             1 if may_start else 0, 1 if skip else 0, 0, 0, 0],
+             1 if may_start else 0, 1 if skip else 0, 0, 0, 0, 0],
         )  # fmt: skip
         self.write_happened()
         got = self._reply(raw)
@@ -347,7 +347,7 @@ class LeaseMachine(RuleBasedStateMachine):
         got = self.call(
             "finish", [self.keys[0], self.keys[1], self.keys[4], self.keys[5]],
             [slot, slot_ms_of(slot), held.token, outcome, held.max_attempts, retry_delay_ms,
-             "", 10**6, 0],
+             "", 10**6, 0, 0],
         )  # fmt: skip
         self.write_happened()
         if expected == "lost":

@@ -117,7 +117,8 @@ async def test_anarchon_check_says_each_problem_in_a_line_and_exits_non_zero(
     )
     assert sick.returncode == 1, sick
     lines = sick.stdout.strip().splitlines()
-    assert len(lines) == 2 and lines == listed["problems"], (lines, listed)
+    assert len(lines) == 2 and lines[0] == listed["problems"][0], (lines, listed)
+    assert lines[1].split(" (")[0] == listed["problems"][1].split(" (")[0]  # how long: later
     assert lines[0] == "tick: no live instance runs it"
     assert lines[1].startswith("tick: its slot ") and "was never decided" in lines[1]
     wrong = anarchon_command(server_url, prefix, "check", "--max-late", "soon")
