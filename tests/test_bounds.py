@@ -62,6 +62,9 @@ async def test_max_runs_ends_the_job_after_that_many_runs_in_the_fleet_until_rai
             await schedulers[0].run_now("campaign")
         async with Inspector(RedisBackend(redis=server_url, prefix=prefix)) as inspector:
             (job,) = await inspector.jobs(["campaign"])
+            # Asked of the fleet (anarchon run-now, the dashboard): refused the same.
+            with pytest.raises(RunOverlapError, match="is finished"):
+                await inspector.run_now("campaign")
         assert job.runs == 3 and job.finished == "max_runs 3 reached: 3 runs ended", job
         assert job.options["max_runs"] == 3
     async with AsyncExitStack() as stack:

@@ -22,6 +22,7 @@ from .._errors import (
     ConnectionFailedError,
     InvalidJobError,
     InvalidOptionError,
+    RunOverlapError,
     SchedulerStateError,
     reason,
 )
@@ -819,9 +820,17 @@ class Inspector:
             InvalidJobError: The fleet did not register the job, or no instance alive
                 runs it.
             InvalidOptionError: The job does not use the lease strategy.
+            RunOverlapError: The job is finished (its ``max_runs`` reached, or its
+                ``end_at`` passed), as ``Scheduler.run_now`` refuses it.
         """
         await self._lease_state_key(job, "run-now")
         note, who_acts = check_note(note), who(by)
+        found = await self.jobs([job])
+        if found and found[0].finished:
+            raise RunOverlapError(
+                f"'{visible(job, _NAME_SHOWN)}' is finished ({found[0].finished}): raise its "
+                "bound and deploy to run it again"
+            )
         instances = await self.instances()
         unread = await self.instance_count() > len(instances)
         if not unread and not may_run(job, instances):
