@@ -149,10 +149,28 @@ def bytes_between(
 # ----------------------------------------------------------------- instances
 
 
-def _child_env() -> dict[str, str]:
+#: Where the processes a scenario starts import anarchon from: this checkout's
+#: ``src``, or another version's (``python -m bench --against REV``).
+_code = [ROOT / "src"]
+
+
+@contextlib.contextmanager
+def code_from(src: Path) -> Iterator[None]:
+    """Processes started in the block (instances, and what measures the store's
+    scripts) run the anarchon in ``src``; the harness itself stays this checkout's."""
+    _code.append(src)
+    try:
+        yield
+    finally:
+        _code.pop()
+
+
+def child_env() -> dict[str, str]:
+    """The environment of a process a scenario starts: the code chosen by
+    ``code_from`` first on its path, then this checkout (for ``bench`` itself)."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(ROOT / "src"), str(ROOT), env.get("PYTHONPATH", "")) if p
+        p for p in (str(_code[-1]), str(ROOT), env.get("PYTHONPATH", "")) if p
     )
     return env
 
@@ -207,7 +225,7 @@ class Fleet:
     logs: list[Any] = field(default_factory=list)
 
     def __enter__(self) -> Fleet:
-        env = _child_env()
+        env = child_env()
         for argv in self.argvs:
             log = tempfile.TemporaryFile("w+")
             self.logs.append(log)
@@ -408,12 +426,29 @@ class RawConfig:
 
 
 def raw_client_ceiling(
-    url: str, client: str, processes: int, jobs: int, batch: int = 100
+    url: str, client: str, processes: int, jobs: int, batch: int = 100, samples: int = 5
 ) -> dict[str, Any]:
     """The lease claim script sent pipelined by ``client`` from ``processes`` processes,
     each claiming the same first slot of ``jobs`` fresh jobs (as instances do): decided
-    slots per second, claims per second, and client CPU per claim."""
+    slots per second, claims per second, and client CPU per claim, each the median of
+    ``samples`` runs (one short sample moves with whatever else the machine does)."""
     load_claim_script(url)
+    runs = [_raw_run(url, client, processes, jobs, batch) for _ in range(samples)]
+    return {
+        "client": client,
+        "processes": processes,
+        "jobs": jobs,
+        "batch": batch,
+        "samples": [run["slots_per_sec"] for run in runs],
+        **{
+            key: median([run[key] for run in runs])
+            for key in ("slots_per_sec", "claims_per_sec", "cpu_us_per_claim")
+        },
+        "won": sum(run["won"] for run in runs),
+    }
+
+
+def _raw_run(url: str, client: str, processes: int, jobs: int, batch: int) -> dict[str, Any]:
     prefix = new_prefix("raw")
     slot_ms = int(time.time() * 1000)
     configs = [
@@ -425,10 +460,6 @@ def raw_client_ceiling(
     elapsed = max(r["ended"] for r in results) - min(r["started"] for r in results)
     cpu = sum(r["cpu_sec"] for r in results)
     return {
-        "client": client,
-        "processes": processes,
-        "jobs": jobs,
-        "batch": batch,
         "slots_per_sec": jobs / elapsed,
         "claims_per_sec": jobs * processes / elapsed,
         "cpu_us_per_claim": cpu / (jobs * processes) * 1e6,

@@ -50,10 +50,10 @@ def throughput(result: Result, out: Path) -> list[Path]:
         raw = [c for c in result["raw_ceilings"] if c["processes"] == instances]
         if raw:
             ax.axhline(
-                raw[0]["slots_per_sec"],
+                raw[0]["slots_per_sec"] / (1 + 1 / instances),
                 linestyle="--",
                 color=line.get_color(),
-                label=f"raw client ceiling, {instances} process(es)",
+                label=f"cap: raw client ceiling / (1 + 1/{instances})",
             )
     ceiling = result["server_ceiling"].get("claims_per_sec")
     if ceiling:

@@ -28,6 +28,13 @@ minutes, ``--smoke`` each scenario at its smallest size, as CI does):
   (``max_concurrent``): the most each ran at once, every timer fired, and the time it
   took next to its floor (timers / (instances x bound) x handler); the same with no
   bound, and with one instance killed mid-way.
+- ``kit``: the real seconds each test of ``anarchon.testing`` takes per virtual day,
+  next to the kit's bound (5 s).
+
+``--against REV`` measures the anarchon of git revision REV and this checkout in the
+same run, interleaved (``--rounds`` rounds, alternating which goes first), and prints
+each scenario's headline figures side by side: a before/after that does not measure
+the machine's mood of the day.
 
 Each scenario starts its own server(s) and writes ``bench/results/<name>.json``
 and a Markdown table on stdout; with matplotlib (extra ``bench``) also plots:
@@ -37,6 +44,7 @@ PNGs in ``docs/img/`` in full mode, in ``bench/results/`` with ``--quick``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import platform
@@ -46,8 +54,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
-from bench.common import ROOT
-from bench.scenarios import SCENARIOS, Mode
+from bench.common import ROOT, code_from
+from bench.scenarios import SCENARIOS, Mode, Result
 
 RESULTS = ROOT / "bench" / "results"
 DOC_IMAGES = ROOT / "docs" / "img"
@@ -75,7 +83,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         "(its other traffic counts in cost and memory)",
     )
     parser.add_argument("--plots", metavar="DIR", type=Path, help="where to write the plots")
+    parser.add_argument(
+        "--against",
+        metavar="REV",
+        help="also measure the anarchon of git revision REV, interleaved with this "
+        "checkout in the same run, and print their headline figures side by side",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        metavar="N",
+        help="with --against: rounds of each scenario, each version once per round (3)",
+    )
     args = parser.parse_args(argv)
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
     unknown = sorted(set(args.scenarios) - set(SCENARIOS))
     if unknown:
         parser.error(f"unknown scenario(s) {unknown}; choose from {', '.join(SCENARIOS)}")
@@ -91,6 +114,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"Python {platform.python_version()}, {_cpus()} CPUs\n",
         flush=True,
     )
+    if args.against:
+        names = args.scenarios or list(SCENARIOS)
+        return _against(args.against, args.rounds, names, args.redis, mode)
     from bench import plots
 
     plot_problem = plots.unavailable()
@@ -110,6 +136,35 @@ def main(argv: Sequence[str] | None = None) -> int:
             print()
     if plot_problem is not None:
         print(f"Plots skipped: {plot_problem}")
+    print(f"Total {time.monotonic() - began:.0f} s", flush=True)
+    return 0
+
+
+def _against(rev: str, rounds: int, names: list[str], url: str | None, mode: Mode) -> int:
+    """Each scenario ``rounds`` times per version, REV and this checkout alternating
+    which goes first; then their headline figures side by side."""
+    from bench.against import checkout, figures, markdown_against
+
+    began = time.monotonic()
+    with checkout(rev) as src:
+        for name in names:
+            scenario = SCENARIOS[name]
+            pairs = []
+            runs: dict[str, list[Result]] = {"before": [], "after": []}
+            for index in range(rounds):
+                order = ("before", "after") if index % 2 == 0 else ("after", "before")
+                for which in order:
+                    code = rev if which == "before" else "this checkout"
+                    print(f"## {name}, round {index + 1}, {which} ({code})\n", flush=True)
+                    with code_from(src) if which == "before" else contextlib.nullcontext():
+                        result = scenario.run(url, mode)
+                    print(f"\n{scenario.markdown(result)}\n", flush=True)
+                    runs[which].append(result)
+                pairs.append((figures(name, runs["before"][-1]), figures(name, runs["after"][-1])))
+            (RESULTS / f"{name}.against.json").write_text(
+                json.dumps({"against": rev, "mode": mode.name, **runs}, indent=2)
+            )
+            print(f"{markdown_against(name, rev, pairs)}\n", flush=True)
     print(f"Total {time.monotonic() - began:.0f} s", flush=True)
     return 0
 

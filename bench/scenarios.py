@@ -43,6 +43,8 @@ from bench.common import (
     summary_ms,
     timer_floor_ms,
 )
+from bench.kit import markdown_kit, scenario_kit
+from bench.servercost import PARTS, per_decided_slot, sampled_server_cpu, script_costs
 from bench.timers import markdown_timers, scenario_timers
 
 Result = dict[str, Any]
@@ -119,7 +121,8 @@ def run_load(
         )
         for i in range(instances)
     ]
-    results, start_at, end_at, logged = run_instances(configs, seconds)
+    with sampled_server_cpu(url) as server_samples:
+        results, start_at, end_at, logged = run_instances(configs, seconds)
     w0, w1 = start_at + warmup_sec, end_at - 0.1
     first_slot = int(w0) + 1
     last_slot = int(end_at - 1.0)  # slots at least a second before the end
@@ -132,6 +135,7 @@ def run_load(
                 late.append(start_ms - slot_ms)
             started_in_window += w0 * 1000 <= start_ms <= w1 * 1000
     cpu_sec = sum(cpu_at(r["cpu"], w1) - cpu_at(r["cpu"], w0) for r in results)
+    server_sec = cpu_at(server_samples, w1) - cpu_at(server_samples, w0)
     decided_per_sec = started_in_window / (w1 - w0)
     offered = jobs * len(slots)
     return {
@@ -146,6 +150,8 @@ def run_load(
         "ran_in_time": len(late) / offered if offered else float("nan"),
         "cpu_us_per_slot": cpu_sec / started_in_window * 1e6 if started_in_window else None,
         "cpu_core_share": cpu_sec / (w1 - w0),
+        "server_us_per_slot": (server_sec / started_in_window * 1e6 if started_in_window else None),
+        "server_core_share": server_sec / (w1 - w0),
         **summary_ms(late),
         "log_lines": len(logged),
         "log_sample": logged[:3],
@@ -158,16 +164,25 @@ def run_load(
 def scenario_throughput(url: str | None, mode: Mode) -> Result:
     """Decided slots per second as the jobs per second rise until it saturates, next
     to the raw client ceiling (same claim script, same library, same number of
-    processes, pipelined) and the server ceiling (valkey-benchmark), all in this run."""
-    fleet_sizes = mode.pick([1], [1, 2, 4])
-    loads = mode.pick([1000, 4000], [1000, 2000, 5000, 10_000, 20_000])
+    processes, pipelined; the median of several samples) and the server ceiling
+    (valkey-benchmark), all in this run; with the server's CPU per decided slot, and
+    each lease script's cost measured apart."""
+    fleet_sizes = mode.pick([1, 4], [1, 2, 4], smoke=[1])
+    # Doubling until decided < 0.9 x offered: the best row is then the capacity, not
+    # the offered load.
+    loads = mode.pick(
+        [2000, 4000, 8000, 16_000, 32_000], [1000, 2000, 5000, 10_000, 20_000, 40_000], [1000]
+    )
     seconds = mode.pick(5, 12)
     rows = []
     ceilings = []
     with server(url) as live:
         server_ceil = server_ceiling(live, mode.pick(100_000, 400_000), clients=1)
+        scripts = script_costs(live, mode.pick(5000, 20_000, 1000))
         for instances in fleet_sizes:
-            raw = raw_client_ceiling(live, "redis-py", instances, mode.pick(5000, 20_000))
+            raw = raw_client_ceiling(
+                live, "redis-py", instances, mode.pick(5000, 20_000), samples=mode.pick(5, 7, 3)
+            )
             ceilings.append(raw)
             server_slots = (
                 server_ceil["claims_per_sec"] / instances if server_ceil["claims_per_sec"] else None
@@ -176,41 +191,58 @@ def scenario_throughput(url: str | None, mode: Mode) -> Result:
                 row = run_load(live, instances, jobs, seconds)
                 row["raw_slots_per_sec"] = raw["slots_per_sec"]
                 row["ratio"] = row["decided_per_sec"] / raw["slots_per_sec"]
+                # A decided slot is a claim from each instance and the winner's finish.
+                row["cap_per_sec"] = raw["slots_per_sec"] / (1 + 1 / instances)
+                row["efficiency"] = row["decided_per_sec"] / row["cap_per_sec"]
                 row["server_slots_per_sec"] = server_slots
                 row["server_ratio"] = (
                     row["decided_per_sec"] / server_slots if server_slots else None
                 )
-                # CPU per claim the scheduler makes vs the raw client's CPU per claim.
                 cpu = row["cpu_us_per_slot"]
-                row["cpu_per_claim_ratio"] = (
-                    cpu / instances / raw["cpu_us_per_claim"] if cpu is not None else None
-                )
+                floor_us = (instances + 1) * raw["cpu_us_per_claim"]
+                row["cpu_floor_us_per_slot"] = floor_us
+                row["overhead"] = cpu / floor_us if cpu is not None else None
+                row["saturated"] = row["decided_per_sec"] < 0.9 * jobs
                 rows.append(row)
                 print(f"  throughput {instances}x{jobs}: {_short(row)}", flush=True)
-                if row["decided_per_sec"] < 0.9 * jobs:
-                    break  # saturated: more load only queues
+                if row["saturated"]:
+                    break  # more load only queues
         name = server_name(live)
-    best = {}
+    best: dict[int, Result] = {}
     for row in rows:
         key = row["instances"]
         if key not in best or row["decided_per_sec"] > best[key]["decided_per_sec"]:
             best[key] = row
+    saturation = []
+    for row in best.values():
+        n = row["instances"]
+        saturation.append(
+            {
+                **row,
+                "saturated": any(r["saturated"] for r in rows if r["instances"] == n),
+                "server_script_us_per_slot": per_decided_slot(scripts, n, "script_us"),
+                "server_calls_us_per_slot": per_decided_slot(scripts, n, "server_us"),
+            }
+        )
     return {
         "server": name,
         "server_ceiling": server_ceil,
         "raw_ceilings": ceilings,
+        "scripts": scripts,
         "rows": rows,
-        "saturation": list(best.values()),
+        "saturation": saturation,
     }
 
 
 def _short(row: Result) -> str:
     cpu = row.get("cpu_us_per_slot")
+    server_us = row.get("server_us_per_slot")
     return (
         f"decided={row['decided_per_sec']:.0f}/s p50={row['p50_ms']:.1f} ms "
         f"p99={row['p99_ms']:.1f} ms cpu={cpu if cpu is None else round(cpu)} us/slot"
-        + (f" ratio={row['ratio']:.2f}" if "ratio" in row else "")
-        + (f" server_ratio={row['server_ratio']:.2f}" if row.get("server_ratio") else "")
+        f" server={server_us if server_us is None else round(server_us, 1)} us/slot"
+        + (f" efficiency={row['efficiency']:.2f}" if "efficiency" in row else "")
+        + (f" overhead={row['overhead']:.2f}" if row.get("overhead") else "")
         + (f" ({row['log_lines']} log lines: {row['log_sample'][0]})" if row["log_lines"] else "")
     )
 
@@ -225,32 +257,56 @@ def markdown_throughput(result: Result) -> str:
             else f"not measured ({ceil['reason']})"
         ),
         "",
-        "| processes | raw client ceiling, slots/s | claims/s | CPU us/claim |",
-        "| --- | --- | --- | --- |",
+        "| processes | raw client ceiling, slots/s (median) | samples | claims/s | CPU us/claim |",
+        "| --- | --- | --- | --- | --- |",
     ]
     for raw in result["raw_ceilings"]:
+        samples = ", ".join(f"{value:,.0f}" for value in raw.get("samples", []))
         lines.append(
-            f"| {raw['processes']} | {raw['slots_per_sec']:,.0f} | {raw['claims_per_sec']:,.0f} "
-            f"| {raw['cpu_us_per_claim']:.1f} |"
+            f"| {raw['processes']} | {raw['slots_per_sec']:,.0f} | {samples} "
+            f"| {raw['claims_per_sec']:,.0f} | {raw['cpu_us_per_claim']:.1f} |"
         )
     lines += [
         "",
-        "| instances x jobs/s | decided/s | ratio | server_ratio | p50 ms | p99 ms "
-        "| CPU us/slot | CPU per claim vs raw |",
+        "| instances x jobs/s | decided/s | efficiency | overhead | p50 ms | p99 ms "
+        "| CPU us/slot | server us/slot |",
         "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for row in result["rows"]:
         lines.append(
             f"| {row['instances']} x {row['jobs']} | {row['decided_per_sec']:,.0f} "
-            f"| {row['ratio']:.2f} | {_num(row['server_ratio'], '.2f')} | {row['p50_ms']:.1f} "
+            f"| {row['efficiency']:.2f} | {_num(row['overhead'], '.2f')}x | {row['p50_ms']:.1f} "
             f"| {row['p99_ms']:.1f} | {_num(row['cpu_us_per_slot'], '.0f')} "
-            f"| {_num(row['cpu_per_claim_ratio'], '.2f')}x |"
+            f"| {_num(row['server_us_per_slot'], '.1f')} |"
+        )
+    lines += [
+        "",
+        "Each lease script apart (server CPU per call from `INFO cpu`, and the time inside "
+        "the script from `INFO commandstats`):",
+        "",
+        "| script | calls | server us/call | in the script us/call |",
+        "| --- | --- | --- | --- |",
+    ]
+    for name in PARTS:
+        part = result["scripts"][name]
+        lines.append(
+            f"| {name} | {part['calls']:,} | {_num(part['server_us'], '.1f')} "
+            f"| {_num(part['script_us'], '.1f')} |"
         )
     for row in result["saturation"]:
+        server_us = row["server_us_per_slot"]
+        per_core = 1e6 / server_us if server_us else None
         lines.append(
             f"\n{row['instances']} instance(s): ratio={row['ratio']:.2f} "
-            f"server_ratio={_num(row['server_ratio'], '.2f')} "
-            f"(best {row['decided_per_sec']:,.0f} decided slots/s)"
+            f"efficiency={row['efficiency']:.2f} overhead={_num(row['overhead'], '.2f')} "
+            f"saturated={'yes' if row['saturated'] else 'no'} "
+            f"(best {row['decided_per_sec']:,.0f} decided slots/s of a cap of "
+            f"{row['cap_per_sec']:,.0f}; CPU {_num(row['cpu_us_per_slot'], '.0f')} us/slot "
+            f"against a floor of {row['cpu_floor_us_per_slot']:.0f}); "
+            f"server {_num(server_us, '.1f')} us per decided slot "
+            f"({_num(per_core, ',.0f')} decided slots/s per server core; the scripts alone "
+            f"{_num(row['server_calls_us_per_slot'], '.1f')} us, inside them "
+            f"{_num(row['server_script_us_per_slot'], '.1f')} us)"
         )
     return "\n".join(lines)
 
@@ -939,4 +995,5 @@ SCENARIOS: dict[str, Scenario] = {
     "timers": Scenario(scenario_timers, markdown_timers),
     "observe": Scenario(scenario_observe, markdown_observe),
     "backpressure": Scenario(scenario_backpressure, markdown_backpressure),
+    "kit": Scenario(scenario_kit, markdown_kit),
 }
