@@ -13,12 +13,17 @@ line each).
     python -m tests.mutants --only NAME  # one mutant (repeat --only for more)
     python -m tests.mutants --engine     # the engine's mutants instead
     python -m tests.mutants --machine    # each against the engine machine alone
+    python -m tests.mutants --virtual    # each against the engine on virtual time alone
+    python -m tests.mutants --engine --share 3   # three of them, chosen by the commit
 
 An engine mutant is applied to a copy of ``src/`` that the selection imports first
 (``PYTHONPATH``), with ``ANARCHON_LUA_DIR`` at the shipped scripts (the mutant's copy has no
-scripts beside it); its selection is the engine machine and its direct test.
-``--machine`` runs the listed mutants (Lua or engine) against the engine machine
-alone: whether the real engine in its state machine finds the defect by itself.
+scripts beside it); its selection is its direct test, then (if that test missed it)
+the engine on virtual time (``property_tests/test_engine_virtual.py``: days of long
+horizons in a minute or two), so that every engine mutant runs in minutes.
+``--machine`` runs the listed mutants (Lua or engine) against the engine machine on
+the real clock alone, and ``--virtual`` against the engine on virtual time alone:
+whether the real engine in its state machine finds the defect by itself.
 
 Each mutant is (name, file, exact old text, new text): the old text must occur
 exactly once in the shipped file, so a mutant breaks loudly when the scripts
@@ -62,7 +67,11 @@ FLEET = "tests/test_fleet_limits.py"
 CALENDARS = "tests/test_calendars.py"
 BOUNDS = "tests/test_bounds.py"
 DEAD_MAN = "tests/test_dead_mans_switch.py"
+UNTRUSTED = "tests/test_untrusted_store.py"
+BACKFILL = "tests/test_backfill.py"
+DEPLOYS = "tests/test_deploys.py"
 ENGINE_MACHINE = "property_tests/test_engine_machine.py"
+ENGINE_VIRTUAL = "property_tests/test_engine_virtual.py"
 ENGINE_FAULTS = "tests/test_engine_faults.py"
 TIMER_MACHINE = "property_tests/test_timer_machine.py"
 SRC = ROOT / "src"
@@ -398,7 +407,7 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "runs-not-counted",
         "finish.lua",
-        "  count_run(state_key, s.status)\n",
+        "  count_run(state_key, s.status, bad)\n",
         "",
         "a run that ends is not counted against its job's max_runs",
         (BOUNDS,),
@@ -407,7 +416,7 @@ MUTANTS: list[Mutant] = [
         "runs-counted-with-retries",
         "finish.lua",
         "if s.status ~= 'retry' then\n  -- Settled for good",
-        "count_run(state_key, 'ok')\nif s.status ~= 'retry' then\n  -- Settled for good",
+        "count_run(state_key, 'ok', bad)\nif s.status ~= 'retry' then\n  -- Settled for good",
         "every finish counts a run, repeated ones and retried attempts too",
         (BOUNDS,),
     ),
@@ -427,6 +436,48 @@ MUTANTS: list[Mutant] = [
         "",
         "a run that ends ok does not count pause_after_failures from zero again",
         (DEAD_MAN,),
+    ),
+    Mutant(
+        "counts-read-loosely",
+        "lease_state.lua",
+        "  local n = whole(raw)\n  if n then return n end\n",
+        "  local n = tonumber(raw)\n  if n then return n end\n",
+        "a job's count read as any number: 'inf' finishes the job for good",
+        (UNTRUSTED,),
+    ),
+    # Backfills (issue 44's part 1).
+    Mutant(
+        "backfill-turn-shared",
+        "backfill.lua",
+        "  if r.driver ~= instance and r.driver ~= '' and r.until_ms > now then\n",
+        "  if false then\n",
+        "every instance that runs the job drives its backfill at once",
+        (BACKFILL,),
+    ),
+    Mutant(
+        "backfill-cancel-ignored",
+        "backfill.lua",
+        "if r.status ~= 'running' then return {'over', r.status, bad} end\n",
+        "",
+        "a cancelled backfill goes on",
+        (BACKFILL,),
+    ),
+    # Deploy-safe definitions (issue 44's part 7).
+    Mutant(
+        "outdated-definition-not-asked",
+        "claim.lua",
+        "  if fingerprint ~= '' and not manual then\n",
+        "  if false then\n",
+        "an instance of an older definition claims new slots until its registration says",
+        (DEPLOYS,),
+    ),
+    Mutant(
+        "oldest-definition-in-force",
+        "registry.lua",
+        "    if a[2] ~= b[2] then return a[2] > b[2] end\n",
+        "    if a[2] ~= b[2] then return a[2] < b[2] end\n",
+        "the oldest definition of a job stays in force through a deploy",
+        (DEPLOYS,),
     ),
     # The fleet limits (lease_state.lua's permits, a kind's rate and key groups).
     Mutant(
@@ -492,7 +543,7 @@ MUTANTS: list[Mutant] = [
 
 
 def _engine(name: str, file: str, old: str, new: str, removes: str, test: str) -> Mutant:
-    return Mutant(name, file, old, new, removes, (ENGINE_MACHINE, test), engine=True)
+    return Mutant(name, file, old, new, removes, (test, ENGINE_VIRTUAL), engine=True)
 
 
 ENGINE_MUTANTS: list[Mutant] = [
@@ -529,7 +580,8 @@ ENGINE_MUTANTS: list[Mutant] = [
         "                    again.append(due)\n",
         "                    pass\n",
         "a claim answered with a transient error reply is sent again",
-        f"{ENGINE_FAULTS}::test_a_backups_claim_answered_oom_is_retried_and_takes_over",
+        "tests/test_testing_kit.py::"
+        "test_slots_due_while_the_server_is_out_of_memory_are_caught_up_or_reported",
     ),
     _engine(
         "backup-waits-a-whole-lease",
@@ -558,10 +610,9 @@ ENGINE_MUTANTS: list[Mutant] = [
     _engine(
         "manual-lease-from-the-first-try",
         "_engine/manual.py",
-        "            sent = time.monotonic()\n"
-        "            with anyio.move_on_after(round_trip_sec):",
-        "            sent = locals().get('sent', time.monotonic())\n"
-        "            with anyio.move_on_after(round_trip_sec):",
+        "        sent = monotonic()\n        with anyio.move_on_after(round_trip_sec):",
+        "        sent = locals().get('sent', monotonic())\n"
+        "        with anyio.move_on_after(round_trip_sec):",
         "a manual claim's lease is counted from the try that won, not the first",
         f"{ENGINE_FAULTS}::test_run_now_won_after_tries_that_took_longer_than_the_lease_runs_the_job",
     ),
@@ -589,7 +640,7 @@ ENGINE_MUTANTS: list[Mutant] = [
         "                failures.append(exc)\n",
         "                raise\n",
         "a send() pipeline's failures come out as one TransportError, not an exception group",
-        f"{ENGINE_FAULTS}::test_a_send_clients_dropped_connection_does_not_end_the_scheduler",
+        f"{ENGINE_FAULTS}::test_a_send_clients_batch_over_a_reset_connection_raises_one_transport_error",
     ),
 ]
 
@@ -621,14 +672,16 @@ def selection_command(mutant: Mutant) -> list[str]:
     ]  # fmt: skip
 
 
-def run_mutant(mutant: Mutant, machine_only: bool = False) -> tuple[bool, str, float]:
-    """Run the mutant's selection (or the engine machine alone); (killed, the failing
-    test or the summary, seconds)."""
-    if machine_only:
-        mutant = replace(mutant, tests=(ENGINE_MACHINE,))
+def run_mutant(mutant: Mutant, machine: str | None = None) -> tuple[bool, str, float]:
+    """Run the mutant's selection (or one engine machine alone); (killed, the failing
+    test or the summary, seconds). An engine mutant's selection runs a part at a time,
+    its direct test first: the engine on virtual time runs only if that test missed it."""
+    if machine is not None:
+        mutant = replace(mutant, tests=(machine,))
     env = {k: v for k, v in os.environ.items() if k not in ("CI", "ANARCHON_FULL_MATRIX")}
     env["HYPOTHESIS_PROFILE"] = PROFILE
     start = time.monotonic()
+    parts = [(test,) for test in mutant.tests] if mutant.engine else [mutant.tests]
     with tempfile.TemporaryDirectory(prefix=f"anarchon-mutant-{mutant.name}-") as tmp:
         mutated_copy(mutant, Path(tmp))
         if mutant.engine:
@@ -636,10 +689,22 @@ def run_mutant(mutant: Mutant, machine_only: bool = False) -> tuple[bool, str, f
             env["ANARCHON_LUA_DIR"] = str(LUA)
         else:
             env["ANARCHON_LUA_DIR"] = tmp
-        done = subprocess.run(
-            selection_command(mutant), cwd=ROOT, env=env, capture_output=True, text=True
-        )
-    seconds = time.monotonic() - start
+        for part in parts:
+            done = subprocess.run(
+                selection_command(replace(mutant, tests=part)),
+                cwd=ROOT,
+                env=env,
+                capture_output=True,
+                text=True,
+            )
+            killed, detail = _verdict(mutant, done)
+            if killed:
+                break
+    return killed, detail, time.monotonic() - start
+
+
+def _verdict(mutant: Mutant, done: subprocess.CompletedProcess[str]) -> tuple[bool, str]:
+    """Whether a selection's run killed the mutant, and the failing test or the summary."""
     lines = done.stdout.splitlines()
     # "FAILED tests/x.py::test - why" (not a captured log line "ERROR    anarchon:...").
     failed = [
@@ -657,9 +722,9 @@ def run_mutant(mutant: Mutant, machine_only: bool = False) -> tuple[bool, str, f
             line[1:].strip() for line in lines if line.startswith("E   ")
         ]
         why = f" ({errors[0][:160]})" if errors else ""
-        return True, failed[0].removeprefix("FAILED ") + why, seconds
+        return True, failed[0].removeprefix("FAILED ") + why
     if done.returncode == 0:
-        return False, summary, seconds
+        return False, summary
     # Anything else (a usage error, an internal error, an interrupted run) is the
     # runner's problem, not a kill.
     raise SystemExit(
@@ -668,12 +733,34 @@ def run_mutant(mutant: Mutant, machine_only: bool = False) -> tuple[bool, str, f
     )
 
 
+def in_turn(mutants: list[Mutant], count: int) -> list[Mutant]:
+    """``count`` consecutive mutants of the list (wrapping), where they begin chosen by
+    the commit checked out (by the day without one): a run of a commit always runs the
+    same ones, and a few commits cover them all."""
+    done = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=False
+    )
+    head = done.stdout.strip()
+    turn = int(head[:8], 16) if done.returncode == 0 and head else time.time() // 86_400
+    first = int(turn) * count % len(mutants)
+    return [mutants[(first + i) % len(mutants)] for i in range(min(count, len(mutants)))]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.mutants", description=__doc__)
     parser.add_argument("--list", action="store_true", help="print the mutants and exit")
     parser.add_argument("--only", action="append", metavar="NAME", help="run only this mutant")
     parser.add_argument("--engine", action="store_true", help="the engine's mutants instead")
     parser.add_argument("--machine", action="store_true", help="against the engine machine alone")
+    parser.add_argument(
+        "--virtual", action="store_true", help="against the engine on virtual time alone"
+    )
+    parser.add_argument(
+        "--share",
+        type=int,
+        metavar="K",
+        help="run K of the listed mutants, chosen by the commit (a few commits cover all)",
+    )
     args = parser.parse_args(argv)
     listed = ENGINE_MUTANTS if args.engine else MUTANTS
     names = [m.name for m in MUTANTS + ENGINE_MUTANTS]
@@ -693,9 +780,13 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:
             parser.error(f"unknown mutant(s): {', '.join(unknown)}")
         chosen = [m for m in listed if m.name in args.only]
+    if args.share:
+        chosen = in_turn(chosen, args.share)
+        print(f"mutants this time: {', '.join(m.name for m in chosen)}", flush=True)
     survivors = []
     for mutant in chosen:
-        killed, detail, seconds = run_mutant(mutant, machine_only=args.machine)
+        machine = ENGINE_MACHINE if args.machine else ENGINE_VIRTUAL if args.virtual else None
+        killed, detail, seconds = run_mutant(mutant, machine)
         verdict = "killed" if killed else "SURVIVED"
         print(f"{mutant.name}: {verdict} in {seconds:.0f} s: {detail}", flush=True)
         if not killed:
