@@ -1,34 +1,28 @@
 """The shipped lease and timer scripts with the server's clock swapped for an argument.
 
-The server's TIME cannot be set, so the state machine loads the scripts with
-the one clock read replaced: ``server_now_ms()`` returns the last argument
-instead of reading TIME. Everything else is byte-identical (a test checks it).
+The server's TIME cannot be set, so the state machines load the scripts with the one
+clock read replaced: ``server_now_ms()`` returns the last argument (taken off ``ARGV``
+before the script reads it) instead of reading TIME. It is the same text
+``anarchon.testing`` runs on virtual time (``virtual_clock``), so the machines, which
+check these scripts against their models on every server, check the kit's too.
+Everything else is byte-identical (a test checks it).
 """
 
 from __future__ import annotations
 
-from anarchon._store.scripts import Script, lease_script, timer_script
+from anarchon._store.scripts import lease_script, timer_script
+from anarchon.testing._store import CLOCK_READ, VIRTUAL_CLOCK_READ, virtual_clock
 
-CLOCK_READ = """local function server_now_ms()
-  local time = redis.call('TIME')
-  return tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
-end"""
+__all__ = ["CLOCK_ARGUMENT", "CLOCK_READ", "timed_script", "timed_timer_script"]
 
-CLOCK_ARGUMENT = """local function server_now_ms()
-  return tonumber(ARGV[#ARGV])
-end"""
-
-
-def _timed(script: Script) -> str:
-    assert script.body.count(CLOCK_READ) == 1, "the clock read moved: update property_tests"
-    return script.body.replace(CLOCK_READ, CLOCK_ARGUMENT)
+CLOCK_ARGUMENT = VIRTUAL_CLOCK_READ
 
 
 def timed_script(name: str) -> str:
     """The shipped lease script ``name`` whose clock is its last argument."""
-    return _timed(lease_script(name))
+    return virtual_clock(lease_script(name).body)
 
 
 def timed_timer_script(name: str) -> str:
     """The shipped timer script ``name`` whose clock is its last argument."""
-    return _timed(timer_script(name))
+    return virtual_clock(timer_script(name).body)

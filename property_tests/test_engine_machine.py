@@ -1541,6 +1541,7 @@ class EngineMachine(RuleBasedStateMachine):
             # ended, max_runs' mark, the failures in a row, the last success).
             own = (
                 "fence", "holder", "paused", "requested", "runs", "finished", "failed-in-row",
+                "in-force",
                 "last-ok",
             )  # fmt: skip
             held = self.admin.hlen(keys.state) - sum(

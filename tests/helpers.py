@@ -45,21 +45,37 @@ class OneShot:
         return cls(at.replace(microsecond=0) + timedelta(seconds=1))
 
 
-class OneShotAtFirstAsk:
-    """A schedule that fires once, a whole second at least ``delay_ms`` after the
-    scheduler first asks it (started, connected, registered). A slot chosen before the
-    start (``OneShot.in_ms``) would pass unseen if the start were slow, as it is on a
-    loaded machine (a TLS handshake, a worker starved of CPU): a custom schedule's slot
-    in the past is never due."""
+class SecondsAtFirstAsk:
+    """A schedule that fires at ``count`` whole seconds in a row, the first at least
+    ``delay_ms`` after the scheduler first asks it (started, connected, registered). A
+    slot chosen before the start (``OneShot.in_ms``, ``Seconds``) would pass unseen if
+    the start were slow, as it is on a loaded machine (a TLS handshake, a worker starved
+    of CPU): a custom schedule's slot in the past is never due. One object shared by a
+    fleet's instances gives them all the instants its first asker chose."""
 
-    def __init__(self, delay_ms: int) -> None:
+    def __init__(self, delay_ms: int, count: int) -> None:
         self.delay_ms = delay_ms
-        self.at: datetime | None = None
+        self.count = count
+        self.instants: list[datetime] = []
 
     def next_after(self, moment: datetime, /) -> datetime | None:
-        if self.at is None:
-            self.at = OneShot.in_ms(self.delay_ms).at
-        return self.at if moment < self.at else None
+        if not self.instants:
+            first = OneShot.in_ms(self.delay_ms).at
+            self.instants = [first + timedelta(seconds=index) for index in range(self.count)]
+        return next((at for at in self.instants if at > moment), None)
+
+
+class OneShotAtFirstAsk(SecondsAtFirstAsk):
+    """A schedule that fires once, a whole second at least ``delay_ms`` after the
+    scheduler first asks it (see ``SecondsAtFirstAsk``)."""
+
+    def __init__(self, delay_ms: int) -> None:
+        super().__init__(delay_ms, 1)
+
+    @property
+    def at(self) -> datetime | None:
+        """The instant, once the first asker chose it."""
+        return self.instants[0] if self.instants else None
 
 
 class SlotOnStdin:
@@ -294,19 +310,21 @@ def tick_and_flaky_fleet(
     server_url: str, prefix: str, names: tuple[str, ...]
 ) -> list[Scheduler[Any]]:
     """Instances ``names`` of one fleet (not started; retry delay 100 ms), each with
-    "tick" (three whole seconds in a row, from half a second on) and "flaky" (once; its
-    first attempt fails, the second succeeds)."""
+    "tick" (three whole seconds in a row, from half a second after the start on) and
+    "flaky" (once, from half a second after the start on; its first attempt fails, the
+    second succeeds). The instances share the schedules, so they share the slots."""
     schedulers = []
+    ticks, once = SecondsAtFirstAsk(500, 3), OneShotAtFirstAsk(500)
     for name in names:
         scheduler = Scheduler(
             RedisBackend(redis=server_url, prefix=prefix), instance_id=name, retry_delay_ms=100
         )
 
-        @scheduler.job(Seconds(500, 3), name="tick")
+        @scheduler.job(ticks, name="tick")
         async def tick() -> None:
             pass
 
-        @scheduler.job(OneShot.in_ms(500), name="flaky")
+        @scheduler.job(once, name="flaky")
         async def flaky(run: Run) -> None:
             if run.attempt == 1:
                 raise RuntimeError("the first attempt fails")
@@ -508,3 +526,9 @@ def anarchon_command(url: str, prefix: str, *args: str) -> subprocess.CompletedP
         [sys.executable, "-m", "anarchon", *args, "--redis", url, "--prefix", prefix],
         capture_output=True, text=True, timeout=60, env=env, check=False,
     )  # fmt: skip
+
+
+def server_ms(direct: Any) -> int:
+    """The server's clock now (``TIME``), in epoch ms."""
+    seconds, micros = direct.time()
+    return int(seconds) * 1000 + int(micros) // 1000

@@ -3,7 +3,7 @@
 Configured by the environment: ``APP_URL``, ``APP_PREFIX``, ``APP_LEASE_MS``,
 ``APP_STOP_GRACE_MS``, and ``APP_ONE_SLOT`` (set: its job ``work`` fires once, at the
 slot the test hands over on stdin once the instance has started, ``SlotOnStdin``;
-unset, ``work`` fires every second). The handler appends
+unset, ``work`` fires by ``APP_CRON``, every second unless given). The handler appends
 ``start|instance|attempt|fence|server_ms`` to the list ``<APP_PREFIX>log``, then
 works for ``APP_WORK_SEC`` (30 s) and appends ``finish|...``.
 """
@@ -27,7 +27,8 @@ def make() -> Scheduler:  # type: ignore[type-arg]
         stop_grace_ms=int(os.environ.get("APP_STOP_GRACE_MS", "200")),
     )
     work_sec = float(os.environ.get("APP_WORK_SEC", "30"))
-    schedule = SlotOnStdin() if os.environ.get("APP_ONE_SLOT") else "* * * * * *"
+    cron = os.environ.get("APP_CRON", "* * * * * *")
+    schedule = SlotOnStdin() if os.environ.get("APP_ONE_SLOT") else cron
 
     def note(event: str, run: Run) -> None:
         direct = redis.Redis.from_url(url, decode_responses=True, protocol=2)

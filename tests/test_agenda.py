@@ -9,13 +9,14 @@ backlog of one job's scheduled slots, only the newest starts."""
 from __future__ import annotations
 
 import logging
+import os
 
 import anyio
 import pytest
 
-from anarchon._engine.agenda import _SLEEP_CAP_SEC, Agenda, DueSlot
+from anarchon._engine.agenda import Agenda, DueSlot, new_token
 from anarchon._engine.context import EngineContext
-from anarchon._model.clock import wall_ms
+from anarchon._model.clock import PRODUCTION, wall_ms
 from anarchon._model.job import Job, overlap_policy
 from anarchon._model.schedule import IntervalSchedule, SlotClock
 
@@ -122,7 +123,7 @@ async def test_a_sleep_toward_a_far_claim_re_reads_the_clock_within_the_cap() ->
     async def claim_loop() -> None:
         got.extend((await agenda.next_batch()).slots)
 
-    with anyio.fail_after(_SLEEP_CAP_SEC + 3):
+    with anyio.fail_after(PRODUCTION.sleep_cap_sec + 3):
         async with anyio.create_task_group() as group:
             group.start_soon(claim_loop)
             await anyio.sleep(0.2)
@@ -289,3 +290,24 @@ def test_after_a_gap_only_the_newest_slot_starts_though_dropped_claims_lie_among
     agenda.push(first_claim(NOW_MS - 2_200, broken.name))
     claimed = agenda._pop_due(NOW_MS).slots
     assert [(due.job, due.slot_ms) for due in claimed] == [(every_second.name, NOW_MS)]
+
+
+def test_claim_tokens_are_unique_and_a_forked_child_makes_its_own() -> None:
+    """Claim tokens come from a per-process nonce and a counter: all distinct, and a
+    forked child (a pre-forking web server's worker) draws a nonce of its own instead
+    of repeating its parent's tokens, which the claim script would take for the
+    parent's claims."""
+    tokens = [new_token() for _ in range(1000)]
+    assert len(set(tokens)) == 1000
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its next token, then out at once
+        os.write(write, new_token().encode())
+        os._exit(0)
+    os.close(write)
+    os.waitpid(pid, 0)
+    with os.fdopen(read) as pipe:
+        child = pipe.read()
+    mine = new_token()
+    assert child and child != mine
+    assert child[:12] != mine[:12], (child, mine)  # another nonce, not the next count

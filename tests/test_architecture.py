@@ -49,6 +49,30 @@ def test_no_module_imports_an_underscore_name_of_another() -> None:
     assert found == []
 
 
+def test_nothing_outside_the_testing_kit_imports_it() -> None:
+    """Virtual time cannot be reached from production: no module of the package but
+    ``anarchon.testing``'s own imports it, and only it sets the virtual clock."""
+    kit = PACKAGE / "testing"
+    imports, sets = [], []
+    for path, tree in modules():
+        if path.is_relative_to(kit):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and "testing" in (node.module or "").split("."):
+                imports.append(shown(path, node))
+            if isinstance(node, ast.Import) and any("testing" in a.name for a in node.names):
+                imports.append(shown(path, node))
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "set"
+                and isinstance(node.func.value, ast.Name)
+                and node.func.value.id == "VIRTUAL"
+            ):
+                sets.append(shown(path, node))
+    assert imports == [] and sets == []
+
+
 def test_the_public_timers_import_nothing_of_the_engine() -> None:
     path = PACKAGE / "_timers.py"
     tree = ast.parse(path.read_text(encoding="utf-8"))

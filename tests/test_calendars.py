@@ -141,6 +141,7 @@ async def test_the_preview_here_and_from_the_store_leaves_excluded_slots_out(
     assert stored[:5] == here[:5] and len(stored) == 10
     assert info.options["exclude"] == "2 dates, 2027-12-24 to 2027-12-25"
     assert info.schedule.startswith("CombinedSchedule(CronSchedule('0 9 * * 1-5'")
+    assert info.timezone == "Europe/Berlin"  # its parts' zone: the views show times in it
 
 
 def test_the_fire_times_of_a_calendar_skip_holidays_and_count_coinciding_slots_once() -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections import Counter
 from contextlib import AsyncExitStack
 from typing import Any
@@ -25,6 +26,7 @@ from anarchon import (
     Scheduler,
 )
 from anarchon._store.audit import PAUSED_BY_FAILURES
+from anarchon._store.contract import AttemptEnd, ClaimRequest
 from tests.helpers import anarchon_command, wait_until
 
 pytestmark = [pytest.mark.anyio, pytest.mark.engine_tier]
@@ -72,7 +74,8 @@ async def test_a_job_whose_last_three_slots_failed_is_paused_once_and_said_once(
     paused = [e for e in events if isinstance(e, JobPaused)]
     errors = [r for r in caplog.records if r.levelno == logging.ERROR and "paused" in r.message]
     assert len(ran) == 6 and len(paused) == 2 and len(errors) == 2, (ran, paused, errors)
-    assert job.paused and job.paused_by == f"{PAUSED_BY_FAILURES}: its last 3 slots finally failed"
+    assert job.paused and job.paused_by is not None
+    assert job.paused_by.startswith(f"{PAUSED_BY_FAILURES}: its last 3 slots finally failed (")
     assert [(e.action, e.by) for e in audit] == [("pause", PAUSED_BY_FAILURES)]
     assert "pause_after_failures=3" in (audit[0].note or "")
     assert again.paused and job.last_success is None
@@ -123,3 +126,29 @@ async def test_anarchon_check_says_each_problem_in_a_line_and_exits_non_zero(
     assert lines[1].startswith("tick: its slot ") and "was never decided" in lines[1]
     wrong = anarchon_command(server_url, prefix, "check", "--max-late", "soon")
     assert wrong.returncode == 2 and "must be a duration" in wrong.stderr, wrong
+
+
+async def test_a_pausing_finish_sent_again_after_its_reply_was_lost_still_says_it_paused(
+    server_url: str, prefix: str
+) -> None:
+    """The finish that paused the job lost its reply, and the repeat (same token) used
+    to answer "settled" without "paused": the ERROR, the event and the audit entry were
+    never said. The repeat now says the job was paused by this slot's finish."""
+    backend = RedisBackend(redis=server_url, prefix=prefix)
+    store: Any = await backend.open({"runner": "r", "history_size": 100, "history_ttl_ms": None})
+    try:
+        slot_ms = int(time.time() * 1000) // 1000 * 1000
+        request = ClaimRequest("sync", str(slot_ms), slot_ms, "tok", "schedule", 30_000, 1,
+                               False, 600_000)  # fmt: skip
+        (won,) = await store.claim_many([request])
+        assert won.kind == "won", won
+        end = AttemptEnd(
+            job="sync", slot_id=str(slot_ms), token="tok", attempt=1, trigger="schedule",
+            fence=won.fence, started_ms=slot_ms, finished_ms=slot_ms + 5, outcome="failed",
+            error="boom", max_attempts=1, retry_delay_ms=0, pause_after=1,
+        )  # fmt: skip
+        first, repeat = await store.finish(end), await store.finish(end)
+    finally:
+        await store.conn.aclose()
+    assert (first.status, first.paused) == ("failed", True), first
+    assert (repeat.status, repeat.paused) == ("failed", True), repeat

@@ -16,12 +16,12 @@ import anyio
 import pytest
 import redis
 
-import anarchon._engine.hints as hints_module
+import anarchon._model.clock as clock_module
 from anarchon import IntervalSchedule, RedisBackend, Scheduler, TimerRun
 from anarchon._engine.agenda import Agenda
 from anarchon._engine.context import EngineContext
 from anarchon._engine.hints import Hints
-from anarchon._model.clock import wall_ms
+from anarchon._model.clock import Pace, wall_ms
 from anarchon._model.timer import TimerKind
 from anarchon._store.keys import TimerKeys, hint_channel
 from tests.faults import FaultProxy
@@ -160,7 +160,7 @@ async def test_hints_unreachable_are_warned_about_once_and_their_return_said_onc
     again, warning once more (and saying again that they are back if a renewal comes
     before the test ends), and a timer another process sets to fall due long before the
     next poll (30 s) fires through a hint."""
-    monkeypatch.setattr(hints_module, "_RENEW_SEC", 1.0)
+    monkeypatch.setattr(clock_module, "PRODUCTION", Pace(hints_renew_sec=1.0))
     fired: list[str] = []
     with FaultProxy(server_url) as proxy:
         scheduler = Scheduler(RedisBackend(redis=proxy.url, prefix=prefix), timer_poll_ms=30_000)
@@ -205,7 +205,7 @@ async def test_a_subscription_renewed_while_the_server_answers_says_nothing(
     nothing failing, a renewal is not a failure: nothing is logged at WARNING, whatever
     the client (a sync client's subscription runs in a thread, which must have ended
     before the next one starts)."""
-    monkeypatch.setattr(hints_module, "_RENEW_SEC", 1.0)
+    monkeypatch.setattr(clock_module, "PRODUCTION", Pace(hints_renew_sec=1.0))
     scheduler = Scheduler(RedisBackend(redis=server_url, prefix=prefix), timer_poll_ms=30_000)
 
     @scheduler.timer("remind")

@@ -25,10 +25,10 @@ from anarchon import (
     TimerKindInfo,
     TimerRun,
 )
+from anarchon._model.clock import PRODUCTION
 from anarchon._model.options import DEFAULT_MAX_CONCURRENT
 from anarchon._ops.inspector import fleet_text, kind_limits_text
 from anarchon._store.keys import JobKeys, RegistryKeys
-from anarchon._store.registry import REGISTRATION_TTL_MS
 from tests.faults import FaultProxy
 from tests.helpers import NEVER, CommandLog, OneShot, long_job_fleet, wait_until
 
@@ -98,7 +98,7 @@ async def test_the_inspector_sees_jobs_leases_instances_and_history_of_a_running
     assert [i.id for i in instances] == ["a", "b"]
     for instance in instances:
         assert instance.jobs == ("long", "report") and instance.timer_kinds == ("remind",)
-        assert 0 < instance.expires_in_ms <= REGISTRATION_TTL_MS
+        assert 0 < instance.expires_in_ms <= PRODUCTION.registration_ttl_ms
         assert instance.max_concurrent == DEFAULT_MAX_CONCURRENT
     (kind,) = timers
     assert (kind.kind, kind.pending, kind.next_key) == ("remind", 1, "user:42")

@@ -37,6 +37,7 @@ def _prefix_keys(prefix: str) -> set[str]:
         registry.jobs,
         registry.first_seen,
         registry.timer_kinds,
+        registry.backfills,
         registry.instance("i1"),
         "channel " + hint_channel(prefix),
     }
@@ -52,6 +53,7 @@ def _job_keys(prefix: str, job: str) -> set[str]:
         lease.runs,
         lease.results,
         lease.permits,
+        lease.backfill,
         claim_only.runs,
         claim_only.manual,
         claim_only.results,

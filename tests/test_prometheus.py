@@ -38,6 +38,7 @@ from anarchon.prometheus import instrument
 from tests.faults import FaultProxy
 from tests.helpers import (
     OneShot,
+    OneShotAtFirstAsk,
     a_long_run,
     claim_for_a_dead_runner,
     long_job_fleet,
@@ -139,10 +140,8 @@ async def test_a_run_taken_over_from_a_vanished_runner_is_counted_as_a_takeover(
     ran out runs attempt 2 with the trigger takeover, and counts one takeover; an
     ordinary retry (the flaky job's) is not one."""
     registry = CollectorRegistry()
-    slot = OneShot.in_ms(300)
-    slot_ms = int(slot.at.timestamp() * 1000)
-    await claim_for_a_dead_runner(server_url, prefix, "orphan", slot_ms, lease_ms=200)
-    runs: list[Run] = []
+    slot = OneShotAtFirstAsk(1500)  # chosen as the instance starts: the dead runner wins
+    runs: list[Run] = []  # it first, well before the instance's own claim
     (scheduler,) = tick_and_flaky_fleet(server_url, prefix, ("a",))
 
     @scheduler.job(slot, name="orphan")
@@ -151,6 +150,9 @@ async def test_a_run_taken_over_from_a_vanished_runner_is_counted_as_a_takeover(
 
     instrument(scheduler, registry)
     async with scheduler:
+        assert slot.at is not None
+        slot_ms = int(slot.at.timestamp() * 1000)
+        await claim_for_a_dead_runner(server_url, prefix, "orphan", slot_ms, lease_ms=200)
         with anyio.fail_after(30):
             history = await settled_history(scheduler, {"orphan": 2, "flaky": 2})
 
@@ -185,7 +187,7 @@ async def test_the_gauges_show_the_leases_held_the_instances_alive_and_the_timer
         instrument(scheduler, registry)
 
     pending = {"prefix": prefix, "kind": "remind"}
-    async with long_job_fleet(server_url, prefix, OneShot.in_ms(300), set_up) as fleet:
+    async with long_job_fleet(server_url, prefix, OneShotAtFirstAsk(300), set_up) as fleet:
         await wait_until(lambda: len(fleet.starts) == 1, 30, "the long run to start")
         assert value("anarchon_leases_held", job="long") == 1
         for key in ("user:1", "user:2", "user:3"):

@@ -666,3 +666,45 @@ async def test_reading_a_timer_whose_payload_does_not_read_gives_none_not_an_err
     async with Timers(RedisBackend(redis=server_url, prefix=prefix)) as client:
         assert await client.get("remind", "k") is None
     assert (timers.timers, "k") in quarantined(prefix)
+
+
+@pytest.mark.parametrize("foreign", ["bogus", "inf", "-3"])
+async def test_foreign_text_in_a_jobs_counts_costs_itself_not_the_job(
+    server_url: str,
+    direct: redis.Redis,
+    prefix: str,
+    foreign: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The job's counts (``runs`` for max_runs, ``failed-in-row`` for
+    pause_after_failures) holding foreign text: ``inf`` read as a count finished the job
+    for good, and any other text failed every finish script after it had recorded the
+    run (an error per run). Now each is reported, counts again from 0, and the job runs
+    on with its every finish answered."""
+    keys = JobKeys.for_job(prefix, "alpha")
+    direct.hset(keys.state, mapping={"runs": foreign, "failed-in-row": foreign})
+    scheduler = Scheduler(RedisBackend(redis=server_url, prefix=prefix), lease_ms=3000)
+    outcomes: list[bool] = []
+
+    @scheduler.job(
+        IntervalSchedule(300), name="alpha", max_runs=1000, pause_after_failures=50,
+        max_attempts=1,
+    )  # fmt: skip
+    async def alpha(run: Run) -> None:
+        outcomes.append(len(outcomes) % 2 == 1)
+        if not outcomes[-1]:
+            raise RuntimeError("every other run fails")
+
+    with caplog.at_level(logging.WARNING, logger="anarchon"):
+        async with scheduler:
+            await wait_until(lambda: len(outcomes) >= 4, 20, "four runs of the job")
+            await wait_until(
+                lambda: int(str(direct.hget(keys.state, "runs"))) >= 3, 10, "the runs counted"
+            )
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert [e for e in errors if "every other run fails" not in e] == []
+    assert (keys.state, "runs") in quarantined(prefix)
+    assert (keys.state, "failed-in-row") in quarantined(prefix)
+    assert int(str(direct.hget(keys.state, "runs"))) <= len(outcomes)
+    assert direct.hget(keys.state, "finished") is None
+    assert direct.hget(keys.state, "paused") is None

@@ -40,6 +40,8 @@ from ._model.schedule import (
 from ._model.values import (
     AppliedTimers,
     AuditEntry,
+    BackfillInfo,
+    BackfillStatus,
     InstanceInfo,
     JobInfo,
     LeaseInfo,
@@ -58,6 +60,7 @@ from ._model.values import (
 )
 from ._observe.events import (
     ClaimAnswered,
+    DefinitionOutdated,
     Event,
     EventStream,
     JobPaused,
@@ -84,6 +87,8 @@ from ._version import __version__ as __version__
 __all__ = [
     "AppliedTimers",
     "AuditEntry",
+    "BackfillInfo",
+    "BackfillStatus",
     "CalendarInterval",
     "CombinedSchedule",
     "Excludes",
@@ -140,6 +145,7 @@ __all__ = [
     "ServerBack",
     "ServerUnreachable",
     "SlotSkipped",
+    "DefinitionOutdated",
     "JobPaused",
     "TimerCancelled",
     "TimerFired",

@@ -5,14 +5,14 @@ them), registers jobs and timer kinds, and hands the work on: to its engine inst
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterable
 from datetime import datetime
 from types import TracebackType
 from typing import Any, Generic, Literal, TypeVar, Unpack, overload
 
 from ._engine.instance import Instance
-from ._errors import InvalidJobError, InvalidOptionError
+from ._errors import InvalidJobError, InvalidOptionError, SchedulerStateError
+from ._model.clock import wall_ms
 from ._model.job import Handler, check_count
 from ._model.options import (
     DEFAULT_MAX_CONCURRENT,
@@ -26,8 +26,9 @@ from ._model.options import (
 )
 from ._model.schedule import FIRE_TIMES_MAX, Schedule, fire_times
 from ._model.text import visible
-from ._model.values import AppliedTimers, RunResult, TimerInfo, TimerSetting
+from ._model.values import AppliedTimers, BackfillInfo, RunResult, TimerInfo, TimerSetting
 from ._observe.events import Event, EventStream
+from ._ops.inspector import inspector_over
 from ._store.backend import ClaimOnly, K, Leases, RedisBackend
 from ._timers import DEFAULT_MAX_PAYLOAD_BYTES, bound_timers
 
@@ -114,6 +115,9 @@ class Scheduler(Generic[K]):
         stop_grace_ms: How long ``stop()`` lets handlers finish, in milliseconds.
         retry_delay_ms: The delay before a second attempt, in milliseconds (the default
             filled in).
+        timer_poll_ms: The longest wait between two claims of a timer kind's due
+            timers, in milliseconds (the default filled in).
+        max_concurrent: The most handlers that run on this instance at once, or None.
     """
 
     @overload
@@ -186,6 +190,8 @@ class Scheduler(Generic[K]):
         self.history_ttl_ms = settings.history_ttl_ms
         self.stop_grace_ms = settings.stop_grace_ms
         self.retry_delay_ms = settings.retry_delay_ms
+        self.timer_poll_ms = settings.timer_poll_ms
+        self.max_concurrent = settings.max_concurrent
         self._instance = Instance.create(self, backend, settings)
         self._timers = bound_timers(backend, self._instance, max_timer_payload_bytes)
 
@@ -805,7 +811,7 @@ class Scheduler(Generic[K]):
         if found is None:
             raise InvalidJobError(f"no job named {visible(job)!r} on this scheduler")
         count = check_count("n", n, most=FIRE_TIMES_MAX)
-        return fire_times(found.schedule, int(time.time() * 1000), count, found.excluded)
+        return fire_times(found.schedule, int(wall_ms()), count, found.excluded)
 
     async def history(self, job: str, limit: int = 100) -> list[RunResult]:
         """The newest recorded attempts of ``job`` (and its skipped slots) from the store,
@@ -907,3 +913,44 @@ class Scheduler(Generic[K]):
             ConnectionFailedError: The claim got no answer, after a few tries.
         """
         return await self._instance.run_now(job, note=note, by=by)
+
+    async def backfill(
+        self,
+        job: str,
+        start: datetime,
+        end: datetime,
+        *,
+        note: str | None = None,
+        by: str | None = None,
+    ) -> BackfillInfo:
+        """Run the slots of ``job``'s schedule in ``[start, end)`` once across the fleet,
+        oldest first, with trigger ``"backfill"``: ``Inspector.backfill`` says how, on
+        this scheduler's connection::
+
+            await scheduler.backfill("report", datetime(2027, 1, 4, tzinfo=UTC),
+                                     datetime(2027, 1, 11, tzinfo=UTC), note="the outage")
+
+        Args:
+            job: The name of a job registered on this scheduler (lease strategy).
+            start: The range's first instant (an aware datetime; included).
+            end: The range's end (aware; excluded), at the latest now.
+            note: Why (up to 500 characters), kept with it and in the audit log.
+            by: Who (up to 200 characters; None: ``user@host`` of this process).
+
+        Returns:
+            The backfill as stored; ``Inspector.jobs`` shows its progress.
+
+        Raises:
+            SchedulerStateError: The scheduler is not running.
+            InvalidJobError: No job of that name is registered here.
+            InvalidOptionError: Not the lease strategy, or a range that is refused (empty,
+                ending after now, no slot, more than 10,000 slots).
+            RunOverlapError: A backfill of the job is running already, or the job is
+                finished.
+        """
+        conn = self._instance.running_connection()
+        if conn is None:
+            raise SchedulerStateError("backfill() needs a running scheduler")
+        if job not in self._instance.jobs:
+            raise InvalidJobError(f"no job named {visible(job, 200)!r} is registered here")
+        return await inspector_over(self.backend, conn).backfill(job, start, end, note=note, by=by)

@@ -65,6 +65,8 @@ from ._model.values import (
 )
 from ._ops.inspector import (
     Inspector,
+    backfill_text,
+    definitions_text,
     fleet_text,
     jobs_cut,
     kind_limits_text,
@@ -756,6 +758,12 @@ def _job_details(job: JobInfo, recent: list[RunResult], fleet: _Fleet) -> str:
             else []
         ),
         ("run by", by),
+        *([("backfill", _esc(backfill_text(job.backfill), ERROR_CHARS))] if job.backfill else []),
+        *(
+            [("definitions", _esc(disagreement, ERROR_CHARS))]
+            if (disagreement := definitions_text(job))
+            else []
+        ),
         *(
             [("in the fleet", _esc(fleet_text(job.fleet_running, limit) + " runs at once"))]
             if (limit := job.options.get("max_concurrent_fleet")) and job.fleet_running is not None

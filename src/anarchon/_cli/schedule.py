@@ -12,7 +12,7 @@ from rich.console import Console
 
 from .._model.schedule_check import check_schedule
 from .store import add_row, in_zone, new_table, print_json, term_width, when_text
-from .usage import UsageError
+from .usage import UsageError, parse_instant
 
 __all__ = ["add_check_schedule_command", "run_check_schedule"]
 
@@ -49,14 +49,7 @@ def run_check_schedule(args: argparse.Namespace) -> int:
         raise UsageError(f"-n must be from 1 to 1000, got {args.n}")
     start = datetime.now(UTC)
     if args.start is not None:
-        try:
-            start = datetime.fromisoformat(args.start)
-        except ValueError:
-            raise UsageError(
-                f"--from must be ISO 8601 such as 2027-03-14T00:00:00-05:00, got {args.start!r}"
-            ) from None
-        if start.tzinfo is None:
-            raise UsageError(f"--from needs an offset (such as +00:00 or Z), got {args.start!r}")
+        start = parse_instant("--from", args.start)
     checked = check_schedule(args.expression, args.timezone, after=start, count=args.n)
     if args.json:
         print_json(checked)

@@ -21,12 +21,20 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from .._errors import InvalidScheduleError
+from .._errors import InvalidScheduleError, RunOverlapError
 from .._model.schedule import load_timezone
 from .._model.text import visible
-from .._model.values import InstanceInfo, JobInfo, LeaseInfo, RunResult, TimerKindInfo
+from .._model.values import (
+    InstanceInfo,
+    JobInfo,
+    LeaseInfo,
+    RunResult,
+    TimerKindInfo,
+)
 from .._ops.inspector import (
     Inspector,
+    backfill_text,
+    definitions_text,
     fleet_text,
     jobs_cut,
     kind_limits_text,
@@ -36,13 +44,14 @@ from .._ops.inspector import (
 )
 from .._store.backend import RedisBackend
 from .._store.quarantine import Quarantined
+from .usage import UsageError, parse_instant
 
 __all__ = ["add_store_commands", "run_store_command"]
 
 #: The commands this module runs.
 COMMANDS = (
     "inspect", "history", "leases", "timers", "next", "pause", "resume", "run-now", "audit",
-    "check", "forget",
+    "check", "forget", "backfill",
 )  # fmt: skip
 #: Malformed store entries ``inspect`` lists at most (the newest).
 MALFORMED_SHOWN = 50
@@ -194,6 +203,29 @@ def add_store_commands(commands: Any) -> None:
         metavar="DURATION",
         help="how old an undecided slot may be: 90s, 10m, 2h or milliseconds (default: 10m)",
     )
+    backfill = commands.add_parser(
+        "backfill",
+        parents=[common],
+        help="run a job's past slots in a range once across the fleet, or show or cancel that",
+        description="With --from and --to: asks the fleet to run every slot of JOB's own "
+        "schedule in [FROM, TO) once, oldest first, with trigger backfill (an instance that "
+        "runs the job drives it; slots settled already are not run again; at most 10,000 "
+        "slots). With --cancel: cancels its running backfill. Alone: shows its backfill.",
+    )
+    backfill.add_argument("job", metavar="JOB")
+    backfill.add_argument(
+        "--from", dest="start", metavar="ISO",
+        help="the range's first instant, ISO 8601 with an offset (default: none)",
+    )  # fmt: skip
+    backfill.add_argument(
+        "--to", dest="end", metavar="ISO",
+        help="the range's end (excluded), ISO 8601 with an offset (default: none)",
+    )  # fmt: skip
+    backfill.add_argument("--cancel", action="store_true", help="cancel the job's running backfill")
+    backfill.add_argument(
+        "--note", metavar="TEXT", help="why (up to 500 characters), kept with it (default: none)"
+    )
+    backfill.add_argument("--by", metavar="WHO", help="who acts (default: user@host of this shell)")
     audit = commands.add_parser(
         "audit",
         parents=[common],
@@ -223,6 +255,7 @@ def run_store_command(args: argparse.Namespace) -> int:
         "forget": lambda i: _operate(i, args, out),
         "audit": lambda i: _audit(i, args, out),
         "check": lambda i: _check(i, args, out),
+        "backfill": lambda i: _backfill(i, args, out),
     }
 
     async def run() -> int:
@@ -259,6 +292,11 @@ async def _inspect(inspector: Inspector, args: argparse.Namespace, out: Console)
         return 0
     out.print(cell(f"store {inspector.backend.where()} prefix {args.prefix!r}"))
     out.print(_jobs_table(jobs, instances, every_read))
+    for job in jobs:
+        if job.backfill is not None:
+            out.print(cell(f"{job.name}: {backfill_text(job.backfill)}"))
+        if (disagreement := definitions_text(job)) is not None:
+            out.print(cell(f"{job.name}: {disagreement}"), style="bold yellow")
     out.print(_leases_table(leases))
     out.print(_instances_table(instances))
     if timers:
@@ -405,6 +443,27 @@ async def _operate(inspector: Inspector, args: argparse.Namespace, out: Console)
         print_json(answer)
     else:
         out.print(cell(said))
+    return 0
+
+
+async def _backfill(inspector: Inspector, args: argparse.Namespace, out: Console) -> int:
+    job, said_why = args.job, {"note": args.note, "by": args.by}
+    if args.cancel:
+        if args.start or args.end:
+            raise UsageError("--cancel takes no --from or --to")
+        if not await inspector.cancel_backfill(job, **said_why):
+            raise RunOverlapError(f"no backfill of '{visible(job, 200)}' is running")
+    elif args.start or args.end:
+        if not (args.start and args.end):
+            raise UsageError("a backfill needs both --from and --to")
+        start, end = parse_instant("--from", args.start), parse_instant("--to", args.end)
+        await inspector.backfill(job, start, end, **said_why)
+    found = await inspector.jobs([job])
+    backfill = found[0].backfill if found else None
+    if args.json:
+        print_json({"job": job, "backfill": backfill})
+        return 0
+    out.print(cell(f"{job}: {backfill_text(backfill)}"))
     return 0
 
 

@@ -15,6 +15,7 @@ import heapq
 import itertools
 import logging
 import math
+import os
 import random
 import secrets
 from collections.abc import Sequence
@@ -23,7 +24,7 @@ from dataclasses import dataclass, field
 import anyio
 import anyio.lowlevel
 
-from .._model.clock import wall_ms
+from .._model.clock import pace, wall_ms
 from .._model.job import Job
 from .._model.schedule import iso_ms
 from .._model.values import Trigger
@@ -39,13 +40,26 @@ log = logging.getLogger("anarchon")
 #: while the slot is young), then backing off; each with a random part of +-20 %.
 CLAIM_RETRY_MS = (50, 250, 500, 1000, 2000, 5000)
 
-# Sleeping to the slot instant: the event loop's timers overshoot by about a
-# millisecond, so the scheduler sleeps to just before the instant, then yields
-# until it arrives.
-_SLEEP_MARGIN_SEC = 0.002
-# The longest single sleep: the wall clock is read again after it, so a clock step
-# or a suspended machine delays a claim by at most this much.
-_SLEEP_CAP_SEC = 5.0
+
+class _Tokens:
+    """Claim tokens: a random nonce per process and a counter, unique across the fleet
+    (48 random bits per process) and cheap to make: one per claim and instance, where
+    a token drawn from the system's random source cost more than the claim's own
+    bookkeeping. Made again in a forked child, which must not share its parent's."""
+
+    def __init__(self) -> None:
+        self.renew()
+
+    def renew(self) -> None:
+        self._nonce = secrets.token_hex(6)
+        self._count = itertools.count()
+
+    def __call__(self) -> str:
+        return f"{self._nonce}{next(self._count):x}"
+
+
+new_token = _Tokens()
+os.register_at_fork(after_in_child=new_token.renew)
 
 
 @dataclass(eq=False, slots=True)
@@ -56,7 +70,7 @@ class Claim:
 
     at_ms: float
     seq: int
-    token: str = field(kw_only=True, default_factory=lambda: secrets.token_hex(8))
+    token: str = field(kw_only=True, default_factory=new_token)
     failures: int = field(kw_only=True, default=0)
 
     def __lt__(self, other: Claim) -> bool:
@@ -104,6 +118,26 @@ class DueSlot(Claim):
     #: Waiting behind an older run, it gave its place to a newer slot (overlap
     #: "buffer_one"): claimed once more, to be recorded as skipped unless it started.
     superseded: bool = field(kw_only=True, default=False)
+    #: A first claim that got no answer until it could no longer start its slot (too
+    #: late, or a newer slot of its job came): claimed once more only to learn whether
+    #: its lost reply won, and recorded skipped (late) unless it did.
+    gave_way: bool = field(kw_only=True, default=False)
+
+    def ask_only(self) -> None:
+        """This first claim, which has had no answer, may no longer start its slot: it
+        asks only whether its lost reply won."""
+        self.first = False
+        self.may_start = False
+        self.gave_way = True
+
+    def give_way(self, job: Job, now_ms: float) -> None:
+        """A newer slot of the job is due: this first claim, which has had no answer yet,
+        keeps its turn as a catch-up if the job's catch-up window still holds it, and
+        otherwise may no longer start its slot (its lost reply may have won)."""
+        if now_ms - self.slot_ms <= job.catch_up_ms:
+            self.trigger = "catch-up"
+            return
+        self.ask_only()
 
     def noted(self, agenda: Agenda) -> None:
         if not self.first:
@@ -122,11 +156,16 @@ class DueSlot(Claim):
         return self.job == job and self.slot_id == slot_id and not self.first
 
     def before_retry(self, agenda: Agenda, at_ms: float) -> None:
-        # A first claim whose job has a newer slot due by then may no longer start it.
+        # A first claim whose job has a newer slot due by then gives way to it.
         next_slot_ms = agenda.next_slot_ms.get(self.job)
-        if self.first and next_slot_ms is not None and self.slot_ms < next_slot_ms <= at_ms:
-            self.first = False
-            self.may_start = False
+        job = agenda.job(self.job)
+        if (
+            self.first
+            and job is not None
+            and next_slot_ms is not None
+            and self.slot_ms < next_slot_ms <= at_ms
+        ):
+            self.give_way(job, at_ms)
 
 
 @dataclass(eq=False, slots=True)
@@ -429,8 +468,11 @@ class Agenda:
                 await self._wait_for_wake(None)
                 continue
             delay_sec = (self._due[0].at_ms - wall_ms()) / 1000
-            if delay_sec > _SLEEP_MARGIN_SEC:
-                await self._wait_for_wake(min(delay_sec - _SLEEP_MARGIN_SEC, _SLEEP_CAP_SEC))
+            timing = pace()
+            if delay_sec > timing.sleep_margin_sec:
+                await self._wait_for_wake(
+                    min(delay_sec - timing.sleep_margin_sec, timing.sleep_cap_sec)
+                )
                 continue
             if delay_sec > 0:
                 await anyio.lowlevel.checkpoint()
@@ -450,7 +492,7 @@ class Agenda:
             due = heapq.heappop(self._due)
             due.forgotten(self)
             due.popped(self, batch, now_ms)
-        batch.slots = self._without_stale_backlog(batch.slots)
+        batch.slots = self._without_stale_backlog(batch.slots, now_ms)
         return batch
 
     def pop_slot(self, due: DueSlot, slots: list[DueSlot], now_ms: float) -> None:
@@ -473,8 +515,7 @@ class Agenda:
                 self._context.skipped(job.name, due.slot_ms, "late")
                 return
             # Too late to start now, but its lost reply may have won: ask only that.
-            due.first = False
-            due.may_start = False
+            due.ask_only()
         if not due.first and due.may_start and self._waited_too_long(job, due, now_ms):
             self._context.skipped(job.name, due.slot_ms, "late")
             return
@@ -496,11 +537,12 @@ class Agenda:
             kept.append(due)
         return kept
 
-    def _without_stale_backlog(self, batch: list[DueSlot]) -> list[DueSlot]:
+    def _without_stale_backlog(self, batch: list[DueSlot], now_ms: float) -> list[DueSlot]:
         """After an outage or a stall, several scheduled slots of one job can be due at
         once. Without overlap they would run one after the other, late, and push the
         on-time slot out: only the newest scheduled slot of each job is claimed, the
-        older ones are skipped (catch-up slots keep their turn, oldest first)."""
+        older ones are skipped, unless the job's catch-up window holds them (catch-up
+        slots keep their turn, oldest first)."""
         newest: dict[str, DueSlot] = {}
         for due in batch:
             job = self._context.jobs[due.job]
@@ -511,10 +553,9 @@ class Agenda:
         for due in batch:
             latest = newest.get(due.job)
             older = due.first and due.trigger == "schedule" and latest is not None
-            if older and due is not latest and due.failures > 0:
-                # Its lost reply may have won: ask only that, start nothing.
-                due.first = False
-                due.may_start = False
+            if older and due is not latest and (due.failures > 0 or self._catches_up(due, now_ms)):
+                # Its lost reply may have won (ask only that), or it catches up.
+                due.give_way(self._context.jobs[due.job], now_ms)
             elif older and latest is not None and due is not latest:
                 log.warning(
                     "%s: slot %s skipped: a newer slot (%s) is due too, after a gap",
@@ -526,6 +567,13 @@ class Agenda:
                 continue
             kept.append(due)
         return kept
+
+    def _catches_up(self, due: DueSlot, now_ms: float) -> bool:
+        return now_ms - due.slot_ms <= self._context.jobs[due.job].catch_up_ms
+
+    def job(self, name: str) -> Job | None:
+        """The job of that name here, or None (removed)."""
+        return self._context.jobs.get(name)
 
     def _waited_too_long(self, job: Job, due: DueSlot, now_ms: float) -> bool:
         """A claim waiting behind an older run may start its slot only while the store

@@ -12,14 +12,13 @@ claimer (``timer_claims.py``); ``run_now``'s manual claim is made in ``manual.py
 from __future__ import annotations
 
 import logging
-import time
 from contextlib import nullcontext
 from dataclasses import replace
 
 import anyio
 
 from .._errors import reason
-from .._model.clock import wall_ms
+from .._model.clock import monotonic, wall_ms
 from .._model.job import Job
 from .._model.schedule import iso_ms
 from .._model.text import visible
@@ -143,7 +142,7 @@ class Claimer:
         store = self._store
         requests = [self._claim_request(due) for due in batch]
         replies: list[ClaimReply | ServerReplyError] | None = None
-        sent = time.monotonic()
+        sent = monotonic()
         failure: BaseException | str = "no reply in time"
         tracing = context.tracing
         with tracing.claim_batch(len(requests)) if tracing else nullcontext() as trace:
@@ -264,6 +263,7 @@ class Claimer:
             excluded=job.excluded(due.slot_ms)
             if job.exclude is not None and due.trigger in ("schedule", "catch-up")
             else None,
+            fingerprint=self._context.fingerprints.get(job.name, ""),
         )
 
     def _on_claim_reply(
@@ -282,7 +282,7 @@ class Claimer:
                 self._context.unfinish(job.name)
             if (job.name, due.slot_id) in self._context.attempts:
                 return  # a repeated claim of an attempt that runs here already
-            if time.monotonic() >= self._store.held_until(reply.wait_ms, sent):
+            if monotonic() >= self._store.held_until(reply.wait_ms, sent):
                 # The reply came back after the lease it granted ran out (a starved
                 # machine): a backup may run this attempt already, so it is not started.
                 log.warning(
@@ -310,6 +310,10 @@ class Claimer:
                 self._wait_behind_overlap(job, due, reply.wait_ms, now_ms)
         elif reply.kind == "done" and reply.status == "finished":
             self._context.finish(job.name, f"its runs reached its max_runs ({job.max_runs})")
+        elif reply.kind == "done" and reply.status == "outdated":
+            # Another definition of the job is in force: no new slot of it is claimed here
+            # until the registry says this one is (its next renewal says which, loudly).
+            self._context.outdated_by_store(job.name)
         elif reply.kind == "done" and reply.status in _RECORDED_SKIPS:
             why, reason = _RECORDED_SKIPS[reply.status]
             log.info(
@@ -320,6 +324,17 @@ class Claimer:
                 extra={"job": job.name, "slot_ms": due.slot_ms},
             )
             self._context.skipped(job.name, due.slot_ms, reason)
+        elif reply.kind == "done" and reply.status == "forgotten" and due.gave_way:
+            # Its first claim got no answer while it could start the slot: it did not.
+            log.warning(
+                "%s: slot %s skipped: its claim got no answer until it was too late or a "
+                "newer slot was due (max_late_ms=%d, catch_up_ms=%d)",
+                job.name,
+                iso_ms(due.slot_ms),
+                job.max_late_ms,
+                job.catch_up_ms,
+            )
+            self._context.skipped(job.name, due.slot_ms, "late")
         elif reply.kind == "done" and reply.status == "skipped" and due.failures > 0:
             # This instance's own skip whose reply was lost (or another's, which its
             # failed first claim missed): the warning is not lost with the reply.

@@ -6,7 +6,6 @@ the task group)."""
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, NamedTuple
@@ -14,10 +13,17 @@ from typing import TYPE_CHECKING, Literal, NamedTuple
 import anyio
 from anyio.abc import TaskGroup
 
-from .._model.clock import round_trip_deadline_sec
+from .._model.clock import monotonic, round_trip_deadline_sec
 from .._model.job import Job
 from .._model.timer import TimerKind
-from .._observe.events import EventHub, ServerBack, ServerUnreachable, SkipReason, SlotSkipped
+from .._observe.events import (
+    DefinitionOutdated,
+    EventHub,
+    ServerBack,
+    ServerUnreachable,
+    SkipReason,
+    SlotSkipped,
+)
 from .._observe.tracing import Tracing
 from .._store.contract import Store
 from .._store.timers import TimerStore
@@ -46,7 +52,7 @@ class ServerHealth:
 
     def failed(self, what: str, exc: BaseException | str) -> None:
         if self.down_since is None:
-            self.down_since = time.monotonic()
+            self.down_since = monotonic()
             log.warning("the server does not answer (%s: %s); retrying until it does", what, exc)
             if self._context.events.on:
                 self._context.events.emit(
@@ -57,7 +63,7 @@ class ServerHealth:
 
     def answered(self) -> None:
         if self.down_since is not None:
-            down_sec = time.monotonic() - self.down_since
+            down_sec = monotonic() - self.down_since
             log.info("the server answers again, after %.1f s", down_sec)
             self.down_since = None
             # What the store said may have changed (a failover can lose its last writes):
@@ -164,12 +170,12 @@ class Capacity:
     async def wait(self, owner: Owner | None = None, bound: int | None = None) -> None:
         """Return once a run (of ``owner``'s, under its ``bound``) may start here, or the
         scheduler stops."""
-        began = time.monotonic()
+        began = monotonic()
         try:
             while self.free(owner, bound) <= 0 and self._context.state == "running":
                 await self._freed.wait()
         finally:
-            self.waited_sec += time.monotonic() - began
+            self.waited_sec += monotonic() - began
 
 
 def _less(counts: dict[Owner, int], owner: Owner, count: int) -> None:
@@ -224,6 +230,11 @@ class EngineContext:
     #: The jobs whose runs reached their ``max_runs`` (``finish``): why, and when
     #: (monotonic) their next slot's claim asks the store again.
     finished: dict[str, tuple[str, float]] = field(default_factory=dict)
+    #: The jobs whose definition here is not the one in force (``follow_definition``):
+    #: the fingerprint in force, or "" when only a claim said so.
+    outdated: dict[str, str] = field(default_factory=dict)
+    #: The fingerprint of each job's definition here (its claims carry it).
+    fingerprints: dict[str, str] = field(default_factory=dict)
     #: The kinds of timer this instance fires, by name.
     timer_kinds: dict[str, TimerKind] = field(default_factory=dict)
     #: How long an instance waits at most between two claims of a kind's due timers
@@ -280,12 +291,49 @@ class EngineContext:
                 job,
                 reason,
             )
-        self.finished[job] = (reason, time.monotonic() + FINISHED_RECHECK_SEC)
+        self.finished[job] = (reason, monotonic() + FINISHED_RECHECK_SEC)
 
     def resting(self, job: str) -> bool:
-        """Whether ``job`` is finished here and its next claim need not ask again."""
+        """Whether ``job``'s new slots are not claimed here: its definition here is not
+        the one in force, or it is finished and its next claim need not ask again."""
+        if job in self.outdated:
+            return True
         entry = self.finished.get(job)
-        return entry is not None and time.monotonic() < entry[1]
+        return entry is not None and monotonic() < entry[1]
+
+    def follow_definition(self, job: str, own: str, in_force: str) -> None:
+        """The registry's word on ``job``: the fingerprint of its definition in force, and
+        this instance's (``outdated`` is kept, and said once per change)."""
+        if own == in_force or not in_force:
+            if self.outdated.pop(job, None):
+                log.info("%s: this instance's definition of the job is in force again", job)
+            return
+        self._outdate(job, own, in_force)
+
+    def outdated_by_store(self, job: str) -> None:
+        """A claim of ``job`` found another definition in force (before the registry
+        said so here)."""
+        if job not in self.outdated:
+            self._outdate(job, self.fingerprints.get(job, ""), "")
+
+    def _outdate(self, job: str, own: str, in_force: str) -> None:
+        said = self.outdated.get(job) in ("", in_force)
+        self.outdated[job] = in_force
+        if said:
+            return
+        log.warning(
+            "%s: the live instances disagree on the job's definition, and this instance's "
+            "(%s) is not the one in force (%s: the newest, a deploy in progress?); it "
+            "claims no new slot of the job until its definition is in force again (its "
+            "runs under way go on)",
+            job,
+            own,
+            in_force or "as the store says",
+        )
+        if self.events.on:
+            self.events.emit(
+                DefinitionOutdated(instance=self.instance_id, job=job, own=own, in_force=in_force)
+            )
 
     def unfinish(self, job: str) -> None:
         """A claim of ``job`` was won: it is not finished (any more)."""

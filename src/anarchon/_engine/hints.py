@@ -1,6 +1,6 @@
 """Hints: an instance hears of work that falls due sooner than it would look.
 
-Three kinds of message come on the prefix's hint channel (``_store/keys.py`` defines
+Four kinds of message come on the prefix's hint channel (``_store/keys.py`` defines
 them, ``Hint``):
 
 - ``TimerDue``: a set made its key the first of the kind (bucket) to need attention; an
@@ -11,22 +11,35 @@ them, ``Hint``):
 - ``RunRequested``: the fleet was asked to run the job now (``anarchon run-now``,
   ``Inspector.run_now``); every instance that runs the job claims that manual slot, and
   one of them wins it.
+- ``BackfillAsked``: a backfill of the job was asked for; an instance that runs the job
+  reads the jobs with a backfill now (``backfill.py``), instead of at its next
+  registration renewal.
 
 The listener here subscribes (on a connection of its own, where the client can). Hints
 are never relied on: a hint lost (no subscription yet, a dropped connection, a client
-that cannot subscribe) costs at most ``timer_poll_ms`` of lateness for a timer, and a
-lease for a given-back run.
+that cannot subscribe) costs at most ``timer_poll_ms`` of lateness for a timer, a
+lease for a given-back run, and a registration renewal (10 s) for a backfill.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import anyio
 
+from .._model.clock import pace
 from .._model.text import visible
 from .._store.contract import is_slot_id
-from .._store.keys import RunGivenBack, RunRequested, TimerDue, hint_channel, kind_keys, parse_hint
+from .._store.keys import (
+    BackfillAsked,
+    RunGivenBack,
+    RunRequested,
+    TimerDue,
+    hint_channel,
+    kind_keys,
+    parse_hint,
+)
 from ..clients import Connection
 from .agenda import Agenda
 from .context import EngineContext
@@ -35,9 +48,6 @@ __all__ = ["Hints"]
 
 log = logging.getLogger("anarchon")
 
-#: A subscription is made again this often: one on a link that died without a word
-#: (a frozen server, a partition) hears nothing, and would never fail.
-_RENEW_SEC = 60.0
 #: Pauses before subscribing again after a failure: doubling up to the cap.
 _FIRST_PAUSE_SEC = 0.5
 _MAX_PAUSE_SEC = 5.0
@@ -53,6 +63,8 @@ class Hints:
         self._stopped = False
         self._scope: anyio.CancelScope | None = None
         self._told_of_bad_hint = False
+        #: Told of a backfill asked for a job that runs here (the backfills, once started).
+        self.on_backfill: Callable[[], None] | None = None
 
     def stop(self) -> None:
         """End ``listen`` (the scheduler is stopping: its connection closes next)."""
@@ -75,7 +87,7 @@ class Hints:
         failing = False
         while True:
             try:
-                with anyio.move_on_after(_RENEW_SEC) as renewal:
+                with anyio.move_on_after(pace().hints_renew_sec) as renewal:
                     await conn.listen(channel, self.on_hint)
             except NotImplementedError as exc:
                 log.info("hints are off (%s): %s", exc, self._without_hints())
@@ -141,6 +153,9 @@ class Hints:
                 asked = self._context.jobs.get(job)
                 if asked is not None and slot_id.startswith("m"):
                     self._agenda.claim_now(asked, slot_id)
+            case BackfillAsked(job):
+                if job in self._context.jobs and self.on_backfill is not None:
+                    self.on_backfill()
             case TimerDue(due_ms, due_key):
                 for kind in self._context.timer_kinds.values():
                     for keys in kind_keys(self._prefix, kind.name, kind.buckets):

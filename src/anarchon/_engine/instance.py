@@ -19,7 +19,9 @@ all that code outside the engine uses (``tests/test_architecture.py`` holds it s
   gauges, and
   its reader of the store on the instance's connection from its start to its stop;
 - ``trace_with(tracing)``: spans of attempts and claims (``anarchon.otel``);
-- ``running_store()``: the store while it runs (tests and benchmarks).
+- ``running_store()``: the store while it runs (tests and benchmarks);
+- ``events``, ``copy_to(other)``: ``anarchon.testing``'s fleet (what each instance
+  tells, and the copies of a user's scheduler it runs beside it).
 
 The start opens the store, prepares the jobs and timer kinds, registers the instance
 (``_store/registry.py``), makes the parts that talk to the server (``Running`` holds
@@ -42,8 +44,14 @@ from typing import Any
 
 import anyio
 
-from .._errors import InvalidJobError, InvalidOptionError, SchedulerStateError
-from .._model.clock import wall_ms
+from .._errors import (
+    ConnectionFailedError,
+    InvalidJobError,
+    InvalidOptionError,
+    SchedulerStateError,
+    reason,
+)
+from .._model.clock import pace, wall_ms
 from .._model.job import Job
 from .._model.options import SchedulerSettings, default_instance_id
 from .._model.timer import TimerKind
@@ -55,12 +63,13 @@ from .._store.backend import RedisBackend, StoreOptions
 from .._store.contract import Store
 from .._store.keys import TimerKeys
 from .._store.lease import paused_text
-from .._store.registry import REGISTRATION_TTL_MS, Registry
+from .._store.registry import Registry
 from .._store.server import eviction_policy
 from .._store.timers import TimerStore
 from .._version import __version__
-from ..clients import Connection
+from ..clients import Connection, ServerReplyError, is_transient
 from .agenda import Agenda
+from .backfill import Backfills
 from .claimer import Claimer
 from .context import EngineContext, Room, Running, State
 from .hints import Hints
@@ -74,6 +83,9 @@ from .work import current_attempt
 __all__ = ["Instance", "Reader"]
 
 log = logging.getLogger("anarchon")
+
+#: How many times a start tries its first registration before it gives up.
+_START_TRIES = 3
 
 #: A task that reads the store beside the engine, given the instance's connection.
 Reader = Callable[[Connection], Coroutine[Any, Any, None]]
@@ -93,6 +105,7 @@ class _Started:
     runner: Runner
     claimer: Claimer
     manual: ManualRuns
+    backfills: Backfills
     #: The registry's renewals (which the stop cancels) and their end.
     renewing: anyio.CancelScope
     renewed: anyio.Event
@@ -128,6 +141,8 @@ class Instance:
         #: The grace period of a stop in progress (None until stop() is first called).
         self._grace: anyio.CancelScope | None = None
         self._readers: list[Reader] = []
+        #: The fingerprint in force of each job, as this instance last wrote it.
+        self._in_force_written: dict[str, str] = {}
         _INSTANCES[owner] = self
 
     @classmethod
@@ -327,6 +342,13 @@ class Instance:
             self._claim_timers_now(kind)
             self._listen_for_hints()
 
+    def copy_to(self, other: Instance) -> None:
+        """Give ``other`` (a new instance) this instance's jobs and timer kinds."""
+        for job in self.context.jobs.values():
+            other.add_job(job)
+        for kind in self.context.timer_kinds.values():
+            other.add_timer_kind(kind)
+
     def fires_here(self, kind: str) -> bool:
         """Whether this instance runs and fires ``kind``."""
         return self.context.state == "running" and kind in self.context.timer_kinds
@@ -385,10 +407,7 @@ class Instance:
             await store.prepare_jobs(list(context.jobs))
             if context.timer_kinds:
                 await self._prepare_timers(timer_store)
-            with anyio.fail_after(context.round_trip_sec * 3):
-                context.first_seen_ms = await registry.register(
-                    store.conn, context.jobs, context.timer_kinds, {}, 0
-                )
+            context.first_seen_ms = await self._first_registration(store, registry)
             group = await self._exit_stack.enter_async_context(anyio.create_task_group())
         except BaseException:
             await store.conn.close_if_owned()
@@ -403,6 +422,8 @@ class Instance:
         group.start_soon(started.claimer.claim_loop)
         group.start_soon(self._keep_registered, started)
         group.start_soon(started.lease_keeper.keep_leases)
+        if store.backfills:
+            self._hints.on_backfill = started.backfills.asked
         self._listen_for_hints()
         jobs, kinds = list(context.jobs), list(context.timer_kinds)
         log.info(
@@ -426,6 +447,7 @@ class Instance:
         runner = Runner(context, running.group, self.agenda, settler, lease_keeper)
         timers = TimerClaimer(context, timer_store, running.group, self.agenda, runner, settler)
         claimer = Claimer(context, store, self.agenda, runner, settler, timers)
+        manual = ManualRuns(context, store, claimer, runner, settler)
         return _Started(
             running=running,
             registry=registry,
@@ -433,7 +455,8 @@ class Instance:
             settler=settler,
             runner=runner,
             claimer=claimer,
-            manual=ManualRuns(context, store, claimer, runner, settler),
+            manual=manual,
+            backfills=Backfills(context, store, manual, running.group),
             renewing=anyio.CancelScope(),
             renewed=anyio.Event(),
         )
@@ -486,15 +509,18 @@ class Instance:
                 async with anyio.create_task_group() as group:
                     for reader in self._readers:
                         group.start_soon(reader, started.running.store.conn)
-                    await self._renew_until_stopped(started.running.store, started.registry)
+                    await self._renew_until_stopped(started)
                     group.cancel_scope.cancel()
         finally:
             started.renewed.set()
 
-    async def _renew_until_stopped(self, store: Store, registry: Registry) -> None:
+    async def _renew_until_stopped(self, started: _Started) -> None:
+        """Every third of the registration's life: renew it, follow the definitions in
+        force, report the malformed entries met, and look for backfills to drive."""
+        store, registry = started.running.store, started.registry
         context = self.context
         while context.state == "running":
-            with anyio.move_on_after(REGISTRATION_TTL_MS / 3000):
+            with anyio.move_on_after(pace().registration_ttl_ms / 3000):
                 await context.stopping.wait()
             if context.state != "running":
                 return
@@ -507,9 +533,58 @@ class Instance:
                         self.agenda.next_slot_ms,
                         len(context.attempts),
                     )
+                    await self._follow_definitions(store, registry)
                     await registry.report_quarantine(store.conn)
+                if store.backfills:
+                    await started.backfills.look()
             except Exception as exc:
                 log.debug("renewing the registration failed (tried again later): %s", exc)
+
+    async def _first_registration(self, store: Store, registry: Registry) -> dict[str, int]:
+        """Register before the first claim (when each job first appeared, and which
+        definitions are in force): tried ``_START_TRIES`` times, each within three round
+        trips (a loaded machine, a server busy for a moment), then
+        ``ConnectionFailedError``. The server's own refusal (NOPERM, ...) is final."""
+        context = self.context
+        within_sec = context.round_trip_sec * 3
+        failure: BaseException | str = "no reply in time"
+        for _ in range(_START_TRIES):
+            with anyio.move_on_after(within_sec):
+                try:
+                    first_seen = await registry.register(
+                        store.conn, context.jobs, context.timer_kinds, {}, 0
+                    )
+                    await self._follow_definitions(store, registry)
+                    return first_seen
+                except ServerReplyError as exc:
+                    if not is_transient(exc):
+                        raise
+                    failure = exc
+                except Exception as exc:
+                    failure = exc
+        raise ConnectionFailedError(
+            f"registering instance {context.instance_id} got no answer in {_START_TRIES} tries "
+            f"(each within {within_sec:.2f} s; last: {reason(failure)}); is the server "
+            "reachable, and answering in time?"
+        )
+
+    async def _follow_definitions(self, store: Store, registry: Registry) -> None:
+        """After a registration: which of the jobs' definitions here are in force (the
+        others' new slots are not claimed here), and the fingerprints in force written
+        where the claims read them, when they changed (or a claim found the store's out
+        of date)."""
+        context = self.context
+        context.fingerprints = dict(registry.fingerprints)
+        changed = {}
+        for name, own in registry.fingerprints.items():
+            in_force = registry.in_force.get(name, "")
+            told_by_claim = context.outdated.get(name) == ""
+            context.follow_definition(name, own, in_force)
+            if in_force and (self._in_force_written.get(name) != in_force or told_by_claim):
+                changed[name] = in_force
+        if changed:
+            await store.set_in_force(changed)
+            self._in_force_written.update(changed)
 
     # ----------------------------------------------------------------------- stop
 

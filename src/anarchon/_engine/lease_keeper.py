@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import logging
 import math
-import time
 from typing import Any
 
 import anyio
 
 from .._errors import ConnectionFailedError, LeaseLostError
+from .._model.clock import monotonic
 from .._model.job import Job
 from .._model.progress import encode_progress
 from .._store.contract import Store, describe_slot
@@ -69,7 +69,7 @@ class LeaseKeeper:
         attempts = self._context.attempts
         early_sec = self._context.heartbeat_ms / 4000
         while not (self._context.state == "stopped" and not attempts):
-            now = time.monotonic()
+            now = monotonic()
             live = [a for a in attempts.values() if not a.ended and not a.lost]
             for attempt in live:
                 if attempt.ran_out(now):
@@ -189,7 +189,7 @@ class LeaseKeeper:
     async def _heartbeat(self, attempts: list[Leased], first_expiry: float) -> None:
         context = self._context
         lease_ms = context.lease_ms
-        sent = time.monotonic()
+        sent = monotonic()
         # No longer than a round trip's deadline, and never past a lease's local expiry.
         deadline = min(context.round_trip_sec, first_expiry - sent)
         replies: list[bool | ServerReplyError] | None = None
@@ -203,7 +203,7 @@ class LeaseKeeper:
             context.health.failed("heartbeat", failure)
         else:
             context.health.answered()
-        now = time.monotonic()
+        now = monotonic()
         for index, attempt in enumerate(attempts):
             if context.attempts.get(attempt.registry_key) is not attempt:
                 continue  # ended meanwhile

@@ -11,7 +11,6 @@ and a job's claims waiting behind it come due. The runner knows when none is lef
 from __future__ import annotations
 
 import logging
-import time
 import traceback
 from functools import partial
 
@@ -19,6 +18,7 @@ import anyio
 from anyio.abc import TaskGroup
 
 from .._errors import LeaseLostError
+from .._model.clock import monotonic
 from .._model.job import Job
 from .._model.schedule import from_epoch_ms
 from .._model.timer import Recurrence, TimerKind
@@ -122,7 +122,7 @@ class Runner:
         try:
             with leased.scope:
                 try:
-                    if not leased.lost and leased.ran_out(time.monotonic()):
+                    if not leased.lost and leased.ran_out(monotonic()):
                         # Its lease ran out before its task even began (a starved event
                         # loop; the lease keeper, starved too, has not seen it yet): a
                         # backup may run it already, so the handler must not.

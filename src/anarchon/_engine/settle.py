@@ -417,6 +417,8 @@ def _log_ended(attempt: Attempt, end: AttemptEnd, reply: FinishReply) -> None:
     """One line per attempt, once recorded: INFO when it went well or was given back
     for another attempt, WARNING for a failure that is retried, ERROR for a run that
     ends failed or cancelled. The run's fields go in ``extra`` (the slot as epoch ms)."""
+    if end.outcome == "ok" and not log.isEnabledFor(logging.INFO):
+        return  # the common line, with INFO off: nothing to make
     run = attempt.run
     duration_ms = end.finished_ms - end.started_ms
     extra = {

@@ -4,13 +4,12 @@ starts the firings won, and puts the kind's next claim on the agenda."""
 from __future__ import annotations
 
 import logging
-import time
 
 import anyio
 from anyio.abc import TaskGroup
 
 from .._errors import reason
-from .._model.clock import wall_ms
+from .._model.clock import monotonic, pace, wall_ms
 from .._model.text import visible
 from .._model.timer import TimerKind
 from .._store.timers import FleetLimits, TimerClaim, TimerStore
@@ -85,7 +84,7 @@ class TimerClaimer:
         context = self._context
         keys = due.keys
         timer_store = self._timer_store
-        sent = time.monotonic()
+        sent = monotonic()
         claim: TimerClaim | None = None
         failure: BaseException | str = "no reply in time"
         with anyio.CancelScope(shield=True) as scope:
@@ -141,7 +140,7 @@ class TimerClaimer:
         for win in claim.wins:
             if firing_key(kind.name, win.key, win.token) in context.attempts:
                 continue  # a claim sent again: this firing runs here already
-            if time.monotonic() >= sent + win.lease_left_ms / 1000:
+            if monotonic() >= sent + win.lease_left_ms / 1000:
                 log.warning(
                     "timer %s %r attempt %d: won, but the reply came after its lease ran "
                     "out; not started (a backup takes it over)",
@@ -168,7 +167,7 @@ class TimerClaimer:
                     exc,
                 )
                 group.start_soon(self._settler.fail_firing, kind, keys, win)
-        at_ms = received_ms + context.timer_poll_ms
+        at_ms = received_ms + context.timer_poll_ms * pace().timer_poll_factor
         if claim.more or len(claim.wins) >= limit > 0:
             at_ms = received_ms  # more may be due: claimed at once, if there is room
         elif claim.next_ms is not None:

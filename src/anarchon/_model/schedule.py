@@ -26,6 +26,8 @@ __all__ = [
     "IntervalSchedule",
     "Schedule",
     "SlotClock",
+    "clock_change",
+    "count_slots",
     "fire_times",
     "load_timezone",
 ]
@@ -182,7 +184,7 @@ class CronSchedule:
             elif first > second:  # a wall time the clocks skipped
                 if self._by_elapsed_time:
                     continue
-                first = _clocks_jumped(zone, second, first)
+                first = clock_change(zone, second, first)
             if first > last:
                 last = first
                 yield first
@@ -215,9 +217,10 @@ _NO_TIME = timedelta(0)
 _ONE_SECOND = timedelta(seconds=1)
 
 
-def _clocks_jumped(zone: tzinfo, low: datetime, high: datetime) -> datetime:
-    """The instant in ``(low, high]`` (UTC) at which ``zone``'s clocks jumped forward:
-    the first one with the offset ``high`` has (the change falls on a whole second)."""
+def clock_change(zone: tzinfo, low: datetime, high: datetime) -> datetime:
+    """The instant in ``(low, high]`` (UTC) at which ``zone``'s clocks changed (once in
+    that span): the first one with the offset ``high`` has (the change falls on a whole
+    second)."""
     offset = high.astimezone(zone).utcoffset()
     while high - low > _ONE_SECOND:
         middle = low + (high - low) // 2
@@ -572,6 +575,19 @@ def fire_times(
         if excluded is None or not excluded(at_ms):
             found.append(from_epoch_ms(at_ms))
     return found
+
+
+def count_slots(schedule: Schedule, start_ms: int, end_ms: int, most: int) -> int:
+    """How many slots of ``schedule`` fall in ``[start_ms, end_ms)``, counted up to
+    ``most + 1`` (a range beyond ``most`` is not counted to its end)."""
+    clock = SlotClock(schedule)
+    count, at_ms = 0, start_ms - 1
+    while count <= most:
+        slot_ms = clock.next_slot_ms(at_ms)
+        if slot_ms is None or slot_ms >= end_ms:
+            break
+        count, at_ms = count + 1, slot_ms
+    return count
 
 
 class SlotClock:

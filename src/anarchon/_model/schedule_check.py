@@ -10,7 +10,14 @@ from datetime import UTC, datetime, timedelta, tzinfo
 
 from cronsim import CronSim, CronSimError
 
-from .schedule import FIRE_TIMES_MAX, CronSchedule, fire_times, load_timezone, to_epoch_ms
+from .schedule import (
+    FIRE_TIMES_MAX,
+    CronSchedule,
+    clock_change,
+    fire_times,
+    load_timezone,
+    to_epoch_ms,
+)
 
 __all__ = ["ScheduleCheck", "check_schedule"]
 
@@ -105,13 +112,7 @@ def _clock_changes(
     while hour < end:
         following = (hour + _HOUR).astimezone(zone).utcoffset()
         if following != offset and offset is not None and following is not None:
-            low, high = hour, hour + _HOUR
-            while high - low > _SECOND:
-                middle = low + (high - low) // 2
-                if middle.astimezone(zone).utcoffset() == following:
-                    high = middle
-                else:
-                    low = middle
+            high = clock_change(zone, hour, hour + _HOUR)
             if start <= high < end:
                 changes.append((high, offset, following))
         offset = following

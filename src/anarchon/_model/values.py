@@ -11,6 +11,8 @@ from .._errors import InvalidOptionError, LeaseLostError
 __all__ = [
     "AppliedTimers",
     "AuditEntry",
+    "BackfillInfo",
+    "BackfillStatus",
     "InstanceInfo",
     "JobInfo",
     "LeaseInfo",
@@ -27,7 +29,7 @@ __all__ = [
     "Trigger",
 ]
 
-Trigger = Literal["schedule", "catch-up", "retry", "takeover", "manual"]
+Trigger = Literal["schedule", "catch-up", "retry", "takeover", "manual", "backfill"]
 """Why an attempt of a job's slot runs (``Run.trigger``, ``RunResult.trigger``):
 
 - ``"schedule"``: the slot's first attempt, claimed when it came due (within the job's
@@ -41,6 +43,9 @@ Trigger = Literal["schedule", "catch-up", "retry", "takeover", "manual"]
   work.
 - ``"manual"``: a run asked for with ``Scheduler.run_now`` or ``Inspector.run_now``
   (a slot id of its own, one attempt).
+- ``"backfill"``: the first attempt of a past slot run by a backfill
+  (``Inspector.backfill``, ``anarchon backfill``): the slot's own id, as if it had run
+  when it fell due.
 """
 RunStatus = Literal["ok", "failed", "interrupted", "cancelled", "skipped"]
 """How an attempt ended (``RunResult.status``):
@@ -517,6 +522,70 @@ class AppliedTimers:
     unchanged: int
 
 
+BackfillStatus = Literal["running", "done", "cancelled", "stopped"]
+"""Where a backfill is (``BackfillInfo.status``):
+
+- ``"running"``: an instance that runs the job drives it, or will.
+- ``"done"``: every slot of its range was decided.
+- ``"cancelled"``: an operator cancelled it; ``BackfillInfo.reason`` says who and why.
+- ``"stopped"``: anarchon ended it; ``BackfillInfo.reason`` says why (its range held more
+  than 10,000 slots, or the job's ``max_runs`` was reached).
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class BackfillInfo:
+    """A backfill of a job: the slots of its schedule in ``[start, end)``, run once across
+    the fleet, oldest first (``Inspector.backfill``, ``anarchon backfill``).
+
+    Attributes:
+        job: The job's name.
+        start: The range's first instant (included; an aware UTC datetime).
+        end: The range's end (excluded).
+        status: ``"running"`` (an instance that runs the job drives it, or will),
+            ``"done"`` (every slot of the range was decided), ``"cancelled"`` (an
+            operator cancelled it: ``cancelled_by``), or ``"stopped"`` (anarchon ended it:
+            ``reason`` says why).
+        slots: How many slots the range holds, or None while no one has counted them (a
+            schedule the store cannot reckon is counted by the instance that drives it).
+        next: The range's slots from this instant on are still to be decided.
+        ran_ok: The slots it ran whose run ended ok.
+        ran_failed: The slots it ran whose run finally failed, was interrupted or cancelled.
+        settled_before: The slots it found settled already (run or skipped before): not
+            run again.
+        skipped: The slots it recorded skipped (the job's ``exclude=``, a pause, its
+            ``max_runs`` or its overlap rule).
+        by: Who asked for it (``user@host``, or what the caller passed).
+        note: Why, or None.
+        started_at: When it was asked for (the server's clock).
+        ended_at: When it ended, or None while it runs.
+        driver: The instance that drives it (while its turn lasts), or None.
+        reason: Why anarchon stopped it, or who cancelled it and why, or None.
+    """
+
+    job: str
+    start: datetime
+    end: datetime
+    status: BackfillStatus
+    slots: int | None
+    next: datetime
+    ran_ok: int
+    ran_failed: int
+    settled_before: int
+    skipped: int
+    by: str
+    note: str | None
+    started_at: datetime
+    ended_at: datetime | None
+    driver: str | None
+    reason: str | None
+
+    @property
+    def decided(self) -> int:
+        """The slots decided so far: run, found settled, or skipped."""
+        return self.ran_ok + self.ran_failed + self.settled_before + self.skipped
+
+
 @dataclass(frozen=True, slots=True)
 class JobInfo:
     """A job as the registry in the store shows it (``Inspector.jobs``): as the fleet's
@@ -532,8 +601,8 @@ class JobInfo:
         strategy: The strategy its instances use: ``"lease"``, ``"stream-id"``,
             ``"idmp"`` or ``"script"``.
         next_fire: Its next slot after now (an aware UTC datetime); None if it never
-            fires again or cannot be reckoned here (a custom schedule reports the next
-            slot its instances last saw).
+            fires again (or is finished) or cannot be reckoned here (a custom schedule
+            reports the next slot its instances last saw).
         paused: Whether it is paused (``Scheduler.pause``; lease strategy only).
         paused_by: Who paused it and when, as the pausing process wrote it, or None.
         last: Its newest recorded attempt (or skipped slot), or None.
@@ -550,6 +619,11 @@ class JobInfo:
             last slot with it), or its runs reached its ``max_runs``.
         last_success: When its last run that ended ok ended (the server's clock), or
             None (none yet, or not the lease strategy).
+        backfill: Its backfill in progress, or the last one (kept a week after it
+            ended), or None.
+        definitions: The fingerprints of its definitions that live instances registered,
+            the one in force first (the newest). More than one: the instances disagree
+            (a deploy in progress), and those of the others claim no new slot of it.
     """
 
     name: str
@@ -568,6 +642,8 @@ class JobInfo:
     runs: int | None = None
     finished: str | None = None
     last_success: datetime | None = None
+    backfill: BackfillInfo | None = None
+    definitions: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -577,7 +653,8 @@ class AuditEntry:
 
     Attributes:
         at: When, on the server's clock (an aware UTC datetime).
-        action: ``"pause"``, ``"resume"``, ``"run-now"`` or ``"forget"``.
+        action: ``"pause"``, ``"resume"``, ``"run-now"``, ``"forget"``, ``"backfill"`` or
+            ``"cancel-backfill"``.
         job: The job's name.
         by: Who: ``user@host`` of the process that did it, or what its caller passed.
         note: Why, as the caller said it, or None.

@@ -7,7 +7,6 @@ consumer that falls behind loses the oldest events (counted in ``EventStream.dro
 """
 
 import logging
-import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
@@ -18,6 +17,7 @@ from typing import Any, Literal
 import anyio
 
 from .._errors import InvalidOptionError
+from .._model.clock import wall_ms
 from .._model.values import Run, TimerRun
 from .._store.contract import Outcome
 
@@ -33,6 +33,7 @@ __all__ = [
     "ServerBack",
     "ServerUnreachable",
     "SlotSkipped",
+    "DefinitionOutdated",
     "JobPaused",
     "TimerCancelled",
     "TimerFired",
@@ -71,7 +72,7 @@ def instant(epoch_ms: float) -> datetime:
 
 def _now() -> datetime:
     """Now, in UTC, truncated to the millisecond (an event's default ``at``)."""
-    return instant(time.time() * 1000)
+    return instant(wall_ms())
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -219,6 +220,25 @@ class JobPaused(Event):
 
     job: str
     reason: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DefinitionOutdated(Event):
+    """The live instances disagree on a job's definition, and this instance's is not the
+    one in force (the newest: a deploy in progress): it claims no new slot of the job
+    (its runs under way go on) until its definition is in force again. Told once per
+    change, by each instance it concerns.
+
+    Attributes:
+        job: The job's name.
+        own: The fingerprint of this instance's definition.
+        in_force: The fingerprint of the definition in force ("" when a claim found
+            another in force before this instance's registration said which).
+    """
+
+    job: str
+    own: str
+    in_force: str
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

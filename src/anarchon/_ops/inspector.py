@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -26,12 +25,14 @@ from .._errors import (
     SchedulerStateError,
     reason,
 )
+from .._model.clock import wall_ms
 from .._model.job import check_count, check_duration_ms, validate_job_name
 from .._model.schedule import (
     FIRE_TIMES_MAX,
     CronSchedule,
     IntervalSchedule,
     Schedule,
+    count_slots,
     fire_times,
     from_epoch_ms,
     iso_ms,
@@ -41,6 +42,7 @@ from .._model.text import visible
 from .._model.timer import validate_kind
 from .._model.values import (
     AuditEntry,
+    BackfillInfo,
     InstanceInfo,
     JobInfo,
     LeaseInfo,
@@ -58,8 +60,16 @@ from .._store.audit import (
     who,
 )
 from .._store.backend import RedisBackend
+from .._store.backfill import (
+    BACKFILL_SLOTS_MAX,
+    backfill_command,
+    backfill_of,
+    cancel_backfill,
+    start_backfill,
+)
 from .._store.contract import is_slot_id, slot_ms_of
 from .._store.keys import (
+    BackfillAsked,
     ClaimOnlyKeys,
     JobKeys,
     RegistryKeys,
@@ -86,9 +96,11 @@ from .._store.quarantine import (
     read_quarantine,
 )
 from .._store.records import (
+    AUDIT_NOTE_MAX,
     KindRecord,
     LeaseState,
     decode_definition,
+    decode_fingerprints,
     decode_instance,
     decode_instant,
     decode_timer_kind,
@@ -205,11 +217,20 @@ class Inspector:
             The jobs, sorted by name.
         """
         definitions, _ = await self._definitions(names)
-        now_ms = int(time.time() * 1000)
+        now_ms = int(wall_ms())
         names = sorted(definitions)  # those of ``names`` the store knows and can read
         if not names:
             return []
-        seen_ms = await self._execute(("HMGET", self._keys.first_seen, *names))
+        seen_ms, fingerprints = (
+            reply if isinstance(reply, list) else [None] * len(names)
+            for reply in await self._read_each(
+                [
+                    ("HMGET", self._keys.first_seen, *names),
+                    ("HMGET", self._keys.definitions, *names),
+                ]
+            )
+        )
+        live_definitions = dict(zip(names, fingerprints, strict=True))
         first_seen = {
             name: self._instant(self._keys.first_seen, name, seen)
             for name, seen in zip(names, seen_ms, strict=True)
@@ -224,16 +245,19 @@ class Inspector:
         commands += [
             ("HMGET", JobKeys.for_job(self._prefix, name).state, *_JOB_FLAGS) for name in leased
         ]
+        # Each lease job's backfill.
+        commands += [backfill_command(self._prefix, name) for name in leased]
         # The live fleet permits of each job with a limit across the fleet.
         limited = [name for name in leased if definitions[name].get("max_concurrent_fleet")]
         commands += [
             ("ZCOUNT", JobKeys.for_job(self._prefix, name).permits, f"({now_ms}", "+inf")
             for name in limited
         ]
-        replies = await self._read_each(commands)
-        newest = dict(zip(names, replies[: len(names)], strict=True))
-        paused = dict(zip(leased, replies[len(names) : len(names) + len(leased)], strict=True))
-        held = dict(zip(limited, replies[len(names) + len(leased) :], strict=True))
+        replies = iter(await self._read_each(commands))
+        newest = {name: next(replies) for name in names}
+        paused = {name: next(replies) for name in leased}
+        backfills = {name: backfill_of(self._prefix, name, next(replies)) for name in leased}
+        held = {name: next(replies) for name in limited}
         found = []
         for name in names:
             definition = definitions[name]
@@ -242,6 +266,7 @@ class Inspector:
             paused_by = flags.get(PAUSED_FIELD)
             results = self._history_of(name, strategy, newest[name])
             seen = first_seen.get(name)
+            finished = _finished(definition, flags.get(FINISHED_FIELD), now_ms)
             found.append(
                 JobInfo(
                     name=name,
@@ -250,15 +275,17 @@ class Inspector:
                     every_ms=definition.get("every_ms"),
                     timezone=str(definition.get("timezone") or "UTC"),
                     strategy=strategy,
-                    next_fire=_next_fire(definition, now_ms),
+                    next_fire=None if finished else _next_fire(definition, now_ms),
                     paused=paused_by is not None,
                     paused_by=paused_by,
                     last=results[0] if results else None,
                     first_seen=None if seen is None else from_epoch_ms(seen),
                     fleet_running=_count(held.get(name)),
                     runs=_runs(flags.get(RUNS_FIELD)) if name in leased else None,
-                    finished=_finished(definition, flags.get(FINISHED_FIELD), now_ms),
+                    finished=finished,
                     last_success=_at(flags.get(LAST_OK_FIELD)),
+                    backfill=backfills.get(name),
+                    definitions=self._fingerprints(name, live_definitions[name], now_ms),
                     options={
                         key: value
                         for key, value in definition.items()
@@ -554,7 +581,7 @@ class Inspector:
         count = check_count("n", n, most=FIRE_TIMES_MAX)
         definitions, malformed = await self._definitions([job])
         name = self._check_job(job, definitions, malformed)
-        return _next_fires(definitions[name], int(time.time() * 1000), count)
+        return _next_fires(definitions[name], int(wall_ms()), count)
 
     async def timer_page(
         self, kind: str, *, cursor: str | None = None, limit: int = 100
@@ -712,6 +739,7 @@ class Inspector:
         removed = sum(int(n) for n in await self._read_each([("DEL", key) for key in keys]))
         await self._execute(("HDEL", self._keys.jobs, name))
         await self._execute(("HDEL", self._keys.first_seen, name))
+        await self._execute(("HDEL", self._keys.definitions, name))
         await self._audit("forget", name, who_acts, note)
         return removed
 
@@ -753,7 +781,7 @@ class Inspector:
         jobs = await self.jobs()
         instances = await self.instances()
         every_read = await self.instance_count() <= len(instances)
-        now_ms = int(time.time() * 1000)
+        now_ms = int(wall_ms())
         problems = []
         for job in jobs:
             name = visible(job.name, _NAME_SHOWN)
@@ -825,19 +853,8 @@ class Inspector:
         """
         await self._lease_state_key(job, "run-now")
         note, who_acts = check_note(note), who(by)
-        found = await self.jobs([job])
-        if found and found[0].finished:
-            raise RunOverlapError(
-                f"'{visible(job, _NAME_SHOWN)}' is finished ({found[0].finished}): raise its "
-                "bound and deploy to run it again"
-            )
-        instances = await self.instances()
-        unread = await self.instance_count() > len(instances)
-        if not unread and not may_run(job, instances):
-            raise InvalidJobError(
-                f"no instance alive runs '{visible(job, _NAME_SHOWN)}': a run asked for now "
-                "would wait until one starts; start one, then ask again"
-            )
+        await self._refuse_finished(job, "run it again")
+        await self._require_runner(job, "a run asked for now would wait until one starts")
         with _answered_in_time():
             # A request that still waits for its first attempt is the one request.
             slot_id, _ = await request_run(self._require(), self._prefix, job, self._who())
@@ -845,6 +862,111 @@ class Inspector:
         await self._execute(("PUBLISH", hint_channel(self._prefix), hint))
         await self._audit("run-now", job, who_acts, note)
         return slot_id
+
+    async def backfill(
+        self,
+        job: str,
+        start: datetime,
+        end: datetime,
+        *,
+        note: str | None = None,
+        by: str | None = None,
+    ) -> BackfillInfo:
+        """Run the slots of ``job``'s own schedule in ``[start, end)`` once across the
+        fleet, oldest first: an instance that runs the job drives the backfill (another
+        takes over if it dies), and claims each slot with trigger ``"backfill"`` under
+        the job's overlap, retry and timeout rules. A slot already settled (run, or
+        skipped, while its state or history keeps it) is not run again, and is counted
+        as such; one the job's ``exclude=`` leaves out is recorded skipped. While the job
+        is paused the backfill waits. ``JobInfo.backfill`` (``anarchon inspect``, the
+        dashboard) shows its progress.
+
+        Args:
+            job: A job the fleet registered that uses the lease strategy.
+            start: The range's first instant (an aware datetime; included).
+            end: The range's end (aware; excluded), at the latest now.
+            note: Why (up to 500 characters), kept with the backfill and in the audit log.
+            by: Who (up to 200 characters; None: ``user@host`` of this process).
+
+        Returns:
+            The backfill as stored (``status`` ``"running"``).
+
+        Raises:
+            InvalidJobError: The fleet did not register the job, or no instance alive
+                runs it.
+            InvalidOptionError: The job does not use the lease strategy, or the range
+                is empty, ends after now, or holds no slot or more than 10,000 slots.
+            RunOverlapError: A backfill of the job is running already (cancel it first),
+                or the job is finished.
+        """
+        await self._lease_state_key(job, "backfill")
+        note, who_acts = check_note(note), who(by)
+        start_ms, end_ms = _range_ms(start, end, await self._server_now_ms())
+        definitions, _ = await self._definitions([job])
+        schedule = _reckoned(definitions[job])
+        slots = None
+        if schedule is not None:
+            slots = count_slots(schedule, start_ms, end_ms, BACKFILL_SLOTS_MAX)
+            _check_slots(job, slots)
+        await self._refuse_finished(job, "backfill it")
+        await self._require_runner(job, "a backfill asked for now would wait until one starts")
+        with _answered_in_time():
+            await start_backfill(
+                self._require(), self._prefix, job, start_ms, end_ms, slots, who_acts, note
+            )
+        # The instances that run the job hear of it now (without hints: at their next
+        # registration renewal, within 10 s).
+        await self._execute(("PUBLISH", hint_channel(self._prefix), BackfillAsked(job).message()))
+        what = f"[{iso_ms(start_ms)}, {iso_ms(end_ms)})"
+        await self._audit("backfill", job, who_acts, _with_note(what, note))
+        (info,) = [found.backfill for found in await self.jobs([job]) if found.backfill]
+        return info
+
+    async def cancel_backfill(
+        self, job: str, *, note: str | None = None, by: str | None = None
+    ) -> bool:
+        """Cancel ``job``'s running backfill: no slot of it starts from now on (one
+        under way runs to its end, as any run). Kept a week, as cancelled, with who and
+        why (``JobInfo.backfill``), and in the audit log.
+
+        Args:
+            job: A job the fleet registered that uses the lease strategy.
+            note: Why (up to 500 characters), for the audit log.
+            by: Who (up to 200 characters; None: ``user@host`` of this process).
+
+        Returns:
+            Whether a backfill of the job was running.
+        """
+        await self._lease_state_key(job, "backfill")
+        note, who_acts = check_note(note), who(by)
+        with _answered_in_time():
+            cancelled = await cancel_backfill(
+                self._require(), self._prefix, job, _with_note(who_acts, note)
+            )
+        if cancelled:
+            await self._audit("cancel-backfill", job, who_acts, note)
+        return cancelled
+
+    async def _refuse_finished(self, job: str, to: str) -> None:
+        """``RunOverlapError`` for a finished job (its ``max_runs`` reached, or its
+        ``end_at`` passed): what the fleet would not run."""
+        found = await self.jobs([job])
+        if found and found[0].finished:
+            raise RunOverlapError(
+                f"'{visible(job, _NAME_SHOWN)}' is finished ({found[0].finished}): raise its "
+                f"bound and deploy to {to}"
+            )
+
+    async def _require_runner(self, job: str, why: str) -> None:
+        """``InvalidJobError`` unless a live instance runs ``job`` (or the instances could
+        not all be read)."""
+        instances = await self.instances()
+        unread = await self.instance_count() > len(instances)
+        if not unread and not may_run(job, instances):
+            raise InvalidJobError(
+                f"no instance alive runs '{visible(job, _NAME_SHOWN)}': {why}; start one, "
+                "then ask again"
+            )
 
     # ---------------------------------------------------------------- helpers
 
@@ -960,6 +1082,17 @@ class Inspector:
             return []
         return parse_history(job, reply, self._results_key(job, strategy), self._prefix)
 
+    def _fingerprints(self, name: str, raw: Any, now_ms: int) -> tuple[str, ...]:
+        """A job's live fingerprints as the registry's definitions hold them (none for
+        an entry that does not read: quarantined)."""
+        if raw is None:
+            return ()
+        try:
+            return decode_fingerprints(self._keys.definitions, name, raw, now_ms)
+        except MalformedEntry as entry:
+            self.quarantine.add(entry, f"job {visible(name, _NAME_SHOWN)!r} in the views")
+            return ()
+
     def _instant(self, key: str, field: str, raw: Any) -> int | None:
         """An instant stored in epoch ms, or None (quarantined) for one that is not."""
         try:
@@ -974,7 +1107,7 @@ class Inspector:
         """A kind's fleet permits held now, its firings started within its rate limit's
         period, and its key groups with timers waiting (each None without that limit),
         over its buckets, by this machine's clock."""
-        now_ms = int(time.time() * 1000)
+        now_ms = int(wall_ms())
         buckets = kind_keys(self._prefix, kind, record.buckets)
         reads: dict[str, list[Command]] = {}
         if record.max_concurrent_fleet is not None:
@@ -1101,6 +1234,65 @@ def _finished(definition: dict[str, Any], stored: str | None, now_ms: int) -> st
     return stored
 
 
+def _range_ms(start: datetime, end: datetime, now_ms: int) -> tuple[int, int]:
+    """A backfill's range in epoch ms, checked: aware datetimes, start before end, and
+    end at the latest now (the server's clock)."""
+    for name, moment in (("start", start), ("end", end)):
+        if not isinstance(moment, datetime) or moment.tzinfo is None:
+            raise InvalidOptionError(
+                f"a backfill's {name} must be an aware datetime (with its zone, such as "
+                f"2027-01-01T00:00:00+00:00), got {visible(repr(moment), 80)}"
+            )
+    start_ms, end_ms = to_epoch_ms(start), to_epoch_ms(end)
+    if start_ms >= end_ms:
+        raise InvalidOptionError(
+            f"a backfill's start ({iso_ms(start_ms)}) must be before its end ({iso_ms(end_ms)})"
+        )
+    if end_ms > now_ms:
+        raise InvalidOptionError(
+            f"a backfill runs past slots: its end ({iso_ms(end_ms)}) is after now "
+            f"({iso_ms(now_ms)}, the server's clock); the job's schedule runs the rest"
+        )
+    return start_ms, end_ms
+
+
+def _check_slots(job: str, slots: int) -> None:
+    """A backfill's count of slots: at least one, at most ``BACKFILL_SLOTS_MAX``."""
+    if slots > BACKFILL_SLOTS_MAX:
+        raise InvalidOptionError(
+            f"the range holds more than {BACKFILL_SLOTS_MAX:,} slots of "
+            f"'{visible(job, _NAME_SHOWN)}': ask for a shorter range (several backfills, "
+            "one after the other)"
+        )
+    if slots == 0:
+        raise InvalidOptionError(
+            f"no slot of '{visible(job, _NAME_SHOWN)}' falls in the range: nothing to backfill"
+        )
+
+
+def _with_note(text: str, note: str | None) -> str:
+    """``text``, and ``note`` after it (cut to fit an audit note)."""
+    if not note:
+        return text
+    return f"{text}: {note}"[:AUDIT_NOTE_MAX]
+
+
+def _reckoned(definition: dict[str, Any]) -> Schedule | None:
+    """A job's schedule made from its stored definition, when the store can reckon it (a
+    cron expression in its zone, an interval); None for one it cannot (custom, combined,
+    bounded, or with exclusions: its instances report its fire times)."""
+    if "next_fires_ms" in definition or "exclude" in definition:
+        return None
+    try:
+        if definition.get("cron"):
+            return CronSchedule(str(definition["cron"]), str(definition.get("timezone")))
+        if definition.get("every_ms"):
+            return IntervalSchedule(int(definition["every_ms"]))
+    except Exception:
+        return None
+    return None
+
+
 def _next_fire(definition: dict[str, Any], now_ms: int) -> datetime | None:
     """The next slot after now, reckoned from a built-in schedule; a custom one reports
     the next slot its instances last saw."""
@@ -1113,15 +1305,7 @@ def _next_fires(definition: dict[str, Any], now_ms: int, count: int) -> list[dat
     expression in its zone, an interval); of one the store cannot reckon (custom,
     combined, or with exclusions), the next ones its instances last reported (up to
     ten), or the one next slot an older instance reported (none when it is past)."""
-    schedule: Schedule | None = None
-    if "next_fires_ms" not in definition and "exclude" not in definition:
-        try:
-            if definition.get("cron"):
-                schedule = CronSchedule(str(definition["cron"]), str(definition.get("timezone")))
-            elif definition.get("every_ms"):
-                schedule = IntervalSchedule(int(definition["every_ms"]))
-        except Exception:
-            schedule = None
+    schedule = _reckoned(definition)
     if schedule is not None:
         return fire_times(schedule, now_ms, count)
     reported = definition.get("next_fires_ms")  # checked by decode_definition
@@ -1198,6 +1382,39 @@ def fleet_text(running: int | None, limit: object) -> str:
     if running is None or not isinstance(limit, int):
         return ""
     return f"{running} of {limit}" + (" (full)" if running >= limit else "")
+
+
+def definitions_text(job: JobInfo) -> str | None:
+    """What the live instances say of a job's definition, when they disagree (None when
+    they agree): which is in force, and which are not."""
+    if len(job.definitions) < 2:
+        return None
+    in_force, *older = job.definitions
+    return (
+        f"the live instances disagree on its definition: {in_force} is in force (the "
+        f"newest); {', '.join(older)} not (their instances claim no new slot of it)"
+    )
+
+
+def backfill_text(backfill: BackfillInfo | None) -> str:
+    """A job's backfill in one line (``anarchon backfill``, ``inspect``, the dashboard)."""
+    if backfill is None:
+        return "no backfill"
+    slots = "?" if backfill.slots is None else str(backfill.slots)
+    start, end = (iso_ms(to_epoch_ms(at)) for at in (backfill.start, backfill.end))
+    text = (
+        f"backfill of {slots} slot(s) in [{start}, {end}) {backfill.status}: "
+        f"{backfill.decided} decided ({backfill.ran_ok} ok, {backfill.ran_failed} failed, "
+        f"{backfill.settled_before} settled before, {backfill.skipped} skipped)"
+    )
+    if backfill.status == "running":
+        text += f", next {iso_ms(to_epoch_ms(backfill.next))}"
+        if backfill.driver:
+            text += f", driven by {backfill.driver}"
+    if backfill.reason:
+        text += f"; {backfill.reason}"
+    text += f"; asked by {backfill.by}" + (f": {backfill.note}" if backfill.note else "")
+    return text
 
 
 def kind_limits_text(kind: TimerKindInfo) -> str:

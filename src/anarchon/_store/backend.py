@@ -10,6 +10,7 @@ from typing import Generic, Literal, TypeVar, overload
 import anyio
 
 from .._errors import ConnectionFailedError, InvalidOptionError
+from .._model.clock import VIRTUAL
 from .._model.job import Job
 from .._model.options import OptionRules
 from ..clients import Connection, ConnectionSpec, open_connection, url_for_redis_py
@@ -166,8 +167,13 @@ class RedisBackend(Generic[K]):
         return f"{type(self).__name__}(strategy={self.strategy!r}, prefix={self.prefix!r})"
 
     async def _connect(self, *, writes: bool = True) -> tuple[Connection, ServerInfo]:
-        """Connect, and check the server and the store format (``_check_store_format``)."""
-        conn = open_connection(self._connection_spec)
+        """Connect, and check the server and the store format (``_check_store_format``).
+        On ``anarchon.testing``'s virtual time, to its server instead."""
+        virtual = VIRTUAL.get()
+        if virtual is None:
+            conn = open_connection(self._connection_spec)
+        else:
+            conn = virtual.connect(self.prefix)
         try:
             try:
                 with anyio.fail_after(START_DEADLINE_SEC):

@@ -67,6 +67,9 @@ class ClaimRequest:
     #: A scheduled slot that the job's ``exclude=`` leaves out: why (``"excluded: ..."``).
     #: Its first claim in the fleet records it skipped with this reason.
     excluded: str | None = None
+    #: The fingerprint of this instance's definition of the job: a first claim starts
+    #: nothing while the store names another in force ("" for none: not asked).
+    fingerprint: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,6 +149,8 @@ class Store(ABC):
     #: Whether runs are given back and asked for over the prefix's hint channel (the
     #: instances running jobs then listen to it).
     hints_for_jobs: ClassVar[bool] = False
+    #: Whether its jobs can be backfilled (``backfill.py``: the lease strategy's slots).
+    backfills: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -218,6 +223,10 @@ class Store(ABC):
     async def set_paused(self, job: str, paused_by: str | None) -> bool:
         """Pause (``paused_by``: who and when) or resume (None) a job across the fleet;
         whether it changed anything."""
+
+    async def set_in_force(self, fingerprints: dict[str, str]) -> None:  # noqa: B027 - optional
+        """Write each job's fingerprint in force where its claims read it (the lease
+        strategy's state hash); a strategy whose claims do not ask has nothing to write."""
 
     @abstractmethod
     def remembered_slots_key(self, job: str) -> str:

@@ -6,8 +6,10 @@ tries the pairs). Each job's, timer kind's (or bucket's) and the registry's keys
 one hash tag, so that each script runs on one cluster node.
 
 - ``<prefix>format``: the store format (``backend.py`` checks it at every start);
-- lease strategy, a job's ``{<prefix><job>}:state|active|slots|runs|results|permits``
-  (``JobKeys``; ``permits`` only for a job with ``max_concurrent_fleet``);
+- lease strategy, a job's
+  ``{<prefix><job>}:state|active|slots|runs|results|permits|backfill``
+  (``JobKeys``; ``permits`` only for a job with ``max_concurrent_fleet``, ``backfill``
+  only for a job backfilled);
 - claim-only strategies, a job's ``<prefix><job>:runs|manual|results``
   (``ClaimOnlyKeys``: one key per command, no tag);
 - timers, a kind's ``{<prefix><kind>[#<bucket>]}:timers|timer-due|timer-meta``, its
@@ -15,8 +17,10 @@ one hash tag, so that each script runs on one cluster node.
   a key group's
   ``timer-group-permits:<group>|timer-group-waiting:<group>`` and
   ``{<prefix><kind>}:timer-buckets`` (``TimerKeys``);
-- the registry, ``{<prefix>}:instances|jobs|first-seen|timer-kinds|instance:<id>``
-  and the report of malformed entries, ``{<prefix>}:quarantine`` (``RegistryKeys``);
+- the registry, ``{<prefix>}:instances|jobs|first-seen|timer-kinds|instance:<id>``,
+  the report of malformed entries, ``{<prefix>}:quarantine``, the audit log
+  ``{<prefix>}:audit``, the jobs with a backfill, ``{<prefix>}:backfills``, and the
+  fingerprints of each job's definitions, ``{<prefix>}:definitions`` (``RegistryKeys``);
 - the hint channel ``<prefix>timer-hints`` (named when it carried timers alone; it
   carries every hint, see ``Hint``).
 """
@@ -29,6 +33,7 @@ import zlib
 from dataclasses import dataclass
 
 __all__ = [
+    "BackfillAsked",
     "ClaimOnlyKeys",
     "Hint",
     "JobKeys",
@@ -76,6 +81,8 @@ class JobKeys:
     results: str
     #: The fleet permits of its runs (``max_concurrent_fleet``; lua/lease_state.lua).
     permits: str
+    #: Its backfill in progress, or the last one (``backfill.py``; lua/backfill.lua).
+    backfill: str
 
     @classmethod
     def for_job(cls, prefix: str, job: str) -> JobKeys:
@@ -87,6 +94,7 @@ class JobKeys:
             runs=f"{tag}:runs",
             results=f"{tag}:results",
             permits=f"{tag}:permits",
+            backfill=f"{tag}:backfill",
         )
 
 
@@ -245,6 +253,11 @@ class RegistryKeys:
     quarantine: str
     #: What operators did to the jobs, who and why (``audit.py``): a stream, bounded.
     audit: str
+    #: The jobs with a backfill in progress (``backfill.py``): a set the instances read.
+    backfills: str
+    #: Each job's fingerprints the live instances registered, with when each first
+    #: appeared (``lua/registry.lua``): which definition is in force.
+    definitions: str
     tag: str
 
     @classmethod
@@ -257,6 +270,8 @@ class RegistryKeys:
             timer_kinds=f"{tag}:timer-kinds",
             quarantine=f"{tag}:quarantine",
             audit=f"{tag}:audit",
+            backfills=f"{tag}:backfills",
+            definitions=f"{tag}:definitions",
             tag=tag,
         )
 
@@ -306,7 +321,18 @@ class RunRequested:
         return f"run {self.slot_id} {self.job}"
 
 
-Hint = TimerDue | RunGivenBack | RunRequested
+@dataclass(frozen=True, slots=True)
+class BackfillAsked:
+    """``backfill <job>``: a backfill of the job was asked for; an instance that runs it
+    takes the turn to drive it now (without hints, at its next registration renewal)."""
+
+    job: str
+
+    def message(self) -> str:
+        return f"backfill {self.job}"
+
+
+Hint = TimerDue | RunGivenBack | RunRequested | BackfillAsked
 
 
 #: A hint's due time: decimal digits (ASCII: ``str.isdigit`` also takes ``²``).
@@ -318,6 +344,8 @@ def parse_hint(message: str) -> Hint | None:
     lets publish on the channel can send anything: a message is read strictly, and its
     slot id checked where it is acted on)."""
     head, _, rest = message.partition(" ")
+    if head == "backfill":
+        return BackfillAsked(rest) if rest else None
     if head in ("release", "run"):
         slot_id, _, job = rest.partition(" ")
         if not slot_id or not job:

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import secrets
-import time
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, cast
 
+from .._model.clock import wall_ms
 from .._model.progress import PROGRESS_BYTES_MAX
 from .._model.values import RunResult, Trigger
-from ..clients import Connection, ServerReplyError
+from ..clients import Command, Connection, ServerReplyError
+from .coalesce import pipeline
 from .contract import (
     AttemptEnd,
     ClaimKind,
@@ -31,6 +32,7 @@ from .scripts import ScriptCall, lease_script, run_scripts
 __all__ = [
     "FAILED_IN_ROW_FIELD",
     "FINISHED_FIELD",
+    "IN_FORCE_FIELD",
     "LAST_OK_FIELD",
     "PAUSED_FIELD",
     "RUNS_FIELD",
@@ -46,6 +48,8 @@ PAUSED_FIELD = "paused"
 #: lease_state.lua's fields of a job's state hash: its runs that ended ok or finally
 #: failed, and why it is finished (its max_runs reached).
 RUNS_FIELD = "runs"
+#: The fingerprint of the job's definition in force (lua/lease_state.lua's IN_FORCE_FIELD).
+IN_FORCE_FIELD = "in-force"
 FINISHED_FIELD = "finished"
 #: lease_state.lua's fields: the job's slots in a row that finally failed, and when its
 #: last run that ended ok ended (server ms).
@@ -56,7 +60,7 @@ LAST_OK_FIELD = "last-ok"
 def paused_text(by: str, note: str | None) -> str:
     """What a pause keeps in the job's state (``JobInfo.paused_by``): who, when (this
     machine's clock, with its offset), and why."""
-    when = datetime.now().astimezone().isoformat(timespec="seconds")
+    when = datetime.fromtimestamp(wall_ms() / 1000).astimezone().isoformat(timespec="seconds")
     return f"{by} at {when}" + (f": {note}" if note else "")
 
 
@@ -77,7 +81,7 @@ async def request_run(conn: Connection, prefix: str, job: str, who: str) -> tupl
     waits for its first attempt, and whether this call stored it (False: a request made
     before still waits, and it is the one request)."""
     keys = JobKeys.for_job(prefix, job)
-    slot_id = fleet_slot_id(int(time.time() * 1000), secrets.token_hex(4))
+    slot_id = fleet_slot_id(int(wall_ms()), secrets.token_hex(4))
     call = ScriptCall(
         lease_script("request_run"),
         (keys.state, keys.active, keys.slots),
@@ -139,12 +143,21 @@ class LeaseStore(Store):
     """Runs the lease scripts for one scheduler instance."""
 
     hints_for_jobs = True
+    backfills = True
 
     def keys(self, job: str) -> JobKeys:
         return JobKeys.for_job(self.prefix, job)
 
     def remembered_slots_key(self, job: str) -> str:
         return self.keys(job).slots
+
+    async def set_in_force(self, fingerprints: dict[str, str]) -> None:
+        commands: list[Command] = [
+            ("HSET", self.keys(job).state, IN_FORCE_FIELD, fp) for job, fp in fingerprints.items()
+        ]
+        for reply in await pipeline(self.conn, commands):
+            if isinstance(reply, ServerReplyError):
+                raise reply
 
     async def claim_many(
         self, requests: Sequence[ClaimRequest]
@@ -174,11 +187,10 @@ class LeaseStore(Store):
                 1 if r.replace else 0,
             ]
             if r.fleet_max or r.max_runs:
-                # Only a job with a fleet limit or a max_runs sends these (claims are hot).
+                # Only a job with a fleet limit or a max_runs sends its permits key.
                 script_keys.append(keys.permits)
-                args.append(r.fleet_max or 0)
-                if r.max_runs:
-                    args.append(r.max_runs)
+            if r.fleet_max or r.max_runs or r.fingerprint:
+                args += [r.fleet_max or 0, r.max_runs or 0, r.fingerprint]
             calls.append(ScriptCall(claim, script_keys, args))
         replies = await run_scripts(self.conn, calls)
         return [

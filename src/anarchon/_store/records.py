@@ -11,6 +11,7 @@ What the store holds is input: each decoder checks every field as the scripts do
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -18,7 +19,15 @@ from .._errors import InvalidOptionError, InvalidScheduleError
 from .._model.options import check_buckets, fleet_bound, key_groups, rate_limit
 from .._model.progress import PROGRESS_BYTES_MAX
 from .._model.schedule import from_epoch_ms, load_timezone
-from .._model.values import AuditEntry, RunResult, RunStatus, TimerStatus, Trigger
+from .._model.values import (
+    AuditEntry,
+    BackfillInfo,
+    BackfillStatus,
+    RunResult,
+    RunStatus,
+    TimerStatus,
+    Trigger,
+)
 from ..clients import Command, Connection
 from .contract import AttemptEnd, is_slot_id, slot_ms_of
 from .quarantine import MAX_INSTANT_MS, MalformedEntry, instant_ms, quarantine_of, whole
@@ -30,7 +39,9 @@ __all__ = [
     "LeaseState",
     "TimerState",
     "decode_audit",
+    "decode_backfill",
     "decode_definition",
+    "decode_fingerprints",
     "decode_instant",
     "decode_instance",
     "KindRecord",
@@ -65,7 +76,7 @@ def result_member(end: AttemptEnd, status: str, runner: str) -> str:
 
 
 _RUN_STATUSES = frozenset(("ok", "failed", "interrupted", "cancelled", "skipped"))
-_TRIGGERS = frozenset(("schedule", "catch-up", "retry", "takeover", "manual"))
+_TRIGGERS = frozenset(("schedule", "catch-up", "retry", "takeover", "manual", "backfill"))
 
 
 def parse_result(job: str, member: str, key: str = "") -> RunResult:
@@ -282,7 +293,7 @@ _JSON = json.JSONDecoder()
 #: The longest note and name of who acted that an audit entry holds.
 AUDIT_NOTE_MAX = 500
 AUDIT_BY_MAX = 200
-_AUDIT_ACTIONS = frozenset(("pause", "resume", "run-now", "forget"))
+_AUDIT_ACTIONS = frozenset(("pause", "resume", "run-now", "forget", "backfill", "cancel-backfill"))
 _JOB_NAME_MAX = 200
 
 
@@ -312,6 +323,85 @@ def decode_audit(key: str, raw: Any) -> AuditEntry:
     if note is not None and len(note) > AUDIT_NOTE_MAX:
         raise MalformedEntry(key, entry_id, "a note longer than any anarchon writes", raw)
     return AuditEntry(at=from_epoch_ms(at), action=action, job=job, by=by, note=note)
+
+
+_BACKFILL_STATUSES = frozenset(("running", "done", "cancelled", "stopped"))
+_BACKFILL_COUNTS = ("ok", "failed", "before", "skipped")
+#: The longest reason a backfill record holds (who cancelled it and why, or anarchon's).
+BACKFILL_REASON_MAX = AUDIT_BY_MAX + AUDIT_NOTE_MAX + 100
+
+
+def decode_backfill(key: str, job: str, fields: dict[str, str]) -> BackfillInfo:
+    """A job's backfill record (``lua/backfill.lua``: the ``key`` hash's fields), or
+    ``MalformedEntry`` for one that is not such a record: its status one of four, its
+    range, cursor and times instants, its counts whole numbers, its text bounded."""
+
+    def instant(field: str) -> int:
+        raw = fields.get(field)
+        number = whole(raw) if raw is not None else None
+        if number is None or number > MAX_INSTANT_MS:
+            raise MalformedEntry(key, field, "not an instant in epoch ms", raw)
+        return number
+
+    status = fields.get("status")
+    if status not in _BACKFILL_STATUSES:
+        raise MalformedEntry(key, "status", "not a backfill status", status)
+    counts = {}
+    for field in _BACKFILL_COUNTS:
+        number = whole(fields.get(field, "0"))
+        if number is None:
+            raise MalformedEntry(key, field, "not a whole number", fields.get(field))
+        counts[field] = number
+    slots_text = fields.get("slots", "")
+    slots = whole(slots_text) if slots_text else None
+    if slots_text and slots is None:
+        raise MalformedEntry(key, "slots", "not a whole number", slots_text)
+    by, note, reason = fields.get("by", ""), fields.get("note") or None, fields.get("reason")
+    driver = fields.get("driver") or None
+    if not by or len(by) > AUDIT_BY_MAX or (note is not None and len(note) > AUDIT_NOTE_MAX):
+        raise MalformedEntry(key, "by", "no one who asked, or a note too long", by)
+    if reason is not None and len(reason) > BACKFILL_REASON_MAX:
+        raise MalformedEntry(key, "reason", "longer than any anarchon writes", reason)
+    if driver is not None and len(driver) > _JOB_NAME_MAX:
+        raise MalformedEntry(key, "driver", "longer than any instance id", driver)
+    start, end, cursor, started = (instant(f) for f in ("from", "to", "next", "started"))
+    ended = instant("ended") if "ended" in fields else None
+    return BackfillInfo(
+        job=job,
+        start=from_epoch_ms(start),
+        end=from_epoch_ms(end),
+        status=cast(BackfillStatus, status),
+        slots=slots,
+        next=from_epoch_ms(cursor),
+        ran_ok=counts["ok"],
+        ran_failed=counts["failed"],
+        settled_before=counts["before"],
+        skipped=counts["skipped"],
+        by=by,
+        note=note,
+        started_at=from_epoch_ms(started),
+        ended_at=None if ended is None else from_epoch_ms(ended),
+        driver=driver if status == "running" else None,
+        reason=reason,
+    )
+
+
+_FINGERPRINT = re.compile(r"([0-9a-f]{16}):([0-9]{1,16}):([0-9]{1,16})")
+
+
+def decode_fingerprints(key: str, job: str, raw: Any, now_ms: int) -> tuple[str, ...]:
+    """The fingerprints of a job's definitions that live registrations hold
+    (``lua/registry.lua``: ``fp:first_ms:until_ms`` each, ``,`` between), the one in
+    force (the newest) first; ``MalformedEntry`` for an entry that is none of them."""
+    live = []
+    for part in _text(raw).split(",")[:64]:
+        found = _FINGERPRINT.fullmatch(part)
+        if found is None:
+            raise MalformedEntry(key, job, "not a list of fingerprints", raw)
+        fp, first, until = found.group(1), int(found.group(2)), int(found.group(3))
+        if until > now_ms:
+            live.append((first, fp))
+    return tuple(fp for _, fp in sorted(live, reverse=True))
 
 
 #: The most next fire times a stored definition may hold (instances report 10).

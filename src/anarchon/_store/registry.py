@@ -12,16 +12,18 @@ one hash tag, ``{<prefix>}``, so that the registration is one script on one node
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
+import re
 import socket
-import time
 from collections.abc import Callable
 from typing import Any
 
 import anyio
 
+from .._model.clock import pace, wall_ms
 from .._model.job import Job
 from .._model.schedule import (
     BoundedSchedule,
@@ -42,12 +44,16 @@ from .quarantine import quarantine_malformed, quarantine_of
 from .scripts import ScriptCall, lease_script, run_scripts
 from .timers import score_ms
 
-__all__ = ["REGISTRATION_TTL_MS", "REPORTED_FIRES", "Registry", "job_definition"]
+__all__ = [
+    "FINGERPRINT_CHARS",
+    "REPORTED_FIRES",
+    "Registry",
+    "fingerprint",
+    "job_definition",
+]
 
 log = logging.getLogger("anarchon")
 
-#: How long a registration lasts without renewal; renewed every third of it.
-REGISTRATION_TTL_MS = 30_000
 #: How many next fire times an instance reports of a job whose schedule the store cannot
 #: reckon from its definition (a custom or combined schedule, or one with exclusions).
 REPORTED_FIRES = 10
@@ -61,7 +67,7 @@ def job_definition(job: Job, strategy: str, next_slot_ms: int | None) -> dict[st
         "schedule": repr(schedule),
         "cron": schedule.expression if isinstance(schedule, CronSchedule) else None,
         "every_ms": schedule.every_ms if isinstance(schedule, IntervalSchedule) else None,
-        "timezone": schedule.timezone if isinstance(schedule, CronSchedule) else "UTC",
+        "timezone": _zone_of(schedule),
         "strategy": strategy,
         "overlap": job.overlap_policy,
         "max_attempts": job.max_attempts,
@@ -93,11 +99,43 @@ def job_definition(job: Job, strategy: str, next_slot_ms: int | None) -> dict[st
         # instance reckons them. A custom one's code is not called here: of it, the
         # views know the next slot alone.
         try:
-            fires = fire_times(job.schedule, int(time.time() * 1000), REPORTED_FIRES, job.excluded)
+            fires = fire_times(job.schedule, int(wall_ms()), REPORTED_FIRES, job.excluded)
         except Exception:  # the job's own claims say what is wrong with its schedule
             fires = []
         definition["next_fires_ms"] = [to_epoch_ms(fire) for fire in fires]
     return definition
+
+
+#: A fingerprint's length: hex digits of a SHA-256 of the definition.
+FINGERPRINT_CHARS = 16
+#: What a definition holds that is no part of how the job behaves: what its instances saw
+#: last (the views' next fire times).
+_NOT_BEHAVIOUR = ("next_slot_ms", "next_fires_ms")
+#: An object's default repr names where it lives in memory: no two processes agree on it.
+_DEFAULT_REPR = re.compile(r" (object )?at 0x[0-9a-fA-F]+>")
+
+
+def fingerprint(definition: dict[str, Any]) -> str:
+    """The fingerprint of a job's definition (``job_definition``): what decides which
+    slots it runs and how (schedule, zone, strategy, options), the same in every process
+    that defines the job alike. A custom schedule counts by its ``repr``; one without a
+    repr of its own, by its class."""
+    behaviour = {k: v for k, v in definition.items() if k not in _NOT_BEHAVIOUR}
+    behaviour["schedule"] = _DEFAULT_REPR.sub(">", str(behaviour.get("schedule")))
+    text = json.dumps(behaviour, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:FINGERPRINT_CHARS]
+
+
+def _zone_of(schedule: Schedule) -> str:
+    """The time zone a schedule's times are read in: a cron schedule's, or the one zone
+    of a combined schedule's cron parts; UTC otherwise."""
+    if isinstance(schedule, CronSchedule):
+        return schedule.timezone
+    if isinstance(schedule, CombinedSchedule):
+        zones = {part.timezone for part in schedule.parts if isinstance(part, CronSchedule)}
+        if len(zones) == 1:
+            return zones.pop()
+    return "UTC"
 
 
 def built_in(schedule: Schedule) -> bool:
@@ -131,9 +169,13 @@ class Registry:
         #: ``remembered_slots_key``).
         self._slots_key = slots_key
         self.prefix = prefix
-        self.started_ms = int(time.time() * 1000)
+        self.started_ms = int(wall_ms())
         #: The jobs whose first-seen time the store told this instance.
         self._seen: dict[str, int] = {}
+        #: Each job's fingerprint here, and the one in force in the fleet (the newest
+        #: among the live instances' registrations), as the last registration said.
+        self.fingerprints: dict[str, str] = {}
+        self.in_force: dict[str, str] = {}
 
     async def register(
         self,
@@ -161,14 +203,16 @@ class Registry:
         }
         args: list[str | int] = [
             self.instance_id,
-            REGISTRATION_TTL_MS,
+            pace().registration_ttl_ms,
             json.dumps(instance),
             len(jobs),
         ]
         oldest = await self._oldest_slots(conn, [name for name in jobs if name not in self._seen])
+        fingerprints = {}
         for name, job in jobs.items():
             definition = job_definition(job, self.strategy, next_slots.get(name))
-            args += [name, json.dumps(definition), oldest.get(name, "")]
+            fingerprints[name] = fingerprint(definition)
+            args += [name, json.dumps(definition), oldest.get(name, ""), fingerprints[name]]
         for name, kind in kinds.items():
             kind_definition = {
                 "buckets": kind.buckets,
@@ -188,6 +232,7 @@ class Registry:
                 keys.jobs,
                 keys.first_seen,
                 keys.timer_kinds,
+                keys.definitions,
             ),
             args,
         )
@@ -196,6 +241,9 @@ class Registry:
             raise reply
         quarantine_malformed(reply[-1], self.prefix, "itself")
         first_seen = {name: int(reply[1 + index]) for index, name in enumerate(jobs)}
+        in_force = reply[1 + len(jobs) : 1 + 2 * len(jobs)]
+        self.fingerprints = fingerprints
+        self.in_force = {name: _text(found) for name, found in zip(jobs, in_force, strict=True)}
         self._seen.update(first_seen)
         return first_seen
 
@@ -225,7 +273,7 @@ class Registry:
     async def report_quarantine(self, conn: Connection) -> None:
         """Report the malformed entries this process met since the last report to the
         store (``quarantine.py``), for ``inspect`` and the dashboard of any host."""
-        now_ms = int(time.time() * 1000)
+        now_ms = int(wall_ms())
         commands = quarantine_of(self.prefix).report_commands(self.prefix, now_ms)
         if commands:
             for reply in await pipeline(conn, commands):
@@ -241,6 +289,10 @@ class Registry:
                 await conn.execute(("DEL", self.keys.instance(self.instance_id)))
             except Exception as exc:
                 log.debug("leaving the registry failed (it expires instead): %s", exc)
+
+
+def _text(raw: object) -> str:
+    return raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
 
 
 def _first_score(reply: Any) -> int | None:

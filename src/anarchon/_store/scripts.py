@@ -13,10 +13,18 @@ from typing import Any
 from ..clients import Arg, Command, Connection, ServerReplyError
 from .coalesce import pipeline
 
-__all__ = ["Script", "ScriptCall", "lease_script", "lua_source", "run_scripts", "timer_script"]
+__all__ = [
+    "Script",
+    "ScriptCall",
+    "lease_script",
+    "lua_dir",
+    "lua_source",
+    "run_scripts",
+    "timer_script",
+]
 
 
-def _lua_dir() -> Path:
+def lua_dir() -> Path:
     """Where the Lua scripts are loaded from: ``lua/`` beside this module, the
     package's data in a wheel and in a source checkout alike.
 
@@ -32,7 +40,7 @@ def _lua_dir() -> Path:
 @cache
 def lua_source(name: str) -> str:
     """The text of ``lua/<name>.lua`` as shipped."""
-    return (_lua_dir() / f"{name}.lua").read_text(encoding="utf-8")
+    return (lua_dir() / f"{name}.lua").read_text(encoding="utf-8")
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,6 +27,7 @@ from .quarantine import whole
 __all__ = [
     "START_DEADLINE_SEC",
     "STORE_FORMAT",
+    "VIRTUAL_STORE_FORMAT",
     "ServerInfo",
     "check_server",
     "check_store_format",
@@ -35,6 +36,10 @@ __all__ = [
 
 #: The store format this anarchon writes and reads (key ``<prefix>format``).
 STORE_FORMAT = 1
+
+#: What the format key holds in a store on ``anarchon.testing``'s virtual time: no
+#: scheduler on the real clock reads it (and the kit reads no other).
+VIRTUAL_STORE_FORMAT = f"{STORE_FORMAT} on virtual time"
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +141,11 @@ async def check_store_format(conn: Connection, prefix: str, *, writes: bool) -> 
         raise ConnectionFailedError(
             f"lost the connection while checking {key!r}: {reason(exc)}"
         ) from exc
+    if stored in (VIRTUAL_STORE_FORMAT, VIRTUAL_STORE_FORMAT.encode()):
+        raise StoreFormatError(
+            f"the store under prefix {prefix!r} runs on anarchon.testing's virtual time: "
+            "a scheduler on the real clock never shares it; choose another prefix or server"
+        )
     found = whole(stored)
     if not found:
         shown = visible(

@@ -16,7 +16,10 @@
 --       fleet_max (max_concurrent_fleet: the most of the job's runs at once in the fleet,
 --       each holding a permit while its lease lives; absent or 0 for no limit),
 --       max_runs (the job's runs that may end, ok or finally failed, counted in
---       RUNS_FIELD; absent or 0 for no bound: sent with fleet_max, 0 for none)
+--       RUNS_FIELD; 0 for no bound),
+--       fingerprint (of the caller's definition of the job: a first claim of a scheduled
+--       or backfilled slot starts nothing while IN_FORCE_FIELD names another; '' or
+--       absent: not asked)
 -- Every reply is {kind, attempt, fence, ms, text, orphans, malformed}:
 --   {'won', attempt, fence, lease_ms_left, trigger, orphans, malformed, progress}  the
 --                     caller runs this attempt; progress: what the slot's last attempt
@@ -33,7 +36,9 @@
 --                     paused; 'paused': this claim found the job paused, and recorded the slot
 --                     as skipped; 'excluded': this claim recorded the excluded slot as skipped;
 --                     'finished': the job's runs reached its max_runs: nothing is recorded,
---                     and the job is marked finished (FINISHED_FIELD); 'superseded': this claim (skip_if_blocked 2) recorded it as
+--                     and the job is marked finished (FINISHED_FIELD); 'outdated': the
+--                     caller's definition of the job is not the one in force: nothing is
+--                     recorded; 'superseded': this claim (skip_if_blocked 2) recorded it as
 --                     skipped; 'malformed': the slot's state, or the job's fence, does not
 --                     read: nothing starts)
 -- orphans (on a slot's first claim only, at most ORPHANS_MAX): other unsettled slots of
@@ -64,6 +69,7 @@ local probe = ARGV[15] == '1'
 local replace = ARGV[16] == '1'
 local fleet_max = tonumber(ARGV[17] or '0')
 local max_runs = tonumber(ARGV[18] or '0')
+local fingerprint = ARGV[19] or ''
 
 local now = server_now_ms()
 
@@ -269,9 +275,17 @@ end
 if not s then
   trim_old_state()
   local manual = string.sub(slot, 1, 1) == 'm'
+  if fingerprint ~= '' and not manual then
+    local in_force = redis.call('HGET', state_key, IN_FORCE_FIELD)
+    if in_force and in_force ~= fingerprint then
+      -- A newer definition of the job is in force: its instances decide the slot.
+      local _, orphans = scan_active(true)
+      return {'done', 0, 0, 0, 'outdated', orphans, bad}
+    end
+  end
   if max_runs > 0 then
     -- max_runs: the runs that ended, and those under way (any of them may end counted).
-    local ended = tonumber(redis.call('HGET', state_key, RUNS_FIELD)) or 0
+    local ended = read_count(state_key, RUNS_FIELD, bad)
     if ended >= max_runs then
       redis.call('HSET', state_key, FINISHED_FIELD,
         'max_runs ' .. max_runs .. ' reached: ' .. ended .. ' runs ended')
@@ -335,7 +349,7 @@ if s.status == 'running' then
     redis.call('HDEL', state_key, PROGRESS_PREFIX .. slot)
     redis.call('SREM', active_key, slot)
     drop_permit(permits_key, slot)
-    count_run(state_key, 'interrupted')
+    count_run(state_key, 'interrupted', bad)
     return {'done', 0, 0, 0, 'interrupted', {}, bad}
   end
   -- Attempts are left: the run now waits for its next attempt, which starts at once.

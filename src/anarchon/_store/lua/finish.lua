@@ -28,8 +28,22 @@ local s = decode_state(redis.call('HGET', state_key, slot))
 if s == nil then return {'lost', 'gone'} end
 if s == false then return {'lost', 'malformed'} end  -- the claim that meets it reports it
 if s.token ~= token then return {'lost', s.status} end
--- The caller already finished this attempt (a finish repeated after a lost reply).
-if s.status ~= 'running' then return {'settled', s.status, math.max(s.until_ms - now, 0)} end
+-- The pause that a finish of this slot makes names the slot (so that a repeat knows it).
+local function pause_text(in_row)
+  return PAUSED_BY_FAILURES .. ': its last ' .. in_row .. ' slots finally failed (the last: '
+    .. slot .. ')'
+end
+-- The caller already finished this attempt (a finish repeated after a lost reply): its
+-- answer again, "paused" included when that finish paused the job.
+if s.status ~= 'running' then
+  local paused = 0
+  local by = redis.call('HGET', state_key, PAUSED_FIELD)
+  if s.status == 'failed' and by and string.sub(by, -(#slot + 2)) == ' ' .. slot .. ')'
+      and string.sub(by, 1, #PAUSED_BY_FAILURES) == PAUSED_BY_FAILURES then
+    paused = 1
+  end
+  return {'settled', s.status, math.max(s.until_ms - now, 0), {}, paused}
+end
 
 local bad = {}
 record_result(results_key, slot, slot_score, s, outcome, now, err, history_size,
@@ -52,7 +66,7 @@ if s.status ~= 'retry' then
   -- Settled for good: no attempt will read its progress.
   redis.call('SREM', active_key, slot)
   redis.call('HDEL', state_key, PROGRESS_PREFIX .. slot)
-  count_run(state_key, s.status)
+  count_run(state_key, s.status, bad)
 end
 -- paused: 1 when this finish paused the job (its pause_after_failures reached).
 local paused = 0
@@ -60,9 +74,9 @@ if s.status == 'ok' then
   redis.call('HSET', state_key, LAST_OK_FIELD, now)
   if pause_after > 0 then redis.call('HDEL', state_key, FAILED_IN_ROW_FIELD) end
 elseif s.status == 'failed' and pause_after > 0 then
-  local in_row = redis.call('HINCRBY', state_key, FAILED_IN_ROW_FIELD, 1)
+  local in_row = add_count(state_key, FAILED_IN_ROW_FIELD, bad)
   if in_row >= pause_after and redis.call('HSETNX', state_key, PAUSED_FIELD,
-      PAUSED_BY_FAILURES .. ': its last ' .. in_row .. ' slots finally failed') == 1 then
+      pause_text(in_row)) == 1 then
     paused = 1
   end
 end

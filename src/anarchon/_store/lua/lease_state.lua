@@ -96,6 +96,12 @@ local PAUSED_FIELD = 'paused'
 local RUNS_FIELD = 'runs'
 local FINISHED_FIELD = 'finished'
 
+-- The hash field naming the fingerprint of the job's definition in force (the registry's
+-- newest among its live instances: lua/registry.lua), written by the instances when it
+-- changes: a first claim that carries another fingerprint starts nothing (an instance of
+-- an older definition, during a deploy, claims no new slot; its runs under way go on).
+local IN_FORCE_FIELD = 'in-force'
+
 -- The hash field that counts the job's slots in a row that finally failed (finish.lua,
 -- for a job with pause_after_failures; a run that ends ok, or a resume, clears it), and
 -- the server's time of the job's last run that ended ok.
@@ -104,10 +110,30 @@ local LAST_OK_FIELD = 'last-ok'
 -- How a pause by pause_after_failures begins (lease.py's PAUSED_BY_FAILURES).
 local PAUSED_BY_FAILURES = 'anarchon (pause_after_failures)'
 
+-- A job-wide count (RUNS_FIELD, FAILED_IN_ROW_FIELD), read strictly: 0 when there is none.
+-- One that does not read (another client's text, 'inf', '-3') is reported in bad and
+-- counts again from 0: read as a number, 'inf' finished the job for good, and HINCRBY
+-- refused any other text after the run was recorded.
+local function read_count(state_key, field, bad)
+  local raw = redis.call('HGET', state_key, field)
+  if not raw then return 0 end
+  local n = whole(raw)
+  if n then return n end
+  bad[#bad + 1] = {state_key, field, 'not a whole number: counted again from 0', excerpt(raw)}
+  return 0
+end
+
+-- One more of a job-wide count (read as read_count does); returns it.
+local function add_count(state_key, field, bad)
+  local n = read_count(state_key, field, bad) + 1
+  redis.call('HSET', state_key, field, int(n))
+  return n
+end
+
 -- A run of the job ended for good, ok or failed: counted.
-local function count_run(state_key, status)
+local function count_run(state_key, status, bad)
   if status == 'ok' or status == 'failed' or status == 'interrupted' then
-    redis.call('HINCRBY', state_key, RUNS_FIELD, 1)
+    add_count(state_key, RUNS_FIELD, bad)
   end
 end
 
@@ -151,6 +177,7 @@ local STATUSES = {
 }
 local TRIGGERS = {
   schedule = true, ['catch-up'] = true, retry = true, takeover = true, manual = true,
+  backfill = true,
 }
 
 -- A field a pattern matched as digits, as a number: nil when it has more than 16 digits
