@@ -102,7 +102,9 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 from collections.abc import Awaitable, Callable, Iterator
+from concurrent import futures
 from concurrent.futures import Future
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
@@ -260,15 +262,44 @@ class BrittleSchedule:
 
 def fail(message: str) -> NoReturn:
     """Fail the step, and print why at once: the engine runs on the real clock, so
-    Hypothesis's replay of a failing example may fail elsewhere or not at all (and
-    then reports only that it was flaky)."""
+    Hypothesis's replay of a failing example may fail elsewhere or not at all, and then
+    reports the first failure inside a ``FlakyFailure``. That is an ``AssertionError``
+    (not ``pytest.fail``'s ``Failed``, a ``BaseException`` that Hypothesis wraps bare),
+    so the report's one-line summary, all a CI log may keep, says why."""
     print(f"engine machine: {message}", file=sys.stderr, flush=True)
-    pytest.fail(message)
+    raise AssertionError(f"engine machine: {message}")
 
 
 def check(condition: bool, message: str | Callable[[], str]) -> None:
     if not condition:
         fail(message() if callable(message) else message)
+
+
+def how_it_ended(future: Future[Any]) -> str | None:
+    """None when an instance's ended task returned, else what ended it, on the
+    failure's first line (a CI log may keep no more): each exception a group holds and
+    where it was raised, then the traceback. An exception that is no ``Exception`` (a
+    ``CancelledError`` that escaped its scope, in a group) would otherwise reach
+    Hypothesis bare, and it would report only that the example was flaky."""
+    if future.cancelled():
+        return "its task was cancelled from outside the instance's own cancel scope"
+    exc = future.exception()
+    if exc is None:
+        return None
+    leaves: list[BaseException] = []
+    pending = [exc]
+    while pending:
+        current = pending.pop()
+        if isinstance(current, BaseExceptionGroup):
+            pending.extend(current.exceptions)
+        else:
+            leaves.append(current)
+    where = []
+    for leaf in leaves:
+        frames = traceback.extract_tb(leaf.__traceback__)
+        at = f" at {Path(frames[-1].filename).name}:{frames[-1].lineno}" if frames else ""
+        where.append(f"{leaf!r}{at}")
+    return f"{type(exc).__name__}: {'; '.join(where)}\n" + "".join(traceback.format_exception(exc))
 
 
 def wall_ms() -> float:
@@ -689,10 +720,10 @@ class EngineMachine(RuleBasedStateMachine):
         self.portal.call(instance.scope.cancel)
         began_ms = wall_ms() - (time.monotonic() - started) * 1000
         left = 3 * STOP_BOUND_SEC - (time.monotonic() - started)
-        try:
-            instance.future.result(timeout=max(left, 0.1))
-        except TimeoutError:
+        if not futures.wait([instance.future], timeout=max(left, 0.1)).done:
             fail(f"{how} of {instance.runner} did not return within {3 * STOP_BOUND_SEC} s")
+        ended = how_it_ended(instance.future)
+        check(ended is None, lambda: f"{how} of {instance.runner} raised {ended}")
         took = time.monotonic() - started
         # A starved loop runs the stop late by as long as it stood still.
         starved_sec = self._starved_ms(began_ms, wall_ms()) / 1000
@@ -1126,8 +1157,8 @@ class EngineMachine(RuleBasedStateMachine):
         for instance in self._up():
             assert instance.future is not None
             if instance.future.done():
-                instance.future.result()  # raises what ended it
-                fail(f"instance {instance.runner} ended by itself")
+                ended = how_it_ended(instance.future) or "it returned"
+                fail(f"instance {instance.runner} ended by itself: {ended}")
 
     @invariant()
     def no_slot_started_twice_without_reason(self) -> None:
