@@ -56,6 +56,11 @@ async def open_client(kind: str, url: str, loop: str) -> tuple[Any, Any]:
     """The ``redis=`` value for a client kind, and how to close it afterwards."""
     if kind == "redis-py":
         return url, None  # anarchon opens (and closes) the connection itself
+    if kind == "redis-py-cluster":  # asyncio only: redis-py's asyncio cluster client
+        import redis.asyncio
+
+        cluster: Any = redis.asyncio.RedisCluster.from_url(url, protocol=2)
+        return cluster, cluster.aclose
     if kind == "valkey-py":
         if loop == "asyncio":
             import valkey.asyncio

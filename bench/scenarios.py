@@ -44,7 +44,7 @@ from bench.common import (
     timer_floor_ms,
 )
 from bench.kit import markdown_kit, scenario_kit
-from bench.servercost import PARTS, per_decided_slot, sampled_server_cpu, script_costs
+from bench.servercost import PARTS, per_decided_slot, sampled_nodes_cpu, script_costs
 from bench.timers import markdown_timers, scenario_timers
 
 Result = dict[str, Any]
@@ -100,13 +100,16 @@ def run_load(
     strategy: str = "lease",
     warmup_sec: float = 2.0,
     observe: str = "off",
+    nodes: Sequence[str] = (),
 ) -> Result:
     """``instances`` processes each scheduling the same ``jobs`` jobs every second.
 
     Measured over a window after ``warmup_sec`` (connections, script loading):
     decided slots per second (runs started in the window), the lateness of the
-    runs of slots in the window (slot instant to handler start), and the CPU
-    time of all instances per decided slot."""
+    runs of slots in the window (slot instant to handler start), the CPU time of all
+    instances per decided slot, and the server's. ``nodes``: the URLs of a cluster's
+    primaries (``url`` is one of them, and ``client`` a cluster client): the server's
+    CPU is then each node's, and their sum."""
     prefix = new_prefix("load")
     configs = [
         InstanceConfig(
@@ -121,7 +124,7 @@ def run_load(
         )
         for i in range(instances)
     ]
-    with sampled_server_cpu(url) as server_samples:
+    with sampled_nodes_cpu(nodes or [url]) as node_samples:
         results, start_at, end_at, logged = run_instances(configs, seconds)
     w0, w1 = start_at + warmup_sec, end_at - 0.1
     first_slot = int(w0) + 1
@@ -135,7 +138,8 @@ def run_load(
                 late.append(start_ms - slot_ms)
             started_in_window += w0 * 1000 <= start_ms <= w1 * 1000
     cpu_sec = sum(cpu_at(r["cpu"], w1) - cpu_at(r["cpu"], w0) for r in results)
-    server_sec = cpu_at(server_samples, w1) - cpu_at(server_samples, w0)
+    node_sec = [cpu_at(samples, w1) - cpu_at(samples, w0) for samples in node_samples]
+    server_sec = sum(node_sec)
     decided_per_sec = started_in_window / (w1 - w0)
     offered = jobs * len(slots)
     return {
@@ -152,6 +156,10 @@ def run_load(
         "cpu_core_share": cpu_sec / (w1 - w0),
         "server_us_per_slot": (server_sec / started_in_window * 1e6 if started_in_window else None),
         "server_core_share": server_sec / (w1 - w0),
+        # The busiest server process's share: what bounds the decided slots it can take.
+        "busiest_node_us_per_slot": (
+            max(node_sec) / started_in_window * 1e6 if started_in_window else None
+        ),
         **summary_ms(late),
         "log_lines": len(logged),
         "log_sample": logged[:3],
@@ -753,7 +761,58 @@ def scenario_scaling(url: str | None, mode: Mode) -> Result:
                 row = run_load(live, seconds=seconds, **point)
             rows.append(row)
             print(f"  scaling {curve} {_label(row)}: {_short(row)}", flush=True)
-    return {"curves": curves}
+    cluster = _cluster_against_one(mode) if url is None else {"skipped": "--redis given"}
+    return {"curves": curves, "cluster": cluster}
+
+
+def _cluster_against_one(mode: Mode) -> Result:
+    """The same load on one primary and on a three-primary cluster of the same Valkey,
+    the jobs spread over the cluster's hash slots (a job's keys share one tag, so each
+    job lives on one node). Each row gives the decided slots per second of both, and
+    the server CPU per decided slot of the busiest node: its inverse is the decided
+    slots per second that node's one core can take, so the ratio of the two servers'
+    figures is how far the cluster scales the server side. On a shared 2-core machine the
+    instances saturate the CPUs long before one server core does, so decided/s cannot
+    show that scaling by itself."""
+    from tests.servers import discover_servers, running_cluster, stop_all
+
+    specs = [s for s in discover_servers() if s.family == "valkey" and s.binary is not None]
+    if not specs:
+        return {"skipped": "no Valkey binary for a cluster"}
+    spec = specs[0]
+    seconds = mode.pick(5, 10, smoke=4)
+    points = mode.pick([(2, 1000), (4, 1000)], [(2, 1000), (4, 1000), (4, 2000)], smoke=[(2, 100)])
+    rows = []
+    try:
+        nodes = [f"redis://127.0.0.1:{port}" for port in running_cluster(spec)]
+        for instances, jobs in points:
+            with server(None, spec.binary) as one:
+                single = run_load(one, instances, jobs, seconds)
+            spread = run_load(
+                nodes[0], instances, jobs, seconds, client="redis-py-cluster", nodes=nodes
+            )
+            one_us, busiest_us = (
+                single["busiest_node_us_per_slot"],
+                spread["busiest_node_us_per_slot"],
+            )
+            row = {
+                "instances": instances,
+                "jobs": jobs,
+                "one": single,
+                "cluster": spread,
+                "capacity_ratio": one_us / busiest_us if one_us and busiest_us else None,
+            }
+            rows.append(row)
+            print(
+                f"  scaling cluster {instances}x{jobs}: one primary {_short(single)}; "
+                f"3 primaries {_short(spread)}; busiest node "
+                f"{_num(one_us, '.0f')} -> {_num(busiest_us, '.0f')} us/slot, capacity "
+                f"x{_num(row['capacity_ratio'], '.2f')}",
+                flush=True,
+            )
+    finally:
+        stop_all()
+    return {"server": spec.id, "rows": rows}
 
 
 def _label(row: Result) -> str:
@@ -774,6 +833,30 @@ def markdown_scaling(result: Result) -> str:
                 f"| {row['p50_ms']:.1f} | {row['p99_ms']:.1f} "
                 f"| {_num(row['cpu_us_per_slot'], '.0f')} |"
             )
+    cluster = result.get("cluster", {})
+    if cluster.get("rows"):
+        lines += [
+            "",
+            f"One primary against a three-primary cluster ({cluster['server']}), the jobs "
+            "spread over its hash slots. Server capacity: the decided slots per second "
+            "one core of the busiest node can take (1 / its CPU per decided slot).",
+            "",
+            "| instances x jobs/s | decided/s: one, cluster | busiest node us/slot: one, "
+            "cluster | server capacity: one, cluster | ratio |",
+            "| --- | --- | --- | --- | --- |",
+        ]
+        for row in cluster["rows"]:
+            one, spread = row["one"], row["cluster"]
+            busiest = [r["busiest_node_us_per_slot"] for r in (one, spread)]
+            capacity = [_num(1e6 / us if us else None, ",.0f") for us in busiest]
+            lines.append(
+                f"| {row['instances']} x {row['jobs']} | {one['decided_per_sec']:,.0f}, "
+                f"{spread['decided_per_sec']:,.0f} | {_num(busiest[0], '.0f')}, "
+                f"{_num(busiest[1], '.0f')} | {capacity[0]}, {capacity[1]} "
+                f"| {_num(row['capacity_ratio'], '.2f')} |"
+            )
+    elif cluster:
+        lines += ["", f"Cluster: skipped ({cluster.get('skipped')})."]
     return "\n".join(lines)
 
 

@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from typing import Any
 
 import anyio
@@ -69,6 +69,14 @@ def sampled_server_cpu(url: str, every_sec: float = 0.1) -> Iterator[list[tuple[
         done.set()
         thread.join()
         client.close()
+
+
+@contextmanager
+def sampled_nodes_cpu(urls: Sequence[str]) -> Iterator[list[list[tuple[float, float]]]]:
+    """``sampled_server_cpu`` for each of several servers (a cluster's primaries) at
+    once: one list of samples per server, in the order of ``urls``."""
+    with ExitStack() as stack:
+        yield [stack.enter_context(sampled_server_cpu(url)) for url in urls]
 
 
 def script_costs(url: str, jobs: int) -> Result:
