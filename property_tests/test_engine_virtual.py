@@ -359,8 +359,8 @@ def loop(request: pytest.FixtureRequest) -> Iterator[str]:
     yield str(request.param)
 
 
-@pytest.mark.slow("10 examples per loop, each days of virtual time: the engine's long horizons")
-@settings(max_examples=examples(10), suppress_health_check=list(HealthCheck), deadline=None)
+@pytest.mark.slow("6 examples per loop, each days of virtual time: the engine's long horizons")
+@settings(max_examples=examples(6), suppress_health_check=list(HealthCheck), deadline=None)
 @given(example=steps)
 def test_the_engine_keeps_its_rules_over_days_of_virtual_time(
     loop: str, example: list[Step]
