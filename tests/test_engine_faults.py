@@ -24,6 +24,7 @@ from redis.retry import Retry
 
 from anarchon import (
     ConnectionFailedError,
+    Inspector,
     RedisBackend,
     Run,
     Scheduler,
@@ -780,6 +781,45 @@ async def test_a_timer_call_that_meets_a_frozen_server_raises_a_transport_error_
                 with anyio.fail_after(10), pytest.raises(TransportError, match="did not answer"):
                     await call
                 assert time.monotonic() - began < 3 * 0.5 + 1.0
+        finally:
+            proxy.resume()
+
+
+async def test_a_history_read_that_meets_a_frozen_server_fails_in_time(
+    proxy: FaultProxy, prefix: str
+) -> None:
+    """``Scheduler.history()`` is a read a web app calls: a frozen server ends it within
+    three round trips of the scheduler's lease with ``ConnectionFailedError``, as the
+    Inspector's reads end, not at the client's own socket timeout (redis-py 8's 5 s;
+    none at all before it, or on a client made without one)."""
+    scheduler = Scheduler(RedisBackend(redis=proxy.url, prefix=prefix), lease_ms=1500)
+
+    @scheduler.job("0 0 1 1 *", name="yearly")
+    async def yearly() -> None:
+        pass
+
+    async with scheduler:
+        proxy.pause()
+        try:
+            began = time.monotonic()
+            with anyio.fail_after(10), pytest.raises(ConnectionFailedError, match="did not answer"):
+                await scheduler.history("yearly", 10)
+            assert time.monotonic() - began < 3 * 0.5 + 1.0
+        finally:
+            proxy.resume()
+
+
+async def test_the_inspectors_read_of_malformed_entries_fails_in_time_on_a_frozen_server(
+    proxy: FaultProxy, prefix: str
+) -> None:
+    """``Inspector.quarantined()`` (``anarchon inspect``, the dashboard) reads within the
+    Inspector's deadline, as its other reads do: a frozen server is a
+    ``ConnectionFailedError`` that says so, never a wait as long as the client's."""
+    async with Inspector(RedisBackend(redis=proxy.url, prefix=prefix)) as inspector:
+        proxy.pause()
+        try:
+            with anyio.fail_after(30), pytest.raises(ConnectionFailedError):
+                await inspector.quarantined()
         finally:
             proxy.resume()
 

@@ -49,6 +49,7 @@ from .._errors import (
     InvalidJobError,
     InvalidOptionError,
     SchedulerStateError,
+    TransportError,
     reason,
 )
 from .._model.clock import pace, wall_ms
@@ -275,10 +276,24 @@ class Instance:
         return found
 
     async def history(self, job: str, limit: int) -> list[RunResult]:
+        """The job's results, read within three round trips (``ConnectionFailedError``
+        after, or on a lost connection, as the ``Inspector``'s reads)."""
         store = self._running("history()").running.store
         if limit < 1:
             raise InvalidOptionError(f"limit must be 1 or more, got {limit}")
-        return await store.history(job, limit)
+        within_sec = self.context.round_trip_sec * 3
+        try:
+            with anyio.fail_after(within_sec):
+                return await store.history(job, limit)
+        except TimeoutError:
+            raise ConnectionFailedError(
+                f"the server did not answer within {within_sec:.2f} s; check that it is not "
+                "frozen or overloaded"
+            ) from None
+        except TransportError as exc:
+            raise ConnectionFailedError(
+                f"lost the connection to the server: {reason(exc)}"
+            ) from exc
 
     async def set_paused(
         self, job: str, *, paused: bool, note: str | None = None, by: str | None = None

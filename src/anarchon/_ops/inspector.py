@@ -632,7 +632,8 @@ class Inspector:
         then those the fleet's instances reported (``{<prefix>}:quarantine``), each
         once, at most ``limit``. Each text is shown as text (escaped, cut)."""
         own = self.quarantine.entries()
-        stored = await read_quarantine(self._require(), self._prefix, limit)
+        with _answered_in_time():
+            stored = await read_quarantine(self._require(), self._prefix, limit)
         seen = {(entry.key, entry.field) for entry in own}
         found = own + [e for e in stored if (e.key, e.field) not in seen]
         return found[:limit]
