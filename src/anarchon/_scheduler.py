@@ -829,6 +829,8 @@ class Scheduler(Generic[K]):
             SchedulerStateError: The scheduler is not running (an ``Inspector`` reads
                 the history from anywhere).
             InvalidOptionError: ``limit`` is less than 1.
+            ConnectionFailedError: The server did not answer within three round trips
+                (a frozen or overloaded server), or the connection was lost.
         """
         return await self._instance.history(job, limit)
 
