@@ -260,10 +260,12 @@ async def test_a_storm_of_queued_run_requests_does_not_starve_the_other_jobs(
 
     async with scheduler:
         started = anyio.current_time()
-        await wait_until(lambda: ran["other"] >= 12, 20, "twelve runs of the other job")
+        await wait_until(lambda: ran["other"] >= 12, 60, "twelve runs of the other job")
         took_sec = anyio.current_time() - started
-    # Twelve slots of 250 ms are 3 s; on a loaded machine, well under the 12 s of before.
-    assert took_sec < 9, took_sec
+    # Twelve slots of 250 ms are 3 s, and took 9-14 s beside stress-ng on a slow day
+    # (the instance runs the storm's orphans, 32 a claim, on the same CPU). Before, the
+    # other job ran once in 12 s: twelve runs took minutes.
+    assert took_sec < 30, took_sec
     assert ran["storm"] > 0
 
 
