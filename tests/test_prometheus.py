@@ -140,8 +140,11 @@ async def test_a_run_taken_over_from_a_vanished_runner_is_counted_as_a_takeover(
     ran out runs attempt 2 with the trigger takeover, and counts one takeover; an
     ordinary retry (the flaky job's) is not one."""
     registry = CollectorRegistry()
-    slot = OneShotAtFirstAsk(1500)  # chosen as the instance starts: the dead runner wins
-    runs: list[Run] = []  # it first, well before the instance's own claim
+    # Chosen as the instance starts, 5 s ahead: the dead runner wins it first, well
+    # before the instance's own claim. The rest of the start and the dead runner's claim
+    # took over 1.5 s in CI, and the instance ran the slot itself first.
+    slot = OneShotAtFirstAsk(5000)
+    runs: list[Run] = []
     (scheduler,) = tick_and_flaky_fleet(server_url, prefix, ("a",))
 
     @scheduler.job(slot, name="orphan")
