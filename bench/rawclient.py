@@ -30,7 +30,8 @@ async def connect(kind: str, url: str) -> tuple[Send, Callable[[], Awaitable[Any
         if kind == "redis-py":
             import redis.asyncio
 
-            client = redis.asyncio.Redis.from_url(url, protocol=2)
+            # As anarchon opens its own asyncio connections: no per-reply timeout.
+            client = redis.asyncio.Redis.from_url(url, protocol=2, socket_timeout=None)
         else:
             import valkey.asyncio
 

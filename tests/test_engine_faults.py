@@ -32,7 +32,8 @@ from anarchon import (
     TransportError,
 )
 from anarchon._store.keys import JobKeys
-from anarchon.clients import ServerReplyError
+from anarchon._store.scripts import Script, lua_source
+from anarchon.clients import ServerReplyError, open_connection
 from tests.faults import FaultProxy, oom
 from tests.helpers import NEVER, Ledger, OneShot, claim_as, claim_for_a_dead_runner, wait_until
 
@@ -859,3 +860,61 @@ async def test_a_server_frozen_during_the_first_registration_is_waited_for_then_
             pass
     assert time.monotonic() - started < 10
     proxy.resume()
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+@pytest.mark.parametrize("url_timeout", [None, 0.3], ids=["no-client-timeout", "url-timeout"])
+async def test_own_asyncio_connections_wait_on_the_engines_deadlines_not_the_clients(
+    proxy: FaultProxy, url_timeout: float | None
+) -> None:
+    """Every round trip anarchon makes has a deadline of its own, so the connections it
+    opens under asyncio read without redis-py's per-reply ``socket_timeout`` (redis-py 8
+    enters a 5 s timeout for every reply it reads, which costs CPU at every claim). A
+    ``socket_timeout`` the URL gives is still the user's, and kept."""
+    url = proxy.url if url_timeout is None else f"{proxy.url}?socket_timeout={url_timeout}"
+    conn = open_connection(url)
+    try:
+        await conn.execute(("PING",))
+        proxy.pause()
+        try:
+            began = time.monotonic()
+            if url_timeout is None:
+                # Past redis-py 8's default of 5 s, the read still waits for its caller's
+                # deadline.
+                with anyio.move_on_after(5.5) as waited:
+                    await conn.execute(("PING",))
+                assert waited.cancelled_caught, "the read ended before its caller's deadline"
+            else:
+                with anyio.fail_after(5), pytest.raises(TransportError):
+                    await conn.execute(("PING",))
+                assert time.monotonic() - began < 3.0
+        finally:
+            proxy.resume()
+    finally:
+        await conn.close_if_owned()
+
+
+@pytest.mark.needs_idmp
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_server_frozen_while_idmp_prepares_its_streams_fails_the_start_in_time(
+    proxy: FaultProxy, prefix: str
+) -> None:
+    """The idmp strategy configures each job's stream at start: a server that freezes
+    then fails the start within three round trips of the lease, naming what it waited
+    for, rather than waiting as long as the client (for ever on anarchon's own asyncio
+    connections, which read without a timeout of the client's)."""
+    scheduler = Scheduler(RedisBackend(redis=proxy.url, prefix=prefix, strategy="idmp"))
+
+    @scheduler.job("0 0 1 1 *", name="yearly")
+    async def yearly() -> None:
+        pass
+
+    proxy.pause_on(Script.from_body("idmp_configure", lua_source("idmp_configure")).sha.encode())
+    try:
+        began = time.monotonic()
+        with anyio.fail_after(20), pytest.raises(ConnectionFailedError, match="did not answer"):
+            async with scheduler:
+                pass
+        assert time.monotonic() - began < 10 + 3.0
+    finally:
+        proxy.resume()

@@ -65,7 +65,7 @@ from .._store.contract import Store
 from .._store.keys import TimerKeys
 from .._store.lease import paused_text
 from .._store.registry import Registry
-from .._store.server import eviction_policy
+from .._store.server import answered_at_start, eviction_policy
 from .._store.timers import TimerStore
 from .._version import __version__
 from ..clients import Connection, ServerReplyError, is_transient
@@ -419,7 +419,8 @@ class Instance:
         # Also when no kind is registered yet: add_timer may come later.
         timer_store = TimerStore(store.conn, prefix=self.backend.prefix, runner=context.instance_id)
         try:
-            await store.prepare_jobs(list(context.jobs))
+            with answered_at_start(store.conn):
+                await store.prepare_jobs(list(context.jobs))
             if context.timer_kinds:
                 await self._prepare_timers(timer_store)
             context.first_seen_ms = await self._first_registration(store, registry)
@@ -481,7 +482,7 @@ class Instance:
         store knows (written by the first instance), and a warning if the server may
         evict timers."""
         for kind in self.context.timer_kinds.values():
-            with anyio.fail_after(self.context.round_trip_sec * 3):
+            with answered_at_start(timer_store.conn):
                 count = await timer_store.agree_buckets(kind.name, kind.buckets)
             if count != kind.buckets:
                 raise InvalidOptionError(

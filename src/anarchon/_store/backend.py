@@ -7,9 +7,7 @@ import re
 from collections.abc import Mapping
 from typing import Generic, Literal, TypeVar, overload
 
-import anyio
-
-from .._errors import ConnectionFailedError, InvalidOptionError
+from .._errors import InvalidOptionError
 from .._model.clock import VIRTUAL
 from .._model.job import Job
 from .._model.options import OptionRules
@@ -18,7 +16,7 @@ from ..clients import validate_options as validate_connection_options
 from ..clients.redact import redact_url
 from ..clients.sentinel import SentinelSpec, is_sentinel_url
 from .contract import Store
-from .server import START_DEADLINE_SEC, ServerInfo, check_server, check_store_format
+from .server import ServerInfo, answered_at_start, check_server, check_store_format
 from .strategy import (
     IdmpStrategy,
     LeaseStrategy,
@@ -175,17 +173,10 @@ class RedisBackend(Generic[K]):
         else:
             conn = virtual.connect(self.prefix)
         try:
-            try:
-                with anyio.fail_after(START_DEADLINE_SEC):
-                    server = await check_server(conn)
-                    self._strategy.check_server(server)
-                    await check_store_format(conn, self.prefix, writes=writes)
-            except TimeoutError:
-                raise ConnectionFailedError(
-                    f"the server behind {conn.description} did not answer within "
-                    f"{START_DEADLINE_SEC:g} s; check that it is not frozen or overloaded, "
-                    "and that the address leads to it"
-                ) from None
+            with answered_at_start(conn):
+                server = await check_server(conn)
+                self._strategy.check_server(server)
+                await check_store_format(conn, self.prefix, writes=writes)
         except BaseException:
             await conn.close_if_owned()
             raise

@@ -5,7 +5,11 @@ it says of its eviction policy (``eviction_policy``)."""
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+
+import anyio
 
 from .._errors import (
     ConnectionFailedError,
@@ -27,6 +31,7 @@ from .quarantine import whole
 __all__ = [
     "START_DEADLINE_SEC",
     "STORE_FORMAT",
+    "answered_at_start",
     "VIRTUAL_STORE_FORMAT",
     "ServerInfo",
     "check_server",
@@ -58,8 +63,25 @@ class ServerInfo:
         return self.family == "valkey" or self.version >= (6, 2)
 
 
-#: How long the checks at start (server, store format) may take in all.
+#: How long each step of a start (the checks of the server and the store format; a
+#: strategy's preparation of its jobs; the timer kinds' buckets) may take in all.
 START_DEADLINE_SEC = 10.0
+
+
+@contextmanager
+def answered_at_start(conn: Connection) -> Iterator[None]:
+    """A step of a start, within ``START_DEADLINE_SEC``: a server that does not answer in
+    time is a ``ConnectionFailedError`` that says so (never a wait as long as the
+    client's, which on anarchon's own asyncio connections has no end)."""
+    try:
+        with anyio.fail_after(START_DEADLINE_SEC):
+            yield
+    except TimeoutError:
+        raise ConnectionFailedError(
+            f"the server behind {conn.description} did not answer within "
+            f"{START_DEADLINE_SEC:g} s; check that it is not frozen or overloaded, "
+            "and that the address leads to it"
+        ) from None
 
 
 async def check_server(conn: Connection) -> ServerInfo:

@@ -70,6 +70,12 @@ def _own_client(kwargs: dict[str, Any], url: str | None = None) -> Connection:
     if running_under_asyncio():
         import redis.asyncio
 
+        # Every round trip anarchon makes has a deadline of its own (a cancel scope), so
+        # its asyncio connections read without redis-py's per-reply timeout (redis-py 8:
+        # 5 s), which enters an asyncio timeout for each reply of a pipeline. A
+        # socket_timeout in the URL wins over this. Under trio a blocking read in a
+        # worker thread cannot be cancelled: there the client's own timeout stays.
+        kwargs = {"socket_timeout": None, **kwargs}
         async_client = (
             redis.asyncio.Redis(**kwargs)
             if url is None

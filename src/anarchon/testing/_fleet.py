@@ -31,6 +31,10 @@ _SERVER_LOCK = threading.Lock()
 _SERVER: EmbeddedServer | None = None
 _DATABASES = 4096
 _NEXT_DATABASE = itertools.count()
+#: How long a round trip the kit makes to its own server (clearing it, changing a
+#: setting and putting it back) may take: anarchon's own connections have no timeout
+#: of the client's, so each round trip carries its own.
+_OWN_SERVER_DEADLINE_SEC = 10.0
 
 
 def _embedded_url() -> str:
@@ -198,7 +202,8 @@ class TestFleet:
         assert self._store is not None
         conn = self._store.connect("anarchon-testing:")
         try:
-            await conn.execute(("FLUSHDB",))
+            with anyio.fail_after(_OWN_SERVER_DEADLINE_SEC):
+                await conn.execute(("FLUSHDB",))
         finally:
             await conn.close_if_owned()
 
@@ -314,16 +319,17 @@ class TestFleet:
         conn = self._store.connect("anarchon-testing:")
         settings = ("maxmemory-policy", "noeviction"), ("maxmemory", "1")
         try:
-            kept = [
-                (name, _config_value(await conn.execute(("CONFIG", "GET", name))))
-                for name, _ in settings
-            ]
-            for name, value in settings:
-                await conn.execute(("CONFIG", "SET", name, value))
+            with anyio.fail_after(_OWN_SERVER_DEADLINE_SEC):
+                kept = [
+                    (name, _config_value(await conn.execute(("CONFIG", "GET", name))))
+                    for name, _ in settings
+                ]
+                for name, value in settings:
+                    await conn.execute(("CONFIG", "SET", name, value))
             try:
                 yield
             finally:
-                with anyio.CancelScope(shield=True):
+                with anyio.CancelScope(shield=True), anyio.fail_after(_OWN_SERVER_DEADLINE_SEC):
                     for name, value in reversed(kept):
                         await conn.execute(("CONFIG", "SET", name, value))
         finally:
