@@ -93,9 +93,22 @@ def _takeover(result: Result) -> Figures:
 
 
 def _timers(result: Result) -> Figures:
-    return _each(
-        result["lateness"], lambda row: f"timers {row['rate']}/s x {row['instances']}", _LATE
-    )
+    fields = {
+        "per_sec": "fired/s",
+        "efficiency": "efficiency",
+        "cpu_us_per_firing": "CPU us/firing",
+        "overhead": "overhead",
+    }
+    return {
+        **_each(
+            result["lateness"], lambda row: f"timers {row['rate']}/s x {row['instances']}", _LATE
+        ),
+        **_each(
+            result.get("saturation", []),
+            lambda row: f"timers all due, {row['instances']} instance(s)",
+            fields,
+        ),
+    }
 
 
 def _kit(result: Result) -> Figures:

@@ -23,8 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import Fleet, InstanceConfig, new_prefix, server
-from bench.scenarios import cpu_at
+from bench.common import Fleet, InstanceConfig, cpu_at, new_prefix, server
 
 #: What the instance was doing, by the outermost of these frames on the stack (checked
 #: in this order): the phase a sample counts in.

@@ -29,6 +29,7 @@ from bench.common import (
     Fleet,
     InstanceConfig,
     bytes_between,
+    cpu_at,
     kill_the_runner,
     median,
     new_prefix,
@@ -75,18 +76,6 @@ class Mode:
 
 
 # ------------------------------------------------------------------ load runs
-
-
-def cpu_at(samples: Sequence[Sequence[float]], moment: float) -> float:
-    """Process CPU seconds at a wall-clock moment, interpolated between samples."""
-    before = [s for s in samples if s[0] <= moment]
-    after = [s for s in samples if s[0] >= moment]
-    if not before:
-        return float(samples[0][1])
-    if not after:
-        return float(samples[-1][1])
-    (t0, c0), (t1, c1) = before[-1], after[0]
-    return float(c0 if t1 == t0 else c0 + (c1 - c0) * (moment - t0) / (t1 - t0))
 
 
 def run_load(

@@ -21,6 +21,7 @@ from anarchon._store.timers import TimerStore, encode_payload
 from anarchon.clients import open_connection
 from bench.common import (
     Fleet,
+    cpu_at,
     kill_the_runner,
     median,
     new_prefix,
@@ -93,6 +94,73 @@ def lateness(url: str, rate: int, instances: int, seconds: float) -> Result:
         "missed": count - len(keys),
         **summary_ms(late),
         "cpu_sec_per_1000": 1000 * sum(cpu) / max(len(fired), 1),
+    }
+
+
+# ------------------------------------------------------------------ firing throughput
+
+
+def _raw_firings(url: str, count: int, processes: int) -> Result:
+    """The raw client ceiling of firings (``bench/rawtimers.py``): ``count`` timers due,
+    claimed and finished by ``processes`` raw processes."""
+    prefix = new_prefix("tr")
+    anyio.run(set_many, url, prefix, [int(time.time() * 1000) - 1000] * count)
+    config = {"url": url, "prefix": prefix, "kind": KIND, "limit": 200, "lease_ms": 30_000}
+    argvs = [
+        [sys.executable, "-m", "bench.rawtimers", json.dumps({**config, "name": f"r{i}"})]
+        for i in range(processes)
+    ]
+    with Fleet(argvs) as fleet:
+        fleet.start_soon(0)
+        results = fleet.results()
+    fired = sum(r["fired"] for r in results)
+    elapsed = max(r["ended"] for r in results) - min(r["started"] for r in results)
+    return {
+        "fired": fired,
+        "per_sec": fired / elapsed,
+        "cpu_us_per_firing": sum(r["cpu_sec"] for r in results) / max(fired, 1) * 1e6,
+    }
+
+
+def saturation(url: str, count: int, instances: int, samples: int) -> Result:
+    """``count`` timers due at one instant, fired by ``instances`` instances: firings per
+    second from the due instant to the last handler's start, and the instances' CPU per
+    firing in that time; against the raw ceiling of as many processes (the median of
+    ``samples``): ``efficiency`` = fired/s / raw/s, ``overhead`` = CPU per firing / raw CPU
+    per firing."""
+    prefix = new_prefix("tsat")
+    argvs = [instance_argv(url, prefix, f"i{i}", keys=True) for i in range(instances)]
+    with Fleet(argvs) as fleet:
+        fleet.wait_ready()
+        due_ms = int((time.time() + 2.5 + count / 20_000) * 1000)
+        anyio.run(set_many, url, prefix, [due_ms] * count)
+        start_at = time.time() + 0.5
+        if start_at * 1000 > due_ms - 500:
+            raise RuntimeError("setting the timers took longer than allowed for")
+        fleet.go(start_at, due_ms / 1000 + 2.0 + count / 1000)
+        results = fleet.results()
+    fired = [f for r in results for f in r["fired"]]
+    keys = {key for r in results for key in r["keys"]}
+    first, last = due_ms / 1000, max((f[1] for f in fired), default=due_ms) / 1000
+    cpu_sec = sum(cpu_at(r["cpu"], last) - cpu_at(r["cpu"], first) for r in results)
+    raws = [_raw_firings(url, count, instances) for _ in range(samples)]
+    raw_rate = median([r["per_sec"] for r in raws])
+    raw_cpu = median([r["cpu_us_per_firing"] for r in raws])
+    per_sec = len(keys) / max(last - first, 1e-3)
+    cpu_us = cpu_sec / max(len(fired), 1) * 1e6
+    return {
+        "instances": instances,
+        "timers": count,
+        "fired": len(fired),
+        "missed": count - len(keys),
+        "duplicates": len(fired) - len(keys),
+        "per_sec": per_sec,
+        "cpu_us_per_firing": cpu_us,
+        "raw_per_sec": raw_rate,
+        "raw_samples": [r["per_sec"] for r in raws],
+        "raw_cpu_us_per_firing": raw_cpu,
+        "efficiency": per_sec / raw_rate,
+        "overhead": cpu_us / raw_cpu,
     }
 
 
@@ -333,6 +401,10 @@ def scenario_timers(url: str | None, mode: Any) -> Result:
     with server(url) as live:
         out["lateness"] = [lateness(live, rate, n, seconds) for rate, n in loads]
     with server(url) as live:
+        count = mode.pick(10_000, 50_000, smoke=2_000)
+        samples = mode.pick(3, 5, smoke=1)
+        out["saturation"] = [saturation(live, count, n, samples) for n in (1, 4)]
+    with server(url) as live:
         out["set"] = anyio.run(_set_rates, live, mode.pick(5_000, 50_000), 200)
     with server(url) as live:
         out["memory"] = memory_and_idle(
@@ -372,6 +444,21 @@ def markdown_timers(result: Result) -> str:
             f"| {row['rate']:,} | {row['instances']} | {row['fired']:,} | {row['duplicates']} "
             f"| {row['missed']} | {row['p50_ms']:.1f} | {row['p99_ms']:.1f} | "
             f"{row['max_ms']:.1f} | {row['cpu_sec_per_1000']:.2f} |"
+        )
+    lines += [
+        "",
+        "| all due at once | timers | fired | duplicates | not fired | fired/s | raw ceiling "
+        "/s (median of samples) | efficiency | CPU us/firing | raw CPU us/firing | overhead |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for row in result.get("saturation", []):
+        samples = ", ".join(f"{r:,.0f}" for r in row["raw_samples"])
+        lines.append(
+            f"| {row['instances']} instance(s) | {row['timers']:,} | {row['fired']:,} | "
+            f"{row['duplicates']} | {row['missed']} | {row['per_sec']:,.0f} | "
+            f"{row['raw_per_sec']:,.0f} ({samples}) | {row['efficiency']:.2f} | "
+            f"{row['cpu_us_per_firing']:.0f} | {row['raw_cpu_us_per_firing']:.0f} | "
+            f"{row['overhead']:.2f}x |"
         )
     s = result["set"]
     lines += [
