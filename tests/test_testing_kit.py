@@ -557,7 +557,7 @@ async def test_the_kit_refuses_what_it_cannot_run() -> None:
 def test_the_virtual_scripts_differ_from_the_shipped_ones_only_in_the_clock() -> None:
     """The kit's scripts are the shipped ones but for the clock read (and the runs log's
     entry id, which the server would take from its own clock)."""
-    shared = ("lease_state", "timer_state")
+    shared = ("lease_state", "claim_first_look", "timer_state")
     # The claim-only strategies' (the kit runs the lease strategy alone).
     claim_only = ("script_claim", "idmp_claim", "idmp_configure", "record_result")
     names = [p.stem for p in lua_dir().glob("*.lua") if p.stem not in shared + claim_only]

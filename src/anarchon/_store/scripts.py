@@ -56,10 +56,25 @@ class Script:
         return cls(name, body, hashlib.sha1(body.encode("utf-8")).hexdigest())
 
 
+#: The line of ``lua/lease_state.lua`` where a script's first look goes.
+FIRST_LOOK = "-- FIRST LOOK: a script's first look, if it has one, goes here (scripts.py).\n"
+
+#: Scripts with a first look (``lua/<name>_first_look.lua``): their commonest answers,
+#: given as soon as the state record can be read, before the rest of the shared
+#: definitions are made (each call of a script makes them all again).
+_FIRST_LOOKS = frozenset({"claim"})
+
+
 @cache
 def lease_script(name: str) -> Script:
-    """A lease script (claim, heartbeat, finish) with the shared definitions prepended."""
-    return Script.from_body(name, lua_source("lease_state") + "\n" + lua_source(name))
+    """A lease script (claim, heartbeat, finish) with the shared definitions prepended,
+    and its first look among them."""
+    shared = lua_source("lease_state")
+    if name in _FIRST_LOOKS:
+        if shared.count(FIRST_LOOK) != 1:
+            raise AssertionError("lease_state.lua must hold the first look's line once")
+        shared = shared.replace(FIRST_LOOK, lua_source(f"{name}_first_look"))
+    return Script.from_body(name, shared + "\n" + lua_source(name))
 
 
 @cache

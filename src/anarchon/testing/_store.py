@@ -89,7 +89,7 @@ def virtual_body(body: str) -> str:
 @cache
 def _virtual_scripts() -> dict[str, Script]:
     """Every shipped script that reads the clock, by its SHA: its virtual twin."""
-    shared = ("lease_state", "timer_state")
+    shared = ("lease_state", "claim_first_look", "timer_state")
     names = [path.stem for path in lua_dir().glob("*.lua") if path.stem not in shared]
     found = {}
     for name in names:

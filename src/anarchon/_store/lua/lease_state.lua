@@ -212,6 +212,8 @@ local function decode_state(raw)
   return s
 end
 
+-- FIRST LOOK: a script's first look, if it has one, goes here (scripts.py).
+
 local function encode_state(s)
   return table.concat({
     s.status, int(s.attempt), s.token, int(s.until_ms), int(s.fence), s.trigger,
