@@ -175,7 +175,8 @@ async def _set_rates(url: str, count: int, concurrency: int, rounds: int = 3) ->
     ``rounds`` rounds (a noisy machine slows both sides alike); each is the median."""
     prefix = new_prefix("ts")
     scheduler = Scheduler(RedisBackend(redis=url, prefix=prefix))
-    client = redis.asyncio.Redis.from_url(url, protocol=2)
+    # As anarchon opens its own asyncio connections: no per-reply timeout.
+    client = redis.asyncio.Redis.from_url(url, protocol=2, socket_timeout=None)
     samples: dict[str, list[float]] = {}
     per_list = 100
     tasks = 2

@@ -84,10 +84,13 @@ class JobKeys:
     #: Its backfill in progress, or the last one (``backfill.py``; lua/backfill.lua).
     backfill: str
 
-    @classmethod
-    def for_job(cls, prefix: str, job: str) -> JobKeys:
+    @staticmethod
+    @functools.lru_cache(maxsize=4096)
+    def for_job(prefix: str, job: str) -> JobKeys:
+        """The keys of ``job`` (kept for the most recent jobs asked for: every claim,
+        heartbeat and finish names them)."""
         tag = "{" + prefix + job + "}"
-        return cls(
+        return JobKeys(
             state=f"{tag}:state",
             active=f"{tag}:active",
             slots=f"{tag}:slots",
