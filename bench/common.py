@@ -3,6 +3,7 @@ the ceilings measured in the same run."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -435,6 +436,15 @@ def cpu_at(samples: Sequence[Sequence[float]], moment: float) -> float:
         return float(samples[-1][1])
     (t0, c0), (t1, c1) = before[-1], after[0]
     return float(c0 if t1 == t0 else c0 + (c1 - c0) * (moment - t0) / (t1 - t0))
+
+
+async def ready_then_wait() -> dict[str, Any]:
+    """A raw benchmark process's start (asyncio): print ``{"ready": true}``, read the
+    window (``{"start_at": t, ...}``) from stdin, and sleep until it starts."""
+    print(json.dumps({"ready": True}), flush=True)
+    window: dict[str, Any] = json.loads(await asyncio.to_thread(sys.stdin.readline))
+    await asyncio.sleep(window["start_at"] - time.time())
+    return window
 
 
 def raw_client_ceiling(

@@ -19,7 +19,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from bench.common import claim_args, open_glide
+from bench.common import claim_args, open_glide, ready_then_wait
 
 Send = Callable[[Sequence[Sequence[Any]]], Awaitable[list[Any]]]
 
@@ -66,9 +66,7 @@ async def main() -> None:
         claim_args(f"job{i:06d}", config["prefix"], config["slot_ms"], config["name"])
         for i in range(config["jobs"])
     ]
-    print(json.dumps({"ready": True}), flush=True)
-    window = json.loads(await asyncio.to_thread(sys.stdin.readline))
-    await asyncio.sleep(window["start_at"] - time.time())
+    await ready_then_wait()
     cpu_before = time.process_time()
     started = time.time()
     won = 0

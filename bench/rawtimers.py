@@ -25,6 +25,7 @@ import redis.asyncio
 from anarchon._store.keys import TimerKeys
 from anarchon._store.scripts import ScriptCall, timer_script
 from anarchon._store.timers import NO_FLEET_LIMITS
+from bench.common import ready_then_wait
 
 
 def claim_command(keys: TimerKeys, config: dict[str, Any], token_base: str) -> list[Any]:
@@ -60,9 +61,7 @@ async def main() -> None:
     client = redis.asyncio.Redis.from_url(config["url"], protocol=2, socket_timeout=None)
     for name in ("timer_claim", "timer_finish"):
         await client.script_load(timer_script(name).body)
-    print(json.dumps({"ready": True}), flush=True)
-    window = json.loads(await asyncio.to_thread(sys.stdin.readline))
-    await asyncio.sleep(window["start_at"] - time.time())
+    await ready_then_wait()
     cpu_before = time.process_time()
     started = time.time()
     fired = 0
