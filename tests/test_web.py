@@ -236,8 +236,24 @@ def on_each(browser: Any, xpath: str, do: Callable[[Any], T], *, first: bool = F
     raise AssertionError(f"{xpath}: replaced by each refresh before it could be read")
 
 
+#: The rendered text of each element an XPath finds, read inside the page.
+_TEXTS_SCRIPT = """
+const found = document.evaluate(
+  arguments[0], document, null, XPathResult.ORDERED_NODE_SNAPSHOT_TYPE, null);
+const out = [];
+for (let i = 0; i < found.snapshotLength; i++) {
+  // As WebDriver reads an element's text: a table row's cells joined by spaces.
+  out.push(found.snapshotItem(i).innerText.replace(/\t/g, " "));
+}
+return out;
+"""
+
+
 def texts(browser: Any, xpath: str) -> list[str]:
-    return on_each(browser, xpath, lambda element: str(element.text))
+    """The text of each element at ``xpath``, read in one script inside the page: the
+    page's refresh (which replaces the elements in place) cannot come between two of
+    the reads, however slowly a loaded machine reads them one by one."""
+    return [str(text).strip() for text in browser.execute_script(_TEXTS_SCRIPT, xpath)]
 
 
 def section(title: str) -> str:
