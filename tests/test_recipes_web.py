@@ -165,11 +165,22 @@ def each_slot_ran_once(
     slots = [result.slot_ms for result in history]
     assert len(set(slots)) == len(slots), history  # no slot twice in the store
     assert slots == list(range(slots[0], slots[-1] + 1, 1000)), history  # none missed
-    assert {(r.attempt, r.status, r.trigger) for r in history} == {(1, "ok", "schedule")}
-    assert {result.runner for result in history} <= set(ids), (history, ids)
+    # On a loaded machine a slot may be skipped by overlap protection: recorded skipped
+    # while an older slot's run had not yet ended. Every other slot ran, once, ok.
+    ran = [
+        r
+        for r in history
+        if not (
+            r.status == "skipped"
+            and any(o.slot_ms < r.slot_ms and o.status != "skipped"
+                    and o.finished_at >= r.finished_at for o in history)
+        )
+    ]  # fmt: skip
+    assert {(r.attempt, r.status, r.trigger) for r in ran} == {(1, "ok", "schedule")}, history
+    assert {result.runner for result in ran} <= set(ids), (history, ids)
     logged = Counter(match for process in runners for match in re.findall(log_line, process.log()))
     assert all(count == 1 for count in logged.values()), logged  # no slot twice in the logs
-    for result in history:
+    for result in ran:
         assert logged[f"{result.slot:%H:%M:%S}"] == 1, (result, logged)
     return ids
 
