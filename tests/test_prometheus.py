@@ -372,6 +372,44 @@ async def test_a_running_scheduler_counts_its_events_without_a_scrape(
         assert claims[0] == ("often", "won") and claims[1] >= seen
 
 
+async def test_an_idle_instrumented_scheduler_counts_seldom_and_comes_back_when_busy(
+    server_url: str, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With nothing to count, the scheduler's counting task backs off to about once a
+    second instead of waking 20 times a second; events counted again within a second
+    of coming."""
+    scheduler = Scheduler(RedisBackend(redis=server_url, prefix=prefix))
+    scheduler.add_job(_nothing, "0 0 1 1 *", name="yearly")
+    woke: list[float] = []
+    flush = anarchon.prometheus._Counts.flush
+
+    def counting(self: Any, *, wait: bool = True) -> int:
+        if not wait:  # the scheduler's own counting, not a scrape's
+            woke.append(time.monotonic())
+        return flush(self, wait=wait)
+
+    monkeypatch.setattr(anarchon.prometheus._Counts, "flush", counting)
+    metrics = instrument(scheduler, CollectorRegistry())
+    (source,) = [ref() for ref in metrics._sources]
+    assert source is not None
+    async with scheduler:
+        await wait_until(lambda: bool(woke) and time.monotonic() - woke[0] >= 4, 30, "4 s idle")
+        idle_since = woke[0] + 2  # past the backing off
+        assert len([t for t in woke if t >= idle_since]) <= 4, woke
+        now = time.monotonic()
+        source.counts.pending.append(  # as the hook gathers an event
+            RunRetried(instance="a", job="often", slot_ms=1000, attempt=1, in_ms=500)
+        )
+        await wait_until(lambda: not source.counts.pending, 5, "the event to be counted")
+        assert time.monotonic() - now < 2.5
+        (retries,) = source.counts.counted("retries")
+        assert retries == (("often",), 1)
+
+
+async def _nothing() -> None:
+    pass
+
+
 def test_an_event_that_cannot_be_counted_is_logged_once_and_the_others_are_counted(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

@@ -7,8 +7,9 @@ Two lines in a program that already serves Prometheus::
 
 or ``anarchon run app:scheduler --metrics-port 9100``. The metrics come from the
 scheduler's events (``Scheduler.on_event``), gathered as each instance decides and
-counted in the process that decides, a batch at a time (every 50 ms, and before each
-scrape). Several schedulers instrumented into one registry add up.
+counted in the process that decides, a batch at a time (every 50 ms while they come,
+about once a second while none do, and before each scrape). Several schedulers
+instrumented into one registry add up.
 
 Gauges: the leases this instance holds, read from the engine at each scrape; the
 instances alive and the timers pending, read from the store by the scheduler beside
@@ -73,8 +74,11 @@ STORE_READ_SEC = 10.0
 PENDING_OTHER_KINDS = 20
 #: How often a scheduler looks whether a scrape asked for the store's gauges.
 _LOOK_SEC = 0.5
-#: How often a scheduler counts the events its hook gathered (and each scrape does).
+#: How often a scheduler counts the events its hook gathered while they come (and each
+#: scrape does); with none to count it waits twice as long each time, up to
+#: ``_COUNT_IDLE_SEC``, so an idle scheduler does not wake 20 times a second.
 _COUNT_SEC = 0.05
+_COUNT_IDLE_SEC = 1.0
 
 #: Seconds: from a few milliseconds late to minutes (catch-up, a takeover).
 _LATENESS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
@@ -187,11 +191,12 @@ class _Counts:
             return [(labels, round(sum(row[:-1]))) for labels, row in rows]
         return list(self.counters[counter].items())
 
-    def flush(self, *, wait: bool = True) -> None:
+    def flush(self, *, wait: bool = True) -> int:
         """Count the pending events: at a scrape (``wait``), and in the scheduler's
-        event loop, which does not wait for a scrape that is counting them already."""
+        event loop, which does not wait for a scrape that is counting them already.
+        Returns how many it counted."""
         if not self._flushing.acquire(blocking=wait):
-            return
+            return 0
         try:
             pending = self.pending
             batch = pending[:]
@@ -208,6 +213,7 @@ class _Counts:
                             "the others are, and this is logged once",
                             event,
                         )
+            return len(batch)
         finally:
             self._flushing.release()
 
@@ -543,10 +549,12 @@ class _Source:
             await self._read_gauges(conn)
 
     async def _count(self) -> None:
+        pause = _COUNT_SEC
         try:
             while True:
-                self.counts.flush(wait=False)
-                await anyio.sleep(_COUNT_SEC)
+                counted = self.counts.flush(wait=False)
+                pause = _COUNT_SEC if counted else min(pause * 2, _COUNT_IDLE_SEC)
+                await anyio.sleep(pause)
         finally:  # cancelled as the stop begins: what comes after is counted at a scrape
             self.counts.flush(wait=False)
 
