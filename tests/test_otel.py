@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from collections.abc import Iterator
+from datetime import UTC, datetime
 
 import anyio
 import pytest
@@ -13,6 +14,7 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased
 from opentelemetry.trace import StatusCode
 
 from anarchon import Event, LeaseLost, RedisBackend, Run, RunResult, Scheduler, ServerBack
@@ -84,6 +86,9 @@ async def test_each_attempt_is_a_span_with_the_handlers_spans_inside(
         assert traced_runs == recorded, (job, traced_runs, recorded)
         for span in runs:
             assert span.parent is None  # a trace of its own
+            assert span.attributes is not None
+            slot = datetime.fromtimestamp(span.attributes["anarchon.slot_ms"] / 1000, UTC)
+            assert span.attributes["anarchon.slot"] == slot.strftime("%Y-%m-%dT%H:%M:%SZ")
     for child, job in (("work", "tick"), ("write", "export")):
         parents = {s.context.span_id for s in named(f"anarchon run {job}") if s.context}
         kids = named(child)
@@ -94,6 +99,34 @@ async def test_each_attempt_is_a_span_with_the_handlers_spans_inside(
     claims = named("anarchon claim")
     assert claims and all(s.attributes and s.attributes["anarchon.claims"] >= 1 for s in claims)
     assert all(s.status.status_code == StatusCode.UNSET for s in claims)  # all answered
+
+
+async def test_attempts_a_sampler_drops_leave_no_span_and_neither_do_their_handlers(
+    server_url: str, prefix: str
+) -> None:
+    """The tracer provider's sampler decides for each attempt, and the handler's spans
+    follow the attempt's decision (they nest in its span, recorded or not)."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(sampler=ParentBased(ALWAYS_OFF))
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    app = trace.get_tracer("app", tracer_provider=provider)
+    scheduler = Scheduler(RedisBackend(redis=server_url, prefix=prefix))
+    instrument(scheduler, tracer_provider=provider)
+    inside: list[bool] = []
+
+    @scheduler.job(Seconds(300, 2), name="tick")
+    async def tick() -> None:
+        inside.append(trace.get_current_span().get_span_context().is_valid)
+        with app.start_as_current_span("work"):
+            pass
+
+    try:
+        async with scheduler:
+            await wait_until(lambda: len(inside) >= 2, 30, "two attempts")
+    finally:
+        provider.shutdown()
+    assert all(inside)  # the attempt's span was current, though not recorded
+    assert exporter.get_finished_spans() == ()
 
 
 @pytest.mark.parametrize("fault", ["frozen", "dropped"])

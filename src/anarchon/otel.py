@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
+from contextvars import Token
 from typing import Any
 
 from opentelemetry import context as otel_context
@@ -49,8 +50,14 @@ def instrument(scheduler: Scheduler[Any], tracer_provider: TracerProvider | None
 class _Tracing:
     def __init__(self, tracer: Tracer) -> None:
         self._tracer = tracer
+        # The last slot's text: the runs of one instant share it, so it is made once.
+        self._slot: tuple[int, str] = (0, iso_ms(0))
 
     def start_attempt(self, run: Run) -> _AttemptTrace:
+        slot_ms, slot = self._slot
+        if slot_ms != run.slot_ms:
+            slot = iso_ms(run.slot_ms)
+            self._slot = (run.slot_ms, slot)
         span = self._tracer.start_span(
             f"anarchon run {run.job}",
             # A trace of its own: not a child of whatever was current when the
@@ -58,7 +65,7 @@ class _Tracing:
             context=otel_context.Context(),
             attributes={
                 "anarchon.job": run.job,
-                "anarchon.slot": iso_ms(run.slot_ms),
+                "anarchon.slot": slot,
                 "anarchon.slot_ms": run.slot_ms,
                 "anarchon.attempt": run.attempt,
                 "anarchon.fence": run.fence,
@@ -91,18 +98,33 @@ class _ClaimTrace:
 
 
 class _AttemptTrace:
+    """An attempt's span, and the context manager that makes it current (as
+    ``trace.use_span`` does, without a generator per attempt)."""
+
+    __slots__ = ("_span", "_token")
+
     def __init__(self, span: Span) -> None:
         self._span = span
+        self._token: Token[otel_context.Context] | None = None
 
     def current(self) -> AbstractContextManager[object]:
-        return trace.use_span(
-            self._span, end_on_exit=False, record_exception=False, set_status_on_exception=False
-        )
+        return self
+
+    def __enter__(self) -> object:
+        self._token = otel_context.attach(trace.set_span_in_context(self._span))
+        return self._span
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._token is not None:
+            otel_context.detach(self._token)
+            self._token = None
 
     def end(self, outcome: Outcome, error: BaseException | None) -> None:
-        self._span.set_attribute("anarchon.outcome", outcome)
-        if outcome == "failed":
-            if error is not None:
-                self._span.record_exception(error)
-            self._span.set_status(Status(StatusCode.ERROR, f"the attempt {outcome}"))
-        self._span.end()
+        span = self._span
+        if span.is_recording():  # not sampled: nothing to write on it
+            span.set_attribute("anarchon.outcome", outcome)
+            if outcome == "failed":
+                if error is not None:
+                    span.record_exception(error)
+                span.set_status(Status(StatusCode.ERROR, f"the attempt {outcome}"))
+        span.end()
