@@ -306,6 +306,10 @@ async def test_a_timer_payload_over_the_cap_is_refused_before_anything_is_sent()
     # is unreachable).
     with pytest.raises(ConnectionFailedError):
         await small.set_timer("remind", "user:42", delay_ms=1000, payload=b"y" * 99)
+    # Counted in bytes, not characters: 50 two-byte characters are over 100 bytes.
+    with pytest.raises(InvalidOptionError, match="max_timer_payload_bytes") as refused:
+        await small.set_timer("remind", "user:42", delay_ms=1000, payload="é" * 50)
+    assert "its payload is 10" in str(refused.value)
     with pytest.raises(InvalidOptionError, match="max_payload_bytes"):
         Timers(RedisBackend(), max_payload_bytes=0)
 

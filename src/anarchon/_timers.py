@@ -547,7 +547,10 @@ class Timers:
             at_ms = recurrence.first_ms(int(wall_ms() + offset_ms))
         schedule = recurrence.encode() if recurrence else ""
         payload = encode_payload(setting.payload)
-        size = len(payload.encode("utf-8"))
+        # At most 4 bytes a character: most payloads need no second encoding to know.
+        size = len(payload)
+        if size * 4 > self.max_payload_bytes:
+            size = len(payload.encode("utf-8"))
         if size > self.max_payload_bytes:
             # A scheduler's option has a name of its own.
             cap = "max_payload_bytes" if self._instance is None else "max_timer_payload_bytes"

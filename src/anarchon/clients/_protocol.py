@@ -158,16 +158,22 @@ def whole_round_trip(replies: Sequence[Any], convert: Callable[[Any], Any]) -> l
     return converted
 
 
+_SEQUENCES = (list, tuple, set)
+
+
 def normalize_reply(reply: Any) -> Any:
     """Make replies look the same whatever the client: bytes become str, nested lists are lists.
 
     RESP3 maps (dicts) keep their shape with normalised keys and values;
     RESP3 sets become lists.
     """
+    kind = type(reply)
+    if kind is int:  # the commonest answer, and the commonest item of a list
+        return reply
+    if kind is list or isinstance(reply, _SEQUENCES):
+        return [item if type(item) is int else normalize_reply(item) for item in reply]
     if isinstance(reply, bytes):
         return reply.decode("utf-8", "replace")
-    if isinstance(reply, list | tuple | set):
-        return [normalize_reply(item) for item in reply]
     if isinstance(reply, dict):
         return {normalize_reply(k): normalize_reply(v) for k, v in reply.items()}
     return reply
