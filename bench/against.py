@@ -108,7 +108,24 @@ def _timers(result: Result) -> Figures:
             lambda row: f"timers all due, {row['instances']} instance(s)",
             fields,
         ),
+        **{
+            f"set: {name}": result["set"][key]
+            for key, name in (
+                ("awaited_ratio", "set_timer awaited / raw"),
+                ("pipelined_ratio", "set_timers lists / raw"),
+            )
+            if "set" in result
+        },
     }
+
+
+def _observe(result: Result) -> Figures:
+    out: Figures = {}
+    if result["watched_vs_off"] is not None:
+        out["watched vs off"] = result["watched_vs_off"]
+    for what, row in result["beside"].items():
+        out[f"{what} vs off (beside)"] = row["cpu_us_per_slot"] / row["off_cpu_us_per_slot"] - 1
+    return out
 
 
 def _kit(result: Result) -> Figures:
@@ -124,6 +141,7 @@ FIGURES: dict[str, Callable[[Result], Figures]] = {
     "takeover": _takeover,
     "timers": _timers,
     "kit": _kit,
+    "observe": _observe,
 }
 
 

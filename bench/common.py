@@ -207,7 +207,8 @@ class InstanceConfig:
     events: bool = False
     #: What watches the scheduler: ``off``; ``watched``: anarchon.prometheus (into a
     #: registry of its own) and a stream of its events, consumed; ``all``: those, and
-    #: anarchon.otel spans with an SDK tracer provider that exports nothing;
+    #: anarchon.otel spans with an SDK tracer provider that exports nothing; ``spans``:
+    #: those spans alone; ``sampled``: spans alone, one attempt in ten sampled;
     #: ``alternate``: watched every other two seconds (the result has the phases).
     observe: str = "off"
 

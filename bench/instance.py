@@ -127,12 +127,14 @@ def observe(scheduler: Any, what: str) -> None:
         from anarchon.prometheus import instrument
 
         instrument(scheduler, CollectorRegistry())
-    if what == "all":
+    if what in ("all", "spans", "sampled"):
         from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 
         from anarchon.otel import instrument as trace
 
-        trace(scheduler, tracer_provider=TracerProvider())
+        sampler = ParentBased(TraceIdRatioBased(0.1 if what == "sampled" else 1.0))
+        trace(scheduler, tracer_provider=TracerProvider(sampler=sampler))
 
 
 async def consume(stream: Any) -> None:

@@ -935,13 +935,20 @@ def scenario_observe(url: str | None, mode: Mode) -> Result:
     """Instance CPU per run at 1 instance x 1000 jobs/s with metrics and an events stream
     on ("watched") and off, in one instance that switches between the two every two
     seconds (so that both see the same machine, server and process): the ceiling is 5%
-    more CPU per run watched than off. Then OpenTelemetry spans too ("all"), in an
+    more CPU per run watched than off. Then OpenTelemetry spans alone ("spans"), with
+    one attempt in ten sampled ("sampled") and with the rest ("all"), each in an
     instance beside one with nothing on, at the same time."""
     with server(url) as live:
         config = InstanceConfig(live, new_prefix("observe"), "switching", 1000,
                                 observe="alternate")  # fmt: skip
         (result,), start_at, _, _ = run_instances([config], mode.pick(24, 124, smoke=12))
-        beside = {row["observe"]: row for row in _side_by_side(live, ("off", "all"), 10)}
+        # Each beside an instance off of its own, a pair at a time: three or four
+        # instances at 1000 jobs/s would fill this machine's two cores.
+        beside = {
+            what: dict(row, off_cpu_us_per_slot=off["cpu_us_per_slot"])
+            for what in ("spans", "sampled", "all")
+            for off, row in [_side_by_side(live, ("off", what), 10)]
+        }
     starts = sorted(start_ms / 1000 for _, start_ms, _ in result["runs"])
     # (watched, CPU s, of it in the garbage collector, runs started) per phase
     per_phase: list[tuple[bool, float, float, int]] = []
@@ -1015,7 +1022,14 @@ def markdown_observe(result: Result) -> str:
 
     beside = result["beside"]
     isolated, off = result["isolated_us_per_run"], result["off_cpu_us_per_run"]
-    all_vs = beside["all"]["cpu_us_per_slot"] / beside["off"]["cpu_us_per_slot"] - 1
+
+    def beside_row(what: str, name: str, ceiling: str = "") -> str:
+        on, alone = beside[what]["cpu_us_per_slot"], beside[what]["off_cpu_us_per_slot"]
+        return (
+            f"| {name}, beside an instance off | {on:.0f} ({alone:.0f} off) "
+            f"| {pct(on / alone - 1)} | | | | | | {ceiling} |"
+        )
+
     bounds = result.get("phase_ratio_interval")
     interval = "-"
     if bounds:  # the mean is its middle
@@ -1039,9 +1053,9 @@ def markdown_observe(result: Result) -> str:
         f"| {_num(result['watched_collector_us_per_run'], '.0f')} | +5% |",
         f"| what watching adds to a run, alone (made, counted, streamed, taken) | "
         f"{isolated:.1f} | {pct(isolated / off) if off else '-'} | | | | | | |",
-        f"| all: and OpenTelemetry spans (SDK), beside an instance off | "
-        f"{beside['all']['cpu_us_per_slot']:.0f} ({beside['off']['cpu_us_per_slot']:.0f} off) "
-        f"| {pct(all_vs)} | | | | | | |",
+        beside_row("spans", "OpenTelemetry spans (SDK) alone", "+10%"),
+        beside_row("sampled", "spans, one attempt in ten sampled", "+10%"),
+        beside_row("all", "all: metrics, an events stream and spans"),
         "",
         f"One instance, switching every 2 s: {result['phases']} phases, {result['runs']:,} "
         f"runs; each watched phase against the phases off around it: "

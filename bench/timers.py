@@ -4,6 +4,7 @@ idle cost, takeover; each next to a floor or ceiling measured in the same run.""
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import time
 from collections import Counter
@@ -20,7 +21,9 @@ from anarchon._store.scripts import timer_script
 from anarchon._store.timers import TimerStore, encode_payload
 from anarchon.clients import open_connection
 from bench.common import (
+    ROOT,
     Fleet,
+    child_env,
     cpu_at,
     kill_the_runner,
     median,
@@ -165,6 +168,19 @@ def saturation(url: str, count: int, instances: int, samples: int) -> Result:
 
 
 # ------------------------------------------------------------------ set throughput
+
+
+def set_rates(url: str, count: int, concurrency: int) -> Result:
+    """``_set_rates`` in a process of its own, so that it measures the ``Timers`` of the
+    code chosen by ``code_from`` (``--against``)."""
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.timers", url, str(count), str(concurrency)],
+        capture_output=True, text=True, timeout=900, env=child_env(), cwd=ROOT, check=False,
+    )  # fmt: skip
+    if out.returncode:
+        raise RuntimeError(f"measuring set_timer failed: {out.stderr[-2000:]}")
+    rates: Result = json.loads(out.stdout.splitlines()[-1])
+    return rates
 
 
 async def _set_rates(url: str, count: int, concurrency: int, rounds: int = 3) -> Result:
@@ -406,7 +422,7 @@ def scenario_timers(url: str | None, mode: Any) -> Result:
         samples = mode.pick(3, 5, smoke=1)
         out["saturation"] = [saturation(live, count, n, samples) for n in (1, 4)]
     with server(url) as live:
-        out["set"] = anyio.run(_set_rates, live, mode.pick(5_000, 50_000), 200)
+        out["set"] = set_rates(live, mode.pick(5_000, 50_000), 200)
     with server(url) as live:
         out["memory"] = memory_and_idle(
             live, mode.pick(100_000, 1_000_000, smoke=10_000), mode.pick(12.0, 60.0, smoke=4.0)
@@ -511,3 +527,7 @@ def markdown_timers(result: Result) -> str:
         f"{len(t['times_ms'])}/{t['trials']} trials; target {t['bound_ms']} ms.",
     ]
     return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(json.dumps(anyio.run(_set_rates, sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))))
