@@ -166,6 +166,20 @@ def code_from(src: Path) -> Iterator[None]:
         _code.pop()
 
 
+def in_child(module: str, what: str, *args: object, timeout: float = 900) -> Any:
+    """``python -m module args...`` in a process of its own with the code chosen by
+    ``code_from``: what its last line of output holds (JSON). ``what`` names the
+    measure in the error when the process fails."""
+    out = subprocess.run(
+        [sys.executable, "-m", module, *map(str, args)],
+        capture_output=True, text=True, timeout=timeout, env=child_env(), cwd=ROOT,
+        check=False,
+    )  # fmt: skip
+    if out.returncode:
+        raise RuntimeError(f"measuring {what} failed: {out.stderr[-2000:]}")
+    return json.loads(out.stdout.splitlines()[-1])
+
+
 def child_env() -> dict[str, str]:
     """The environment of a process a scenario starts: the code chosen by
     ``code_from`` first on its path, then this checkout (for ``bench`` itself)."""

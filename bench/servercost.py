@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import secrets
-import subprocess
 import sys
 import threading
 import time
@@ -26,7 +25,7 @@ import anyio
 from anarchon._store.contract import AttemptEnd, ClaimRequest, HeartbeatRequest
 from anarchon._store.lease import LeaseStore
 from anarchon.clients import open_connection
-from bench.common import KEEP_MS, ROOT, child_env, new_prefix, redis_client
+from bench.common import KEEP_MS, in_child, new_prefix, redis_client
 
 Result = dict[str, Any]
 
@@ -87,13 +86,7 @@ def script_costs(url: str, jobs: int) -> Result:
     written), then: ``jobs`` first claims of fresh jobs (all won), the same slots
     claimed by a second runner (all lost: the run is held), one heartbeat of each run,
     and each run's finish, in batches of 100 as the scheduler sends them."""
-    out = subprocess.run(
-        [sys.executable, "-m", "bench.servercost", url, str(jobs)],
-        capture_output=True, text=True, timeout=600, env=child_env(), cwd=ROOT, check=False,
-    )  # fmt: skip
-    if out.returncode:
-        raise RuntimeError(f"measuring the scripts failed: {out.stderr[-2000:]}")
-    parts: Result = json.loads(out.stdout.splitlines()[-1])
+    parts: Result = in_child("bench.servercost", "the scripts", url, jobs, timeout=600)
     return parts
 
 

@@ -4,7 +4,6 @@ idle cost, takeover; each next to a floor or ceiling measured in the same run.""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import time
 from collections import Counter
@@ -21,10 +20,9 @@ from anarchon._store.scripts import timer_script
 from anarchon._store.timers import TimerStore, encode_payload
 from anarchon.clients import open_connection
 from bench.common import (
-    ROOT,
     Fleet,
-    child_env,
     cpu_at,
+    in_child,
     kill_the_runner,
     median,
     new_prefix,
@@ -173,13 +171,7 @@ def saturation(url: str, count: int, instances: int, samples: int) -> Result:
 def set_rates(url: str, count: int, concurrency: int) -> Result:
     """``_set_rates`` in a process of its own, so that it measures the ``Timers`` of the
     code chosen by ``code_from`` (``--against``)."""
-    out = subprocess.run(
-        [sys.executable, "-m", "bench.timers", url, str(count), str(concurrency)],
-        capture_output=True, text=True, timeout=900, env=child_env(), cwd=ROOT, check=False,
-    )  # fmt: skip
-    if out.returncode:
-        raise RuntimeError(f"measuring set_timer failed: {out.stderr[-2000:]}")
-    rates: Result = json.loads(out.stdout.splitlines()[-1])
+    rates: Result = in_child("bench.timers", "set_timer", url, count, concurrency)
     return rates
 
 
