@@ -947,7 +947,7 @@ def scenario_observe(url: str | None, mode: Mode) -> Result:
         beside = {
             what: dict(row, off_cpu_us_per_slot=off["cpu_us_per_slot"])
             for what in ("spans", "sampled", "all")
-            for off, row in [_side_by_side(live, ("off", what), 10)]
+            for off, row in [_side_by_side(live, ("off", what), mode.pick(10, 10, smoke=4))]
         }
     starts = sorted(start_ms / 1000 for _, start_ms, _ in result["runs"])
     # (watched, CPU s, of it in the garbage collector, runs started) per phase
