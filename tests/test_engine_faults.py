@@ -814,6 +814,33 @@ async def test_a_history_read_that_meets_a_frozen_server_fails_in_time(
             proxy.resume()
 
 
+async def test_pause_and_resume_that_meet_a_frozen_server_fail_in_time_and_say_so(
+    proxy: FaultProxy, prefix: str
+) -> None:
+    """``Scheduler.pause()`` and ``resume()`` on a frozen server end within three round
+    trips of the scheduler's lease with a ``ConnectionFailedError`` that says the server
+    did not answer, as ``history()`` does: not a bare ``TimeoutError``."""
+    scheduler = Scheduler(RedisBackend(redis=proxy.url, prefix=prefix), lease_ms=1500)
+
+    @scheduler.job("0 0 1 1 *", name="yearly")
+    async def yearly() -> None:
+        pass
+
+    async with scheduler:
+        proxy.pause()
+        try:
+            for call in (scheduler.pause, scheduler.resume):
+                began = time.monotonic()
+                with (
+                    anyio.fail_after(10),
+                    pytest.raises(ConnectionFailedError, match="did not answer"),
+                ):
+                    await call("yearly")
+                assert time.monotonic() - began < 3 * 0.5 + 1.0
+        finally:
+            proxy.resume()
+
+
 async def test_the_inspectors_read_of_malformed_entries_fails_in_time_on_a_frozen_server(
     proxy: FaultProxy, prefix: str
 ) -> None:

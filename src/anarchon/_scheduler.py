@@ -856,6 +856,9 @@ class Scheduler(Generic[K]):
                 from anywhere).
             InvalidJobError: No job of that name is registered here.
             InvalidOptionError: The backend's strategy is a claim-only one.
+            ConnectionFailedError: The server did not answer within three round trips
+                of the lease, or the connection was lost: it may or may not be paused
+                (call again: pausing twice changes nothing).
         """
         return await self._instance.set_paused(job, paused=True, note=note, by=by)
 
@@ -876,6 +879,9 @@ class Scheduler(Generic[K]):
             SchedulerStateError: The scheduler is not running.
             InvalidJobError: No job of that name is registered here.
             InvalidOptionError: The backend's strategy is a claim-only one.
+            ConnectionFailedError: The server did not answer within three round trips
+                of the lease, or the connection was lost: it may or may not be resumed
+                (call again: resuming twice changes nothing).
         """
         return await self._instance.set_paused(job, paused=False, note=note, by=by)
 

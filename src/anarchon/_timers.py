@@ -11,13 +11,11 @@ call.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import AsyncIterator, Iterable, Mapping
+from contextlib import asynccontextmanager
 from datetime import datetime
 from types import TracebackType
 from typing import Any, Protocol
-
-import anyio
 
 from ._errors import AnarchonError, InvalidOptionError, SchedulerStateError, TransportError
 from ._model.clock import round_trip_deadline_sec, wall_ms
@@ -27,6 +25,7 @@ from ._model.timer import Recurrence, TimerKind, due_from, validate_kind, valida
 from ._model.values import AppliedTimers, TimerInfo, TimerSetting
 from ._observe.events import EventHub, TimerCancelled, TimerSet
 from ._store.backend import RedisBackend
+from ._store.deadline import Within
 from ._store.keys import TimerKeys, glob_literal
 from ._store.records import TimerState
 from ._store.timers import TimerCursor, TimerStore, encode_payload, timer_info
@@ -207,8 +206,7 @@ class Timers:
         if not encoded:
             return []
         async with self._store() as store:
-            with self._in_time():
-                bucket_count = await self._buckets_of(store, name, buckets)
+            bucket_count = await self._buckets_of(store, name, buckets)
             return await self._write(store, name, encoded, bucket_count)
 
     async def _write(
@@ -345,8 +343,7 @@ class Timers:
                 raise InvalidOptionError(f"timer {timer_key!r} is given twice: give each key once")
             wanted[timer_key] = timer
         async with self._store() as store:
-            with self._in_time():
-                bucket_count = await self._buckets_of(store, name, buckets)
+            bucket_count = await self._buckets_of(store, name, buckets)
             held = await self._scan_all(store, name, bucket_count, None, _APPLY_MAX)
             created: list[str] = []
             changed: list[str] = []
@@ -398,8 +395,7 @@ class Timers:
         start = validate_timer_key(prefix)
         most = check_count("limit", limit, most=_APPLY_MAX)
         async with self._store() as store:
-            with self._in_time():
-                bucket_count = await self._buckets_of(store, name, buckets)
+            bucket_count = await self._buckets_of(store, name, buckets)
             match = glob_literal(start) + "*"
             found: list[str] = []
             at: TimerCursor | None = (0, 0)
@@ -426,8 +422,8 @@ class Timers:
         name = validate_kind(kind)
         timer_key = validate_timer_key(key)
         async with self._store() as store:
+            bucket_count = await self._buckets_of(store, name, buckets)
             with self._in_time():
-                bucket_count = await self._buckets_of(store, name, buckets)
                 found = await store.cancel(name, timer_key, bucket_count)
         instance = self._instance
         if instance is not None and instance.events.on:
@@ -451,8 +447,8 @@ class Timers:
         name = validate_kind(kind)
         timer_key = validate_timer_key(key)
         async with self._store() as store:
+            bucket_count = await self._buckets_of(store, name, buckets)
             with self._in_time():
-                bucket_count = await self._buckets_of(store, name, buckets)
                 state = await store.get(name, timer_key, bucket_count)
         if state is None:
             return None
@@ -465,19 +461,10 @@ class Timers:
         instance = self._instance
         return _ROUND_TRIP_SEC if instance is None else instance.round_trip_sec
 
-    @contextmanager
-    def _in_time(self) -> Iterator[None]:
+    def _in_time(self) -> Within:
         """One call's round trips, within three round trips' deadline: a server that does
         not answer (frozen, overloaded) is a ``TransportError``, as a lost connection is."""
-        deadline = self._round_trip_sec * 3
-        try:
-            with anyio.fail_after(deadline):
-                yield
-        except TimeoutError:
-            raise TransportError(
-                f"the server did not answer within {deadline:g} s; check that it is not "
-                "frozen or overloaded"
-            ) from None
+        return Within(self._round_trip_sec * 3, _not_answered)
 
     @asynccontextmanager
     async def _store(self) -> AsyncIterator[TimerStore]:
@@ -517,7 +504,8 @@ class Timers:
             return check_buckets(buckets)
         if kind not in self._stored_buckets:
             where = TimerKeys.buckets_key(self.backend.prefix, kind)
-            stored = await timers.conn.execute(("GET", where))  # within the caller's deadline
+            with self._in_time():
+                stored = await timers.conn.execute(("GET", where))
             try:
                 count = 1 if stored is None else check_buckets(int(stored))
             except (TypeError, ValueError, InvalidOptionError):
@@ -575,3 +563,9 @@ def _check_payload_cap(option: str, value: object) -> int:
             f"{option} must be a whole number of bytes, 1 or more, got {value!r}"
         )
     return value
+
+
+def _not_answered(seconds: float) -> TransportError:
+    return TransportError(
+        f"the server did not answer within {seconds:g} s; check that it is not frozen or overloaded"
+    )

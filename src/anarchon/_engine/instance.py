@@ -49,7 +49,6 @@ from .._errors import (
     InvalidJobError,
     InvalidOptionError,
     SchedulerStateError,
-    TransportError,
     reason,
 )
 from .._model.clock import pace, wall_ms
@@ -62,6 +61,7 @@ from .._observe.tracing import Tracing
 from .._store.audit import check_note, record_audit, who
 from .._store.backend import RedisBackend, StoreOptions
 from .._store.contract import Store
+from .._store.deadline import answered_in_time
 from .._store.keys import TimerKeys
 from .._store.lease import paused_text
 from .._store.registry import Registry
@@ -281,19 +281,8 @@ class Instance:
         store = self._running("history()").running.store
         if limit < 1:
             raise InvalidOptionError(f"limit must be 1 or more, got {limit}")
-        within_sec = self.context.round_trip_sec * 3
-        try:
-            with anyio.fail_after(within_sec):
-                return await store.history(job, limit)
-        except TimeoutError:
-            raise ConnectionFailedError(
-                f"the server did not answer within {within_sec:.2f} s; check that it is not "
-                "frozen or overloaded"
-            ) from None
-        except TransportError as exc:
-            raise ConnectionFailedError(
-                f"lost the connection to the server: {reason(exc)}"
-            ) from exc
+        with answered_in_time(self.context.round_trip_sec * 3):
+            return await store.history(job, limit)
 
     async def set_paused(
         self, job: str, *, paused: bool, note: str | None = None, by: str | None = None
@@ -305,7 +294,7 @@ class Instance:
         self.job(job)
         note, who_acts = check_note(note), who(by)
         paused_by = paused_text(who_acts, note) if paused else None
-        with anyio.fail_after(self.context.round_trip_sec * 3):
+        with answered_in_time(self.context.round_trip_sec * 3):
             changed = await store.set_paused(job, paused_by)
         if changed:
             action = "pause" if paused else "resume"

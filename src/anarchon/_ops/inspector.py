@@ -7,23 +7,18 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from functools import partial
 from types import TracebackType
 from typing import Any, Literal, cast
 
-import anyio
-
 from .._errors import (
-    ConnectionFailedError,
     InvalidJobError,
     InvalidOptionError,
     RunOverlapError,
     SchedulerStateError,
-    reason,
 )
 from .._model.clock import wall_ms
 from .._model.job import check_count, check_duration_ms, validate_job_name
@@ -68,6 +63,7 @@ from .._store.backfill import (
     start_backfill,
 )
 from .._store.contract import is_slot_id, slot_ms_of
+from .._store.deadline import answered_in_time
 from .._store.keys import (
     BackfillAsked,
     ClaimOnlyKeys,
@@ -108,7 +104,7 @@ from .._store.records import (
     parse_history,
 )
 from .._store.timers import TimerPeek, TimerStore, timer_info
-from ..clients import Command, Connection, ServerReplyError, TransportError, score_pairs
+from ..clients import Command, Connection, ServerReplyError, score_pairs
 
 __all__ = [
     "INSTANCE_BYTES_MAX",
@@ -540,7 +536,7 @@ class Inspector:
                 continue  # not registered
             try:
                 record = decode_timer_kind(self._keys.timer_kinds, kind, raw)
-                with _answered_in_time():
+                with answered_in_time(_DEADLINE_SEC):
                     peek = await self._peek(store, kind, record.buckets)
                 fleet_running, started, groups = await self._kind_limits_in_use(kind, record)
             except MalformedEntry as entry:
@@ -618,7 +614,7 @@ class Inspector:
         found: list[TimerInfo] = []
         while at is not None and len(found) < most:
             where = TimerKeys.for_kind(self._prefix, name, at[0], record.buckets)
-            with _answered_in_time():
+            with answered_in_time(_DEADLINE_SEC):
                 states, at = await store.scan(name, record.buckets, at, most)
             for state in states:
                 info = timer_info(store, name, state, where.timers)
@@ -632,7 +628,7 @@ class Inspector:
         then those the fleet's instances reported (``{<prefix>}:quarantine``), each
         once, at most ``limit``. Each text is shown as text (escaped, cut)."""
         own = self.quarantine.entries()
-        with _answered_in_time():
+        with answered_in_time(_DEADLINE_SEC):
             stored = await read_quarantine(self._require(), self._prefix, limit)
         seen = {(entry.key, entry.field) for entry in own}
         found = own + [e for e in stored if (e.key, e.field) not in seen]
@@ -666,7 +662,7 @@ class Inspector:
         """
         state = await self._lease_state_key(job, "pause")
         note, who_acts = check_note(note), who(by)
-        with _answered_in_time():
+        with answered_in_time(_DEADLINE_SEC):
             changed = await set_paused(self._require(), state, paused_text(who_acts, note))
         if changed:
             await self._audit("pause", job, who_acts, note)
@@ -687,7 +683,7 @@ class Inspector:
         """
         state = await self._lease_state_key(job, "resume")
         note, who_acts = check_note(note), who(by)
-        with _answered_in_time():
+        with answered_in_time(_DEADLINE_SEC):
             changed = await set_paused(self._require(), state, None)
         if changed:
             await self._audit("resume", job, who_acts, note)
@@ -757,7 +753,7 @@ class Inspector:
             The entries, newest first.
         """
         count = check_count("limit", limit, most=AUDIT_MAX)
-        with _answered_in_time():
+        with answered_in_time(_DEADLINE_SEC):
             return await read_audit(self._require(), self._prefix, job, count)
 
     async def check(self, max_late_ms: int = CHECK_LATE_MS) -> list[str]:
@@ -856,7 +852,7 @@ class Inspector:
         note, who_acts = check_note(note), who(by)
         await self._refuse_finished(job, "run it again")
         await self._require_runner(job, "a run asked for now would wait until one starts")
-        with _answered_in_time():
+        with answered_in_time(_DEADLINE_SEC):
             # A request that still waits for its first attempt is the one request.
             slot_id, _ = await request_run(self._require(), self._prefix, job, self._who())
         hint = RunRequested(slot_id, job).message()
@@ -911,7 +907,7 @@ class Inspector:
             _check_slots(job, slots)
         await self._refuse_finished(job, "backfill it")
         await self._require_runner(job, "a backfill asked for now would wait until one starts")
-        with _answered_in_time():
+        with answered_in_time(_DEADLINE_SEC):
             await start_backfill(
                 self._require(), self._prefix, job, start_ms, end_ms, slots, who_acts, note
             )
@@ -940,7 +936,7 @@ class Inspector:
         """
         await self._lease_state_key(job, "backfill")
         note, who_acts = check_note(note), who(by)
-        with _answered_in_time():
+        with answered_in_time(_DEADLINE_SEC):
             cancelled = await cancel_backfill(
                 self._require(), self._prefix, job, _with_note(who_acts, note)
             )
@@ -987,7 +983,7 @@ class Inspector:
         return self._conn
 
     async def _execute(self, command: tuple[Any, ...]) -> Any:
-        with _answered_in_time():
+        with answered_in_time(_DEADLINE_SEC):
             return await self._require().execute(command)
 
     async def _read_each(self, commands: list[Command]) -> list[Any]:
@@ -1000,7 +996,7 @@ class Inspector:
         replies: list[Any] = []
         for first in range(0, len(commands), _COMMANDS_A_TRIP):
             trip = commands[first : first + _COMMANDS_A_TRIP]
-            with _answered_in_time():
+            with answered_in_time(_DEADLINE_SEC):
                 chunk = await self._require().pipeline(trip)
             for command, reply in zip(trip, chunk, strict=True):
                 if isinstance(reply, ServerReplyError):
@@ -1148,22 +1144,6 @@ class Inspector:
         import socket
 
         return f"{socket.gethostname()}:{os.getpid()}"
-
-
-@contextmanager
-def _answered_in_time() -> Iterator[None]:
-    """A read's round trips: within their deadline, and an error that says so (a frozen
-    server, a dropped connection) instead of a timeout's traceback."""
-    try:
-        with anyio.fail_after(_DEADLINE_SEC):
-            yield
-    except TimeoutError:
-        raise ConnectionFailedError(
-            f"the server did not answer within {_DEADLINE_SEC:g} s; check that it is not "
-            "frozen or overloaded"
-        ) from None
-    except TransportError as exc:
-        raise ConnectionFailedError(f"lost the connection to the server: {reason(exc)}") from exc
 
 
 def _mapping(reply: Any) -> dict[str, str]:

@@ -5,11 +5,7 @@ it says of its eviction policy (``eviction_policy``)."""
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
-
-import anyio
 
 from .._errors import (
     ConnectionFailedError,
@@ -25,6 +21,7 @@ from ..clients import (
     is_transient,
     refused_certificate,
 )
+from .deadline import Within
 from .keys import format_key
 from .quarantine import whole
 
@@ -68,20 +65,17 @@ class ServerInfo:
 START_DEADLINE_SEC = 10.0
 
 
-@contextmanager
-def answered_at_start(conn: Connection) -> Iterator[None]:
+def answered_at_start(conn: Connection) -> Within:
     """A step of a start, within ``START_DEADLINE_SEC``: a server that does not answer in
     time is a ``ConnectionFailedError`` that says so (never a wait as long as the
     client's, which on anarchon's own asyncio connections has no end)."""
-    try:
-        with anyio.fail_after(START_DEADLINE_SEC):
-            yield
-    except TimeoutError:
-        raise ConnectionFailedError(
-            f"the server behind {conn.description} did not answer within "
-            f"{START_DEADLINE_SEC:g} s; check that it is not frozen or overloaded, "
-            "and that the address leads to it"
-        ) from None
+    return Within(
+        START_DEADLINE_SEC,
+        lambda seconds: ConnectionFailedError(
+            f"the server behind {conn.description} did not answer within {seconds:g} s; "
+            "check that it is not frozen or overloaded, and that the address leads to it"
+        ),
+    )
 
 
 async def check_server(conn: Connection) -> ServerInfo:
