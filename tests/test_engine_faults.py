@@ -790,53 +790,37 @@ async def test_a_timer_call_that_meets_a_frozen_server_raises_a_transport_error_
             proxy.resume()
 
 
-async def test_a_history_read_that_meets_a_frozen_server_fails_in_time(
+async def test_history_pause_and_resume_that_meet_a_frozen_server_fail_in_time(
     proxy: FaultProxy, prefix: str
 ) -> None:
-    """``Scheduler.history()`` is a read a web app calls: a frozen server ends it within
-    three round trips of the scheduler's lease with ``ConnectionFailedError``, as the
-    Inspector's reads end, not at the client's own socket timeout (redis-py 8's 5 s;
-    none at all before it, or on a client made without one)."""
+    """``Scheduler.history()`` is a read a web app calls, ``pause()`` and ``resume()``
+    writes an operator makes: a frozen server ends each within three round trips of the
+    scheduler's lease with a ``ConnectionFailedError`` that says the server did not
+    answer, as the Inspector's reads end: not at the client's own socket timeout
+    (redis-py 8's 5 s; none at all before it, or on a client made without one), and
+    not as a bare ``TimeoutError``."""
     scheduler = Scheduler(RedisBackend(redis=proxy.url, prefix=prefix), lease_ms=1500)
 
     @scheduler.job("0 0 1 1 *", name="yearly")
     async def yearly() -> None:
         pass
 
+    calls = {
+        "history": lambda: scheduler.history("yearly", 10),
+        "pause": lambda: scheduler.pause("yearly"),
+        "resume": lambda: scheduler.resume("yearly"),
+    }
     async with scheduler:
         proxy.pause()
         try:
-            began = time.monotonic()
-            with anyio.fail_after(10), pytest.raises(ConnectionFailedError, match="did not answer"):
-                await scheduler.history("yearly", 10)
-            assert time.monotonic() - began < 3 * 0.5 + 1.0
-        finally:
-            proxy.resume()
-
-
-async def test_pause_and_resume_that_meet_a_frozen_server_fail_in_time_and_say_so(
-    proxy: FaultProxy, prefix: str
-) -> None:
-    """``Scheduler.pause()`` and ``resume()`` on a frozen server end within three round
-    trips of the scheduler's lease with a ``ConnectionFailedError`` that says the server
-    did not answer, as ``history()`` does: not a bare ``TimeoutError``."""
-    scheduler = Scheduler(RedisBackend(redis=proxy.url, prefix=prefix), lease_ms=1500)
-
-    @scheduler.job("0 0 1 1 *", name="yearly")
-    async def yearly() -> None:
-        pass
-
-    async with scheduler:
-        proxy.pause()
-        try:
-            for call in (scheduler.pause, scheduler.resume):
+            for name, call in calls.items():
                 began = time.monotonic()
                 with (
                     anyio.fail_after(10),
                     pytest.raises(ConnectionFailedError, match="did not answer"),
                 ):
-                    await call("yearly")
-                assert time.monotonic() - began < 3 * 0.5 + 1.0
+                    await call()
+                assert time.monotonic() - began < 3 * 0.5 + 1.0, name
         finally:
             proxy.resume()
 
