@@ -23,7 +23,15 @@ import anyio
 import redis
 import redis.asyncio
 
-from anarchon import ClaimAnswered, Event, RedisBackend, Run, RunResult, Scheduler, SlotSkipped
+from anarchon import (
+    Event,
+    RedisBackend,
+    Run,
+    RunResult,
+    RunStarted,
+    Scheduler,
+    SlotSkipped,
+)
 from anarchon._store.contract import ClaimReply, ClaimRequest
 from anarchon._store.keys import JobKeys
 from anarchon.clients import ServerReplyError
@@ -142,8 +150,8 @@ class Ledger:
         self.instances: set[str] = set()
         #: (job, slot) -> {instance: when it said it skips the slot, ms}
         self.skips: dict[tuple[str, int], dict[str, float]] = {}
-        #: (job, slot) -> when an instance first heard that it won the slot, ms
-        self.won: dict[tuple[str, int], float] = {}
+        #: (job, slot) -> when an instance first began its handler, ms
+        self.started: dict[tuple[str, int], float] = {}
 
     def watch(self, scheduler: Scheduler[Any]) -> None:
         """Hear the slots ``scheduler`` decides not to run (before it starts)."""
@@ -151,8 +159,8 @@ class Ledger:
         scheduler.on_event(self._heard)
 
     def _heard(self, event: Event) -> None:
-        if isinstance(event, ClaimAnswered) and event.answer == "won":
-            self.won.setdefault((event.job, event.slot_ms), time.time() * 1000)
+        if isinstance(event, RunStarted):
+            self.started.setdefault((event.run.job, event.run.slot_ms), time.time() * 1000)
         elif isinstance(event, SlotSkipped) and event.reason == "late":
             heard = self.skips.setdefault((event.job, event.slot_ms), {})
             heard.setdefault(event.instance, time.time() * 1000)
@@ -182,9 +190,9 @@ class Ledger:
         job was still going (overlap protection, when a run ends after its job's next
         instant), or every watched instance said it skips it, each only once a newer
         slot was due (the stale backlog after a stall of the process), or the stop came
-        first: no instance had heard that it won the slot before the stop began (its
-        claims were still in flight, or a win came as the fleet stopped and was given
-        back unstarted), and the slot was due less than three periods before. On a
+        first: no instance had begun the slot's handler before the stop began (its
+        claims were still in flight, or it was won and given back unstarted as the fleet
+        stopped), and the slot was due less than three periods before. On a
         loaded machine all three happen; none loses a slot a healthy instance could
         run. Still,
         at most ``MOST_NOT_RUN`` of the slots may not run (CI's worst stall, 4 s of a
@@ -221,11 +229,13 @@ class Ledger:
     def _caught_by_the_stop(
         self, job: str, slot_ms: int, stopping_ms: float, every_ms: int
     ) -> bool:
-        """No instance heard that it won ``slot_ms`` before the stop began, which came
-        less than three periods after the slot's instant."""
+        """No instance began ``slot_ms``'s handler before the stop began, which came less
+        than three periods after the slot's instant: its claims were still in flight, or
+        it was won and given back unstarted (a loaded loop can hear a win a second
+        before it starts the handler, and a stop gives back what has not started)."""
         if not self.instances or slot_ms < stopping_ms - 3 * every_ms:
-            return False  # (without instances watched, no win is heard of)
-        return self.won.get((job, slot_ms), math.inf) >= stopping_ms
+            return False  # (without instances watched, no start is heard of)
+        return self.started.get((job, slot_ms), math.inf) >= stopping_ms
 
     def _skipped_late_everywhere(self, job: str, slot_ms: int, every_ms: int) -> bool:
         return self._heard_everywhere((job, slot_ms)) and all(
